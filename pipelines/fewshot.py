@@ -1,0 +1,105 @@
+"""Few-shot linear evaluation of a frozen encoder (the paper's metric, as big_vision computes it).
+
+    python pipelines/fewshot.py --checkpoint runs/x/checkpoints/step_00002000 \
+        --config configs/fewshot/cifar10.yaml [key=value ...]
+    python pipelines/fewshot.py --checkpoint random ...   # a random-init encoder of model.*
+
+config -> encoder -> features (once) -> closed-form solves for every shot/seed/l2 -> results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ssl_vit.config import ConfigError, FewshotConfig, load_config, save_config
+from ssl_vit.eval.fewshot_job import fewshot_evaluate
+from ssl_vit.model import build_vit
+from ssl_vit.train.checkpoint import CheckpointError, encoder_from_checkpoint
+from ssl_vit.train.runtime import seed_everything, setup_logging
+
+log = logging.getLogger("fewshot")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="checkpoint directory or encoder.safetensors, or 'random'",
+    )
+    p.add_argument("--config", help="YAML config (see configs/fewshot/)")
+    p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
+    return p.parse_intermixed_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    t_start = time.time()
+    args = parse_args(argv)
+    setup_logging(True)
+    try:
+        cfg = load_config(FewshotConfig, args.config, args.overrides)
+        seed_everything(cfg.seed)
+        if args.checkpoint == "random":
+            encoder = build_vit(cfg.model)
+        else:
+            encoder, _ = encoder_from_checkpoint(args.checkpoint, cfg.model, cfg.pos_interp)
+    except (ConfigError, CheckpointError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    run_dir = Path(cfg.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+
+    d = cfg.data
+    job = argparse.Namespace(
+        train=d.train,
+        eval=d.eval,
+        shots=cfg.shots,
+        seeds=cfg.seeds,
+        l2_reg=cfg.l2_reg,
+        batch_size=d.batch_size,
+        num_workers=d.num_workers,
+        max_eval=d.max_eval,
+    )
+    try:
+        res = fewshot_evaluate(
+            encoder.to(device),
+            job,
+            cfg.model.image_size,
+            d.mean,
+            d.std,
+            device=device,
+            pool=cfg.pool,
+        )
+    except FileNotFoundError as e:
+        sys.exit(f"error: {e}")
+    res.update(
+        checkpoint=args.checkpoint,
+        image_size=cfg.model.image_size,
+        wall_time_s=time.time() - t_start,
+    )
+    (run_dir / "results.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(
+            json.dumps({"step": 0, **{f"fewshot/{k}": v for k, v in res["summary"].items()}}) + "\n"
+        )
+    for k in cfg.shots:
+        row = res["shots"][k]["l2_reg"]
+        print(
+            f"{k:>3}-shot: "
+            + ", ".join(
+                f"l2={l2}: {100 * r['mean']:.2f} +- {100 * r['std']:.2f}%" for l2, r in row.items()
+            )
+        )
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""Fine-tune a pretrained encoder (or a random one) as a classifier (paper section 3.2, B.1.1).
+
+    accelerate launch pipelines/finetune.py --config configs/finetune/smoke.yaml [key=value ...]
+    python pipelines/finetune.py ...  [--resume]
+
+The pretraining head is dropped; a zero-initialized D x K linear layer is attached; the
+position embeddings are 2D-interpolated when `model.image_size` differs from pretraining.
+config -> Accelerator -> data -> model -> optimizer -> resume -> loop -> final eval and save.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from ssl_vit.config import ConfigError, FinetuneConfig, load_config, save_config, to_dict
+from ssl_vit.data import eval_loader, open_source, train_loader
+from ssl_vit.model import Classifier, build_vit, normalize_pixels
+from ssl_vit.train.checkpoint import (
+    CheckpointError,
+    encoder_from_checkpoint,
+    latest_valid_checkpoint,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
+from ssl_vit.train.optim import build_sgd
+from ssl_vit.train.runtime import make_accelerator, seed_everything, setup_logging
+from ssl_vit.train.schedules import set_lr, warmup_cosine
+
+log = logging.getLogger("finetune")
+SHOWN = ("step", "loss", "train_acc", "top1", "top1_ema", "lr", "img_per_s")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--config", help="YAML config (see configs/finetune/)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
+    return p.parse_intermixed_args(argv)
+
+
+@torch.no_grad()
+def evaluate(model, source: str, cfg: FinetuneConfig, acc) -> float:
+    """Top-1 accuracy over the whole eval split (each rank a disjoint part, counts summed)."""
+    model.eval()
+    counts = torch.zeros(2, device=acc.device)
+    for batch in eval_loader(
+        source,
+        cfg.train.batch_size // acc.num_processes,
+        cfg.model.image_size,
+        num_workers=cfg.data.num_workers,
+        rank=acc.process_index,
+        world_size=acc.num_processes,
+        limit=cfg.data.max_eval,
+    ):
+        x = normalize_pixels(batch.images.to(acc.device), cfg.data.mean, cfg.data.std)
+        with acc.autocast():
+            pred = model(x).argmax(dim=-1)
+        counts += torch.stack([(pred.cpu() == batch.labels).sum(), torch.tensor(len(pred))]).to(
+            counts
+        )
+    correct, total = acc.reduce(counts, reduction="sum").tolist()
+    model.train()
+    return correct / max(total, 1)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    t_start = time.time()
+    args = parse_args(argv)
+    try:
+        cfg = load_config(FinetuneConfig, args.config, args.overrides)
+        train_src = open_source(cfg.data.train)
+        label_names = train_src.label_names
+        if not label_names:
+            raise ConfigError(f"data.train: {cfg.data.train} has no labels")
+        if cfg.data.eval and open_source(cfg.data.eval).label_names != label_names:
+            raise ConfigError("data.eval: its label names differ from data.train's")
+        # --- Model: pretrained encoder (position embeddings resized) or random init ----------
+        if cfg.init.checkpoint:
+            encoder, _ = encoder_from_checkpoint(
+                cfg.init.checkpoint, cfg.model, cfg.init.pos_interp
+            )
+        else:
+            encoder = build_vit(cfg.model)
+    except (ConfigError, FileNotFoundError, CheckpointError, ValueError) as e:
+        sys.exit(f"error: {e}")
+
+    tc = cfg.train
+    acc = make_accelerator(tc.mixed_precision, tc.grad_accum)
+    setup_logging(acc.is_main_process)
+    per_step = acc.num_processes * tc.grad_accum
+    if tc.batch_size % per_step:
+        sys.exit(f"error: train.batch_size {tc.batch_size} is not divisible by {per_step}")
+    run_dir, ckpt_dir = Path(cfg.output_dir), Path(cfg.output_dir) / "checkpoints"
+    if acc.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+    seed_everything(cfg.seed + acc.process_index)
+
+    model = Classifier(encoder, len(label_names), cfg.pool).to(acc.device)
+    optimizer = build_sgd(model, tc)
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema)) if cfg.ema else None
+
+    start_step = 0
+    if args.resume and (path := latest_valid_checkpoint(ckpt_dir)) is not None:
+        state = load_checkpoint(path, rank=acc.process_index)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if ema is not None:
+            ema.load_state_dict(state["ema"])
+        set_rng_state(state["rng"])
+        start_step = state["step"]
+        log.info("resumed from %s at step %d", path, start_step)
+    metrics = MetricsWriter(run_dir, enabled=acc.is_main_process)
+    metrics.truncate_after(start_step)
+    model, optimizer = acc.prepare(model, optimizer)
+    raw = acc.unwrap_model(model)
+
+    batches = iter(
+        train_loader(
+            cfg.data.train,
+            tc.batch_size // per_step,
+            cfg.model.image_size,
+            crop_scale=cfg.data.crop_scale,
+            hflip=cfg.data.hflip,
+            num_workers=cfg.data.num_workers,
+            seed=cfg.seed + 1_000_003 * start_step,
+            rank=acc.process_index,
+            world_size=acc.num_processes,
+        )
+    )
+
+    def checkpoint(step: int) -> None:
+        save_checkpoint(
+            ckpt_dir,
+            step,
+            encoder=raw.encoder,
+            model_config=to_dict(cfg.model),
+            state={
+                "model": raw.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "ema": ema.state_dict() if ema is not None else None,
+                "config": to_dict(cfg),
+                "label_names": label_names,
+            },
+            rng=rng_state(),
+            rank=acc.process_index,
+            is_main=acc.is_main_process,
+            barrier=acc.wait_for_everyone,
+            keep=tc.keep_checkpoints,
+        )
+
+    def run_eval(row: dict) -> None:
+        if cfg.data.eval:
+            row["top1"] = evaluate(model, cfg.data.eval, cfg, acc)
+            if ema is not None:
+                row["top1_ema"] = evaluate(ema.module, cfg.data.eval, cfg, acc)
+
+    log.info(
+        "fine-tuning %d classes at %d px for %d steps, global batch %d, from %s",
+        len(label_names),
+        cfg.model.image_size,
+        tc.steps,
+        tc.batch_size,
+        cfg.init.checkpoint or "random init",
+    )
+    model.train()
+    watch, bar = Stopwatch(), progress_bar(tc.steps, start_step, acc.is_main_process)
+    sums = torch.zeros(4, device=acc.device)  # loss, micro-steps, correct, seen
+    last_log, row = start_step, {}
+    for step in range(start_step, tc.steps):
+        lr = warmup_cosine(step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr)
+        set_lr(optimizer, lr)
+        for _ in range(tc.grad_accum):
+            t0 = time.perf_counter()
+            batch = next(batches)
+            watch.add("data", time.perf_counter() - t0)
+            x = normalize_pixels(
+                batch.images.to(acc.device, non_blocking=True), cfg.data.mean, cfg.data.std
+            )
+            y = batch.labels.to(acc.device, non_blocking=True)
+            with acc.accumulate(model):
+                logits = model(x)
+                loss = F.cross_entropy(logits.float(), y)
+                acc.backward(loss)
+                if acc.sync_gradients and tc.grad_clip > 0:
+                    acc.clip_grad_norm_(model.parameters(), tc.grad_clip)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            sums += torch.stack(
+                [
+                    loss.detach(),
+                    torch.ones((), device=acc.device),
+                    (logits.argmax(-1) == y).sum(),
+                    torch.tensor(len(y)).to(y),
+                ]
+            )
+        if ema is not None:
+            ema.update_parameters(raw)
+        bar.update(1)
+        done = step + 1
+        if done % tc.log_every == 0 or done == tc.steps:
+            elapsed, waits = watch.lap()
+            loss_sum, n, correct, seen = acc.reduce(sums, reduction="sum").tolist()
+            row = {
+                "step": done,
+                "loss": loss_sum / n,
+                "train_acc": correct / seen,
+                "lr": lr,
+                "img_per_s": (done - last_log) * tc.batch_size / elapsed,
+                "data_wait": waits.get("data", 0.0) / elapsed,
+            }
+            if cfg.eval_every and done % cfg.eval_every == 0 or done == tc.steps:
+                run_eval(row)
+            row = metrics.log(row)
+            bar.write(format_metrics(row, SHOWN))
+            sums.zero_()
+            last_log = done
+        if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != tc.steps:
+            checkpoint(done)
+    bar.close()
+
+    # --- Final save: the fine-tuned classifier (safetensors) with its label names ---------
+    checkpoint(tc.steps)
+    results = {
+        "step": tc.steps,
+        "top1": row.get("top1"),
+        "top1_ema": row.get("top1_ema"),
+        "train_loss": row.get("loss"),
+        "init": cfg.init.checkpoint or "random",
+        "image_size": cfg.model.image_size,
+        "wall_time_s": time.time() - t_start,
+    }
+    if acc.is_main_process:
+        final = ema.module if ema is not None else raw
+        tensors = {k: v.detach().contiguous().cpu() for k, v in final.state_dict().items()}
+        save_file(
+            tensors,
+            str(run_dir / "model.safetensors"),
+            metadata={
+                "model_config": json.dumps(to_dict(cfg.model)),
+                "pool": cfg.pool,
+                "label_names": json.dumps(label_names),
+            },
+        )
+        (run_dir / "labels.json").write_text(json.dumps(label_names, indent=1) + "\n")
+    metrics.write_results(results)
+    if acc.is_main_process:
+        log.info("done: %s", format_metrics(results, ("top1", "top1_ema", "wall_time_s")))
+    acc.end_training()
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""ssl-vit: masked patch prediction pretraining for Vision Transformers.
+
+The public API used by jobs and outside code; everything else lives in the sub-packages
+(`model`, `objectives`, `train`, `data`, `eval`).
+"""
+
+from ssl_vit.eval.fewshot import fewshot_linear_accuracy
+from ssl_vit.model.pos_embed import interpolate_pos_embed
+from ssl_vit.model.vit import ViT, build_vit
+from ssl_vit.objectives.corruption import corrupt_patches
+from ssl_vit.objectives.masked_patch import MaskedPatchPrediction
+from ssl_vit.objectives.targets import mean_color_classes
+
+__all__ = [
+    "MaskedPatchPrediction",
+    "ViT",
+    "build_vit",
+    "corrupt_patches",
+    "fewshot_linear_accuracy",
+    "interpolate_pos_embed",
+    "mean_color_classes",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,123 @@
+"""The `ssl-vit` command: one argparse sub-command per job.
+
+To add a sub-command, write `_add_<name>(subparsers)` that registers its parser with
+`set_defaults(func=cmd_<name>)` and a `cmd_<name>(args) -> int` that runs it, and list it in
+`build_parser`. User errors (a missing source, a bad value) print one line to stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+__all__ = ["build_parser", "cmd_make_shards", "cmd_make_synthetic", "main"]
+
+
+# Sub-commands import their modules when run, so that `ssl-vit --help` does not load torch.
+
+
+def cmd_make_shards(args: argparse.Namespace) -> int:
+    """`ssl-vit make-shards`: image folder / HF dataset -> WebDataset shards + index.json."""
+    from ssl_vit.data.shards import make_shards
+
+    start = time.perf_counter()
+    index = make_shards(
+        args.source,
+        args.output,
+        shard_size=args.shard_size,
+        verify=args.verify,
+        split=args.split,
+        source_format=args.format,
+        shuffle_seed=None if args.no_shuffle else args.shuffle_seed,
+    )
+    print(
+        f"wrote {index['num_samples']} images ({len(index['label_names'])} classes, "
+        f"{index['num_skipped']} skipped) in {len(index['shards'])} shards to {args.output} "
+        f"in {time.perf_counter() - start:.1f}s"
+    )
+    return 0
+
+
+def cmd_make_synthetic(args: argparse.Namespace) -> int:
+    """`ssl-vit make-synthetic`: the procedural shapes dataset -> shards + index.json."""
+    from ssl_vit.data.synthetic import make_synthetic_shards
+
+    start = time.perf_counter()
+    index = make_synthetic_shards(
+        args.output,
+        n=args.num,
+        image_size=args.image_size,
+        seed=args.seed,
+        shard_size=args.shard_size,
+    )
+    print(
+        f"wrote {index['num_samples']} synthetic {args.image_size}px images "
+        f"({len(index['label_names'])} classes) in {len(index['shards'])} shards to "
+        f"{args.output} in {time.perf_counter() - start:.1f}s"
+    )
+    return 0
+
+
+def _add_make_shards(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("make-shards", help="write an image folder or HF dataset as shards")
+    p.add_argument("--source", required=True, help="image folder or HF dataset directory")
+    p.add_argument("--output", required=True, help="directory for shard-*.tar and index.json")
+    p.add_argument("--shard-size", type=int, default=10000, help="images per shard")
+    p.add_argument("--split", default="train", help="split of an HF DatasetDict")
+    p.add_argument(
+        "--format",
+        default="auto",
+        choices=["auto", "folder", "hf", "hf-imagefolder"],
+        help="auto: HF save_to_disk dir if detected, else image folder",
+    )
+    p.add_argument("--no-verify", dest="verify", action="store_false", help="skip the PIL check")
+    p.add_argument(
+        "--shuffle-seed", type=int, default=0, help="seed of the order images are written in"
+    )
+    p.add_argument(
+        "--no-shuffle", action="store_true", help="write in sorted order (one class per shard)"
+    )
+    p.set_defaults(func=cmd_make_shards)
+
+
+def _add_make_synthetic(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("make-synthetic", help="write the procedural shapes dataset as shards")
+    p.add_argument("--output", required=True, help="directory for shard-*.tar and index.json")
+    p.add_argument("--num", type=int, default=10000, help="number of images")
+    p.add_argument("--image-size", type=int, default=32, help="image side in pixels")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shard-size", type=int, default=2000, help="images per shard")
+    p.set_defaults(func=cmd_make_synthetic)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ssl-vit", description="Masked patch prediction pretraining for ViTs."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_make_shards(sub)
+    _add_make_synthetic(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `ssl-vit` with `argv` (default: sys.argv[1:]); returns the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return args.func(args)
+    except (OSError, ValueError) as e:  # user errors: one line, no traceback
+        print(f"ssl-vit {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"ssl-vit {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""Config schemas of the three jobs (pretrain, fine-tune, few-shot). Defaults follow the paper.
+
+A YAML file names only what differs from these defaults; `config.yaml` in each run directory
+holds the fully resolved values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ssl_vit.config.loader import ConfigError
+
+__all__ = [
+    "ModelConfig",
+    "ObjectiveConfig",
+    "PretrainDataConfig",
+    "OptimConfig",
+    "FewshotEvalConfig",
+    "PretrainConfig",
+    "FinetuneDataConfig",
+    "FinetuneConfig",
+    "FewshotDataConfig",
+    "FewshotConfig",
+    "InitConfig",
+]
+
+MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
+
+
+@dataclass
+class ModelConfig:
+    """ViT shape. `variant` (Ti/S/B/L/H, optionally with '/patch', e.g. 'B/16') fills width,
+    depth and heads; any of them given explicitly overrides the variant."""
+
+    variant: str = ""
+    image_size: int = 224
+    patch_size: int | None = None
+    width: int | None = None
+    depth: int | None = None
+    heads: int | None = None
+    mlp_ratio: float = 4.0
+
+    def validate(self) -> None:
+        if self.variant:
+            from ssl_vit.model.variants import resolve_variant
+
+            shape = resolve_variant(self.variant)
+            self.patch_size = shape.pop("patch_size", self.patch_size)
+            for key, value in shape.items():  # explicit values override the variant
+                if getattr(self, key) is None:
+                    setattr(self, key, value)
+        if self.patch_size and self.image_size % self.patch_size:
+            raise ConfigError(
+                f"model.image_size ({self.image_size}) must be a multiple of "
+                f"model.patch_size ({self.patch_size})"
+            )
+
+
+@dataclass
+class ObjectiveConfig:
+    """Masked patch prediction (paper appendix B.1.2)."""
+
+    target: Literal["mean_color"] = "mean_color"
+    mask_ratio: float = 0.5
+    # P(replace by [mask]), P(replace by another patch's embedding), P(keep), of corrupted patches.
+    probs: tuple[float, float, float] = (0.8, 0.1, 0.1)
+
+    def validate(self) -> None:
+        if not 0.0 < self.mask_ratio <= 1.0:
+            raise ConfigError(f"objective.mask_ratio: must be in (0, 1], got {self.mask_ratio}")
+        if min(self.probs) < 0 or not math.isclose(sum(self.probs), 1.0, abs_tol=1e-6):
+            raise ConfigError(f"objective.probs: must be >= 0 and sum to 1, got {self.probs}")
+
+
+@dataclass
+class PretrainDataConfig:
+    train_shards: str = ""  # shard directory, index JSON or brace pattern
+    num_workers: int = 2
+    shuffle_buffer: int = 2000
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    hflip: bool = True
+    # Normalization applied on the device after the colour targets are taken from [0, 1] pixels.
+    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+
+    def validate(self) -> None:
+        if self.num_workers < 0:
+            raise ConfigError("data.num_workers: must be >= 0")
+
+
+@dataclass
+class OptimConfig:
+    """Step-based schedule. `batch_size` is GLOBAL (all processes x accumulation steps)."""
+
+    steps: int = 1000
+    batch_size: int = 256
+    grad_accum: int = 1
+    lr: float = 2e-4
+    warmup_steps: int = 100
+    min_lr: float = 0.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    momentum: float = 0.9  # SGD (fine-tuning)
+    grad_clip: float = 1.0  # global norm; 0 disables
+    mixed_precision: MixedPrecision = "auto"
+    compile: bool = False
+    log_every: int = 50
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 3
+
+    def validate(self) -> None:
+        for name in ("steps", "batch_size", "grad_accum", "log_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.warmup_steps < 0 or self.checkpoint_every < 0 or self.keep_checkpoints < 1:
+            raise ConfigError("train.warmup_steps/checkpoint_every must be >= 0, keep >= 1")
+
+
+@dataclass
+class FewshotEvalConfig:
+    """Few-shot linear evaluation of frozen features (big_vision's fewshot_lsr)."""
+
+    train: str = ""  # labelled source: shard dir / index / brace pattern, image folder, HF dataset
+    eval: str = ""
+    shots: list[int] = field(default_factory=lambda: [1, 5, 10, 25])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    l2_reg: list[float] = field(default_factory=lambda: [1024.0])
+    batch_size: int = 256
+    num_workers: int = 2
+    max_eval: int = 0  # evaluate on the first N test images only (0: the whole split)
+    every: int = 0  # pretraining only: run every N steps (0: only at the end, if train is set)
+
+
+@dataclass
+class PretrainConfig:
+    output_dir: str = "runs/pretrain"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    data: PretrainDataConfig = field(default_factory=PretrainDataConfig)
+    train: OptimConfig = field(default_factory=lambda: OptimConfig(weight_decay=0.0))
+    fewshot: FewshotEvalConfig = field(default_factory=FewshotEvalConfig)
+
+    def validate(self) -> None:
+        if not self.data.train_shards:
+            raise ConfigError("data.train_shards: required (a shard directory, index or pattern)")
+
+
+@dataclass
+class FinetuneDataConfig:
+    train: str = ""
+    eval: str = ""
+    num_workers: int = 2
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    hflip: bool = True
+    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    max_eval: int = 0  # evaluate on the first N images only (0: the whole split)
+
+
+@dataclass
+class InitConfig:
+    checkpoint: str = ""  # pretraining checkpoint (dir or encoder.safetensors); empty: random
+    pos_interp: Literal["bilinear", "bicubic"] = "bicubic"
+
+
+@dataclass
+class FinetuneConfig:
+    output_dir: str = "runs/finetune"
+    seed: int = 0
+    pool: Literal["cls", "gap"] = "cls"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    init: InitConfig = field(default_factory=InitConfig)
+    data: FinetuneDataConfig = field(default_factory=FinetuneDataConfig)
+    # Paper appendix B.1.1: SGD momentum 0.9, cosine, no weight decay, clipping at norm 1.
+    train: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=0.01, batch_size=512, warmup_steps=50)
+    )
+    ema: float = 0.0  # Polyak averaging factor (0: off), e.g. 0.9999
+    eval_every: int = 500
+
+    def validate(self) -> None:
+        if not self.data.train:
+            raise ConfigError("data.train: required (shards, image folder or HF dataset)")
+        if not 0.0 <= self.ema < 1.0:
+            raise ConfigError(f"ema: must be in [0, 1), got {self.ema}")
+
+
+@dataclass
+class FewshotDataConfig:
+    train: str = ""  # labelled source: shard dir / index / brace pattern, image folder, HF dataset
+    eval: str = ""
+    batch_size: int = 256
+    num_workers: int = 2
+    max_eval: int = 0  # evaluate on the first N test images only (0: the whole split)
+    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+
+    def validate(self) -> None:
+        if not self.train or not self.eval:
+            raise ConfigError("data.train and data.eval: both required for few-shot evaluation")
+
+
+@dataclass
+class FewshotConfig:
+    output_dir: str = "runs/fewshot"
+    seed: int = 0
+    pool: Literal["cls", "gap"] = "cls"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: FewshotDataConfig = field(default_factory=FewshotDataConfig)
+    shots: list[int] = field(default_factory=lambda: [1, 5, 10, 25])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    l2_reg: list[float] = field(default_factory=lambda: [1024.0])
+    pos_interp: Literal["bilinear", "bicubic"] = "bicubic"

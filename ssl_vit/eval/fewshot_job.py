@@ -1,0 +1,130 @@
+"""Few-shot evaluation of a frozen encoder on a labelled dataset, end to end.
+
+Features are extracted once per call: for the train split only for the samples that some
+(seed, shot) subset uses (a few hundred, not the whole split), for the test split for all of
+it; then every shot x seed x l2_reg is solved in closed form from those features.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from ssl_vit.data import decode_sample_image, eval_loader, eval_transform, open_source
+from ssl_vit.eval.fewshot import fewshot_sweep, select_fewshot_indices
+from ssl_vit.model.pixels import normalize_pixels
+from ssl_vit.model.vit import ViT
+
+__all__ = ["extract_features", "fewshot_evaluate"]
+
+log = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def extract_features(
+    encoder: ViT,
+    images: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    mean: tuple[float, float, float],
+    std: tuple[float, float, float],
+    pool: str = "cls",
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 images [B, 3, S, S], labels [B]) batches -> (features [M, D] float32 on CPU,
+    labels [M]). The representation is the pooled output of the final LayerNorm."""
+    was_training = encoder.training
+    encoder.eval()
+    feats, labels = [], []
+    autocast = torch.autocast(
+        device_type=torch.device(device).type,
+        dtype=torch.bfloat16,
+        enabled=torch.device(device).type == "cuda",
+    )
+    for x_u8, y in images:
+        x = normalize_pixels(x_u8.to(device, non_blocking=True), mean, std)
+        with autocast:
+            feats.append(encoder(x, pool).float().cpu())
+        labels.append(y)
+    encoder.train(was_training)
+    if not feats:
+        raise ValueError("no images to extract features from")
+    return torch.cat(feats), torch.cat(labels)
+
+
+def _subset_batches(
+    source, indices: np.ndarray, image_size: int, batch_size: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Decode only the chosen samples of a large source, in index order."""
+    transform = eval_transform(image_size)
+    xs, ys = [], []
+    for _, data, label in source.iter_samples(indices):
+        xs.append(transform(decode_sample_image(data)))
+        ys.append(label)
+        if len(xs) == batch_size:
+            yield torch.stack(xs), torch.tensor(ys)
+            xs, ys = [], []
+    if xs:
+        yield torch.stack(xs), torch.tensor(ys)
+
+
+def fewshot_evaluate(
+    encoder: ViT,
+    cfg: Any,
+    image_size: int,
+    mean: tuple[float, float, float],
+    std: tuple[float, float, float],
+    device: torch.device | str = "cpu",
+    pool: str = "cls",
+) -> dict[str, Any]:
+    """Few-shot linear accuracy of `encoder` (frozen).
+
+    `cfg` has `train`, `eval` (labelled sources), `shots`, `seeds`, `l2_reg` (list),
+    `batch_size`, `num_workers`, `max_eval`. Returns `fewshot_sweep`'s dict plus
+    'summary' ({"{k}shot": mean accuracy at the first l2_reg}) and timing.
+    """
+    t0 = time.perf_counter()
+    train_src = open_source(cfg.train)
+    labels = train_src.labels()
+    num_classes = len(train_src.label_names) or int(labels.max()) + 1
+    selection = select_fewshot_indices(labels, cfg.shots, cfg.seeds, num_classes=num_classes)
+    rows = np.unique(np.concatenate(list(selection.values())))
+    train_x, train_y = extract_features(
+        encoder,
+        _subset_batches(train_src, rows, image_size, cfg.batch_size),
+        mean,
+        std,
+        pool,
+        device,
+    )
+    test_batches = (
+        (b.images, b.labels)
+        for b in eval_loader(
+            cfg.eval, cfg.batch_size, image_size, num_workers=cfg.num_workers, limit=cfg.max_eval
+        )
+    )
+    test_x, test_y = extract_features(encoder, test_batches, mean, std, pool, device)
+    t_features = time.perf_counter() - t0
+    result = fewshot_sweep(
+        train_x,
+        train_y,
+        test_x,
+        test_y,
+        shots=cfg.shots,
+        seeds=cfg.seeds,
+        l2_regs=cfg.l2_reg,
+        num_classes=num_classes,
+        selection={s: np.searchsorted(rows, idx) for s, idx in selection.items()},
+    )
+    result["summary"] = {f"{k}shot": result[f"{k}shot"] for k in cfg.shots}
+    result["num_train_features"] = len(train_x)
+    result["num_test"] = len(test_x)
+    result["feature_time_s"] = t_features
+    result["time_s"] = time.perf_counter() - t0
+    log.info(
+        "few-shot: %s (%d test images, %.1fs)", result["summary"], len(test_x), result["time_s"]
+    )
+    return result

@@ -1,0 +1,18 @@
+"""Encoder modules: the ViT, its named variants, the fine-tuning classifier, position-embedding
+interpolation and pixel normalization."""
+
+from ssl_vit.model.classifier import Classifier
+from ssl_vit.model.pixels import normalize_pixels
+from ssl_vit.model.pos_embed import interpolate_pos_embed
+from ssl_vit.model.variants import VARIANTS, resolve_variant
+from ssl_vit.model.vit import ViT, build_vit
+
+__all__ = [
+    "VARIANTS",
+    "Classifier",
+    "ViT",
+    "build_vit",
+    "interpolate_pos_embed",
+    "normalize_pixels",
+    "resolve_variant",
+]

@@ -1,0 +1,31 @@
+"""Fine-tuning model: the encoder plus one zero-initialized D x K linear head (paper 3.2)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ssl_vit.model.vit import ViT
+
+__all__ = ["Classifier"]
+
+
+class Classifier(nn.Module):
+    """Encoder -> pooled representation ([class] token or mean of patches) -> linear head.
+
+    The head's weights and bias start at zero (paper section 3.2), so the first logits are
+    all zero and the first gradients reach the encoder only through the head's update."""
+
+    def __init__(self, encoder: ViT, num_classes: int, pool: str = "cls") -> None:
+        super().__init__()
+        if pool not in ("cls", "gap"):
+            raise ValueError(f"unknown pooling '{pool}' (use 'cls' or 'gap')")
+        self.encoder = encoder
+        self.pool = pool
+        self.head = nn.Linear(encoder.width, num_classes)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, images_BCHW: torch.Tensor) -> torch.Tensor:
+        """Normalized images [B, 3, H, W] -> logits [B, K]."""
+        return self.head(self.encoder(images_BCHW, self.pool))

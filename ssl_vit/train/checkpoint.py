@@ -1,0 +1,260 @@
+"""The one module that saves and loads state.
+
+A checkpoint is a directory `checkpoints/step_XXXXXXXX/` holding
+- `encoder.safetensors`: the encoder weights, with the model shape in the metadata, so that
+  fine-tuning, few-shot evaluation and export need nothing else;
+- `state.pt`: everything needed to resume (full model incl. objective head, optimizer, step,
+  config, extra counters);
+- `rng_rank{R}.pt`: the random state of every rank;
+- `manifest.json`: written last, with the size and SHA-256 of every file.
+It is written under a temporary name and renamed into place (atomic on POSIX), so a killed job
+never leaves a half-written checkpoint under a real name; a truncated or altered file is caught
+by the manifest on load and resume falls back to the newest valid checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+__all__ = [
+    "CheckpointError",
+    "checkpoint_dirs",
+    "save_checkpoint",
+    "load_checkpoint",
+    "latest_valid_checkpoint",
+    "rng_state",
+    "set_rng_state",
+    "save_encoder",
+    "load_encoder",
+    "encoder_from_checkpoint",
+]
+
+log = logging.getLogger(__name__)
+ENCODER_FILE, STATE_FILE, MANIFEST = "encoder.safetensors", "state.pt", "manifest.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, corrupted or of another model."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_state(generator: torch.Generator | None = None) -> dict[str, Any]:
+    """Python, NumPy, torch (CPU and CUDA) and an explicit generator's states of this rank."""
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+    if generator is not None:
+        state["generator"] = generator.get_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = None) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if generator is not None and state.get("generator") is not None:
+        generator.set_state(state["generator"])
+
+
+def save_encoder(encoder: nn.Module, path: Path, model_config: dict[str, Any]) -> None:
+    """Encoder weights as safetensors; the model shape travels in the metadata."""
+    tensors = {k: v.detach().contiguous().cpu() for k, v in encoder.state_dict().items()}
+    save_file(tensors, str(path), metadata={"model_config": json.dumps(model_config)})
+
+
+def load_encoder(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(state dict, model config) from a checkpoint directory or an encoder.safetensors file."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / ENCODER_FILE
+    if not path.is_file():
+        raise CheckpointError(f"no encoder weights at {path}")
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        state = load_file(str(path))
+    except Exception as e:  # safetensors raises several types for damaged files
+        raise CheckpointError(f"cannot read {path}: {e}") from None
+    if "model_config" not in meta:
+        raise CheckpointError(f"{path} has no model_config metadata: not an ssl-vit encoder")
+    return state, json.loads(meta["model_config"])
+
+
+def checkpoint_dirs(root: str | Path) -> list[Path]:
+    """Finished checkpoint directories under `root`, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
+
+
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    *,
+    encoder: nn.Module,
+    model_config: dict[str, Any],
+    state: dict[str, Any],
+    rng: dict[str, Any],
+    rank: int = 0,
+    is_main: bool = True,
+    barrier: Any = None,
+    keep: int = 3,
+) -> Path:
+    """Write checkpoint `step` atomically; every rank calls this (for its RNG state).
+
+    `barrier` is a zero-argument callable synchronizing all ranks (None in one process).
+    The checkpoint root must be on a filesystem shared by all ranks.
+    """
+    root = Path(root)
+    final = root / f"step_{step:08d}"
+    tmp = root / f".tmp_step_{step:08d}"
+    sync = barrier or (lambda: None)
+    if is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    sync()
+    torch.save(rng, tmp / f"rng_rank{rank}.pt")
+    if is_main:
+        save_encoder(encoder, tmp / ENCODER_FILE, model_config)
+        torch.save({**state, "step": step}, tmp / STATE_FILE)
+    sync()
+    if is_main:
+        files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in tmp.iterdir()}
+        manifest = {"step": step, "files": files}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        for p in tmp.iterdir():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+        if final.exists():  # re-saving the same step (e.g. after a resume): replace it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        for old in checkpoint_dirs(root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    sync()
+    return final
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise CheckpointError unless every file matches the manifest."""
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{path}: no {MANIFEST} (incomplete checkpoint)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: unreadable {MANIFEST}: {e}") from None
+    for name, info in manifest["files"].items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"{path}: missing {name}")
+        if f.stat().st_size != info["bytes"] or _sha256(f) != info["sha256"]:
+            raise CheckpointError(f"{path}: {name} is truncated or corrupted (checksum mismatch)")
+
+
+def load_checkpoint(path: str | Path, rank: int = 0) -> dict[str, Any]:
+    """Verified training state of checkpoint `path`, with this rank's RNG state under 'rng'."""
+    path = Path(path)
+    verify_checkpoint(path)
+    state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+    rng_file = path / f"rng_rank{rank}.pt"
+    if not rng_file.is_file():  # resumed on more ranks than saved: fall back to rank 0's state
+        rng_file = path / "rng_rank0.pt"
+    state["rng"] = torch.load(rng_file, map_location="cpu", weights_only=False)
+    return state
+
+
+def latest_valid_checkpoint(root: str | Path) -> Path | None:
+    """The newest checkpoint under `root` that passes verification (others are logged)."""
+    for path in reversed(checkpoint_dirs(root)):
+        try:
+            verify_checkpoint(path)
+            return path
+        except CheckpointError as e:
+            log.warning("skipping invalid checkpoint: %s", e)
+    return None
+
+
+SHAPE_KEYS = ("patch_size", "width", "depth", "heads", "mlp_ratio")
+
+
+def encoder_from_checkpoint(
+    path: str | Path, model_cfg: Any, pos_interp: str = "bicubic"
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Build the encoder saved at `path` for `model_cfg.image_size` (which may differ from the
+    pretraining resolution: the position embeddings are 2D-interpolated to the new grid).
+
+    Shape fields set in `model_cfg` (not None) must match the checkpoint; those left unset are
+    taken from it. Returns (encoder, the checkpoint's model config)."""
+    from ssl_vit.model.pos_embed import interpolate_pos_embed
+    from ssl_vit.model.vit import ViT
+
+    state, saved = load_encoder(path)
+    differ = [
+        f"{k}: checkpoint {saved.get(k)} vs config {getattr(model_cfg, k)}"
+        for k in SHAPE_KEYS
+        if getattr(model_cfg, k, None) is not None and getattr(model_cfg, k) != saved.get(k)
+    ]
+    if differ:
+        raise CheckpointError(f"{path} is another architecture ({'; '.join(differ)})")
+    for k in SHAPE_KEYS:
+        setattr(model_cfg, k, saved[k])
+    encoder = ViT(
+        model_cfg.image_size,
+        saved["patch_size"],
+        saved["width"],
+        saved["depth"],
+        saved["heads"],
+        saved["mlp_ratio"],
+    )
+    old = saved["image_size"] // saved["patch_size"]
+    if state["pos_embed"].shape != encoder.pos_embed.shape:
+        state["pos_embed"] = interpolate_pos_embed(
+            state["pos_embed"],
+            encoder.grid,
+            num_prefix_tokens=1,
+            old_grid=(old, old),
+            mode=pos_interp,
+        )
+    missing, unexpected = encoder.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not fit the encoder (missing {sorted(missing)}, "
+            f"unexpected {sorted(unexpected)})"
+        )
+    return encoder, saved

@@ -1,0 +1,38 @@
+"""Optimizers with the usual no-weight-decay set (biases, norms, embeddings, tokens)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ssl_vit.config.schema import OptimConfig
+
+__all__ = ["param_groups", "build_adam", "build_sgd"]
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay only weight matrices; 1-D parameters (biases, LayerNorm) and the position
+    embedding / [class] / [mask] embeddings are exempt, as in big_vision and timm."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        exempt = p.ndim <= 1 or name.endswith(("pos_embed", "cls_token", "mask_embedding"))
+        (no_decay if exempt else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def build_adam(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """Adam (paper B.1.2); with weight_decay > 0 it is decoupled (AdamW)."""
+    fused = next(model.parameters()).is_cuda
+    return torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, fused=fused or None
+    )
+
+
+def build_sgd(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """SGD with momentum (paper B.1.1 fine-tuning), no weight decay by default."""
+    return torch.optim.SGD(param_groups(model, cfg.weight_decay), lr=cfg.lr, momentum=cfg.momentum)

@@ -1,0 +1,82 @@
+"""Invariants of the BERT-style corruption over many random draws."""
+
+import pytest
+import torch
+
+from ssl_vit import corrupt_patches
+from ssl_vit.objectives.corruption import KEPT, MASKED, RANDOM, UNTOUCHED
+
+
+def make_batch(B=8, N=64, D=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, N, D, generator=g), torch.randn(D, generator=g)
+
+
+@pytest.mark.parametrize("N, ratio", [(64, 0.5), (49, 0.5), (196, 0.15), (10, 1.0), (7, 0.3)])
+def test_exact_count_per_image(N, ratio):
+    emb, mask = make_batch(N=N)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        _, kind = corrupt_patches(emb, mask, ratio, generator=g)
+        assert ((kind != UNTOUCHED).sum(dim=1) == round(ratio * N)).all()
+
+
+def test_fractions_and_replacements_over_many_draws():
+    B, N, D = 16, 64, 32
+    emb, mask = make_batch(B, N, D)
+    flat = emb.reshape(B * N, D)
+    g = torch.Generator().manual_seed(2)
+    counts = torch.zeros(4)
+    chosen_positions = torch.zeros(N)
+    for _ in range(200):
+        out, kind = corrupt_patches(emb, mask, 0.5, (0.8, 0.1, 0.1), generator=g)
+        counts += torch.bincount(kind.flatten(), minlength=4)
+        chosen_positions += (kind != UNTOUCHED).sum(dim=0)
+        # Untouched and kept patches are unchanged; masked ones are exactly the mask.
+        keep = (kind == UNTOUCHED) | (kind == KEPT)
+        assert torch.equal(out[keep], emb[keep])
+        assert torch.equal(out[kind == MASKED], mask.expand(int((kind == MASKED).sum()), D))
+        # Random replacements are some other patch's embedding, never the patch itself.
+        rand = (kind == RANDOM).nonzero()
+        for b, n in rand.tolist():
+            matches = (flat == out[b, n]).all(dim=1).nonzero().flatten().tolist()
+            assert matches and b * N + n not in matches
+    corrupted = counts[1:].sum()
+    assert counts[1:].sum() / counts.sum() == pytest.approx(0.5)
+    # 200 * 16 * 32 = 102,400 corrupted patches: std of a 0.1 fraction is ~0.001.
+    assert counts[MASKED] / corrupted == pytest.approx(0.8, abs=0.006)
+    assert counts[RANDOM] / corrupted == pytest.approx(0.1, abs=0.005)
+    assert counts[KEPT] / corrupted == pytest.approx(0.1, abs=0.005)
+    # Every position is chosen about equally often (uniform choice).
+    freq = chosen_positions / chosen_positions.sum()
+    assert (freq - 1 / N).abs().max() < 0.2 / N
+
+
+def test_random_sources_cover_other_images():
+    # With B=2, N=2 a random replacement must come from one of the 3 other patches.
+    emb = torch.arange(4.0).view(2, 2, 1).expand(2, 2, 3).contiguous()
+    g = torch.Generator().manual_seed(0)
+    seen = {i: set() for i in range(4)}
+    for _ in range(400):
+        out, kind = corrupt_patches(emb, torch.full((3,), -1.0), 1.0, (0, 1, 0), generator=g)
+        assert (kind == RANDOM).all()
+        for i, v in enumerate(out[..., 0].flatten().tolist()):
+            seen[i].add(int(v))
+    assert seen == {i: {0, 1, 2, 3} - {i} for i in range(4)}
+
+
+def test_ratio_and_probs_are_respected_and_gradients_flow():
+    emb, mask = make_batch(4, 16, 8)
+    emb.requires_grad_(True)
+    mask.requires_grad_(True)
+    out, kind = corrupt_patches(emb, mask, 0.25, (1.0, 0.0, 0.0), generator=torch.Generator())
+    assert set(kind.unique().tolist()) == {UNTOUCHED, MASKED}
+    out.sum().backward()
+    assert mask.grad.abs().sum() > 0 and emb.grad.abs().sum() > 0
+
+
+def test_generator_makes_it_deterministic():
+    emb, mask = make_batch()
+    a = corrupt_patches(emb, mask, generator=torch.Generator().manual_seed(5))
+    b = corrupt_patches(emb, mask, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

@@ -1,0 +1,354 @@
+"""Data layer: shard writing and resolving, sources, the synthetic set, loaders and the CLI."""
+
+import io
+import json
+import logging
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import webdataset as wds
+from PIL import Image
+
+from ssl_vit.cli import main
+from ssl_vit.data import (
+    SYNTHETIC_LABELS,
+    decode_image,
+    eval_loader,
+    make_shards,
+    open_source,
+    pretrain_loader,
+    read_index,
+    resolve_shards,
+    synthetic_shapes,
+    train_loader,
+)
+
+
+def _image_bytes(seed: int, fmt: str = "PNG", size: int = 16) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (size, size + 2, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def _write_files(root: Path, names: list[str]) -> dict[str, bytes]:
+    """Write an image per relative name (format from the extension); return name -> bytes."""
+    files = {}
+    for i, name in enumerate(names):
+        fmt = {"png": "PNG", "jpg": "JPEG", "bmp": "BMP"}[name.rsplit(".", 1)[-1]]
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data := _image_bytes(i, fmt))
+        files[name] = data
+    return files
+
+
+def _read_shards(folder: Path) -> dict[str, dict[str, bytes]]:
+    """key -> {ext: bytes}, read with tarfile (independently of the code under test)."""
+    samples: dict[str, dict[str, bytes]] = {}
+    for path in sorted(folder.glob("*.tar")):
+        with tarfile.open(path) as tar:
+            for m in tar.getmembers():
+                key, ext = m.name.split(".", 1)
+                samples.setdefault(key, {})[ext] = tar.extractfile(m).read()
+    return samples
+
+
+def _eval_keys(source: str, **kw) -> list[str]:
+    keys, skipped = [], 0
+    for batch in eval_loader(source, 5, 32, **kw):
+        keys += batch.keys
+        skipped += batch.skipped
+    assert skipped == 0
+    return keys
+
+
+# --------------------------------------------------------------------------------------------
+# make_shards
+
+
+def test_folder_round_trip(tmp_path):
+    names = ["dog/b.png", "dog/a.jpg", "cat/x.y.png", "cat/x_y.png", "cat/sub/z.png", "ant/1.bmp"]
+    files = _write_files(tmp_path / "src", names + ["dog/a.png"])
+    (tmp_path / "src" / "dog" / "notes.txt").write_text("not an image")
+    index = make_shards(tmp_path / "src", tmp_path / "out", shard_size=3, progress=False)
+
+    assert index["label_names"] == ["ant", "cat", "dog"]
+    assert index["num_samples"] == 7 and index["num_skipped"] == 0
+    assert [s["num_samples"] for s in index["shards"]] == [3, 3, 1]
+    assert json.loads((tmp_path / "out" / "index.json").read_text()) == index
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == ["index.json"] + [f"shard-00000{i}.tar" for i in range(3)]
+    samples = _read_shards(tmp_path / "out")
+    assert len(samples) == 7 and all("." not in k for k in samples)
+    # Every file is stored byte for byte, under its extension, with its class folder's label.
+    got = {
+        (ext, data, int(s["cls"]))
+        for s in samples.values()
+        for ext, data in s.items()
+        if ext != "cls"
+    }
+    want = {
+        (n.rsplit(".", 1)[1], d, ["ant", "cat", "dog"].index(n.split("/")[0]))
+        for n, d in files.items()
+    }
+    assert got == want
+    assert "cat_sub_z" in samples and "dog_a" in samples and "dog_a_2" in samples
+
+
+def test_unlabelled_folder(tmp_path):
+    _write_files(tmp_path / "src", ["a.png", "b.png", "c.jpg"])
+    index = make_shards(tmp_path / "src", tmp_path / "out", progress=False)
+    assert index["label_names"] == [] and index["num_samples"] == 3
+    samples = _read_shards(tmp_path / "out")
+    assert sorted(samples) == ["a", "b", "c"] and all("cls" not in s for s in samples.values())
+    labels = torch.cat([b.labels for b in eval_loader(str(tmp_path / "out"), 2, 16, num_workers=0)])
+    assert labels.tolist() == [-1, -1, -1]
+
+
+def test_hf_dataset_round_trip(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    images = [_image_bytes(i) for i in range(5)]
+    features = datasets.Features(
+        {
+            "img": datasets.Image(),
+            "y": datasets.ClassLabel(names=["no", "yes"]),
+            "id": datasets.Value("int32"),
+        }
+    )
+    ds = datasets.Dataset.from_dict(
+        {
+            "img": [{"bytes": b, "path": None} for b in images],
+            "y": [1, 0, 1, 1, 0],
+            "id": list(range(5)),
+        },
+        features=features,
+    )
+    datasets.DatasetDict({"train": ds, "test": ds.select([0, 1])}).save_to_disk(tmp_path / "hf")
+
+    index = make_shards(tmp_path / "hf", tmp_path / "out", split="train", progress=False)
+    assert index["label_names"] == ["no", "yes"] and index["num_samples"] == 5
+    got = {(s["png"], int(s["cls"])) for s in _read_shards(tmp_path / "out").values()}
+    assert got == set(zip(images, [1, 0, 1, 1, 0], strict=True))
+
+    test = open_source(str(tmp_path / "hf"), split="test")
+    assert len(test) == 2 and test.labels().tolist() == [1, 0]
+    assert [(i, d) for i, d, _ in test.iter_samples([1])] == [(1, images[1])]
+
+
+def test_corrupt_files_are_skipped(tmp_path, caplog):
+    _write_files(tmp_path / "src", ["a/1.png", "a/2.png", "b/3.png"])
+    (tmp_path / "src" / "a" / "empty.png").write_bytes(b"")
+    (tmp_path / "src" / "b" / "text.png").write_bytes(b"this is not a png at all")
+    with caplog.at_level(logging.WARNING):
+        index = make_shards(tmp_path / "src", tmp_path / "out", progress=False)
+    assert index["num_samples"] == 3 and index["num_skipped"] == 2
+    assert sorted(_read_shards(tmp_path / "out")) == ["a_1", "a_2", "b_3"]
+    assert "empty.png" in caplog.text and "text.png" in caplog.text
+
+
+# --------------------------------------------------------------------------------------------
+# Streaming
+
+
+def _bad_shard(path: Path) -> list[str]:
+    """A shard with 6 good samples and 3 bad ones; returns the good keys."""
+    good = [f"g{i}" for i in range(6)]
+    png = _image_bytes(99)
+    with wds.TarWriter(str(path), encoder=False) as w:
+        for i, key in enumerate(good[:3]):
+            w.write({"__key__": key, "png": _image_bytes(i), "cls": b"1"})
+        w.write({"__key__": "truncated", "png": png[: len(png) // 2], "cls": b"0"})
+        w.write({"__key__": "garbage", "jpg": b"\x00garbage" * 20, "cls": b"0"})
+        w.write({"__key__": "noimage", "cls": b"0"})
+        for i, key in enumerate(good[3:]):
+            w.write({"__key__": key, "png": _image_bytes(10 + i), "cls": b"1"})
+    return good
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stream_skips_bad_samples(tmp_path, num_workers):
+    good = _bad_shard(tmp_path / "shard-000000.tar")
+    _bad_shard(tmp_path / "shard-000001.tar")
+    batches = list(eval_loader(str(tmp_path), 4, 16, num_workers=num_workers))
+    keys = [k for b in batches for k in b.keys]
+    assert sorted(keys) == sorted(good * 2)
+    assert sum(b.skipped for b in batches) == 6  # 3 bad samples in each shard
+    assert all(b.images.shape[1:] == (3, 16, 16) for b in batches)
+    assert all((b.labels == 1).all() for b in batches)
+
+
+def test_truncated_and_broken_shards(tmp_path, synthetic_shards):
+    data = (synthetic_shards / "shard-000000.tar").read_bytes()
+    (tmp_path / "cut.tar").write_bytes(data[: len(data) // 2 + 700])  # cut inside a member
+    (tmp_path / "junk.tar").write_bytes(b"this is not a tar file" * 100)
+    spec = f"{tmp_path / 'cut.tar'}::{tmp_path / 'junk.tar'}"
+    batches = list(eval_loader(spec, 8, 32, num_workers=0))
+    # The samples before the cut arrive; the one cut in half has its .cls but no image.
+    assert 10 < sum(len(b.keys) for b in batches) < 48
+    assert sum(b.skipped for b in batches) == 1
+    assert sum(b.skipped_shards for b in batches) == 2  # the cut, and the file that is no tar
+
+    urls = [str(synthetic_shards / "shard-000001.tar"), str(tmp_path / "missing.tar")]
+    it = iter(pretrain_loader(urls, 16, 32, num_workers=0, shuffle_buffer=0))
+    batches = [next(it) for _ in range(12)]
+    assert sum(b.skipped_shards for b in batches) > 0
+    assert all(len(b.keys) == 16 for b in batches)
+
+
+def test_stream_fails_loudly_instead_of_spinning(tmp_path):
+    with wds.TarWriter(str(tmp_path / "bad.tar"), encoder=False) as w:
+        for i in range(20):
+            w.write({"__key__": f"k{i}", "png": b"not a png"})
+    loader = pretrain_loader(
+        str(tmp_path / "bad.tar"), 4, 16, num_workers=0, max_consecutive_failures=10
+    )
+    with pytest.raises(RuntimeError, match="10 samples in a row failed to decode"):
+        next(iter(loader))
+    missing = [str(tmp_path / "gone.tar")]
+    loader = pretrain_loader(missing, 4, 16, num_workers=0, max_consecutive_failures=10)
+    with pytest.raises(RuntimeError, match="no samples from the last 10 shards"):
+        next(iter(loader))
+
+
+@pytest.mark.parametrize(
+    ("num_workers", "world_size"), [(0, 1), (2, 1), (0, 2), (2, 2), (0, 3)]
+)  # 2 shards: (2, 2) and (0, 3) split samples by index modulo instead of by shard
+def test_eval_loader_delivers_each_sample_once(synthetic_shards, num_workers, world_size):
+    per_rank = [
+        _eval_keys(str(synthetic_shards), num_workers=num_workers, rank=r, world_size=world_size)
+        for r in range(world_size)
+    ]
+    keys = [k for ks in per_rank for k in ks]
+    assert sorted(keys) == [key for key, _, _ in synthetic_shapes(96)]
+    assert all(per_rank)  # no rank is left without data
+
+
+def test_eval_loader_indices_and_limit(synthetic_shards):
+    labels = open_source(str(synthetic_shards)).labels()
+    batches = list(eval_loader(str(synthetic_shards), 4, 32, num_workers=2, indices=[90, 3, 50]))
+    keys = [k for b in batches for k in b.keys]
+    got = sorted(zip(keys, torch.cat([b.labels for b in batches]).tolist(), strict=True))
+    assert got == [("00000003_frame", labels[3]), ("00000050_disc", 0), ("00000090_disc", 0)]
+    first = [
+        k
+        for b in eval_loader(str(synthetic_shards), 4, 32, num_workers=0, limit=10)
+        for k in b.keys
+    ]
+    assert first == [f"{i:08d}_{SYNTHETIC_LABELS[i % 10]}" for i in range(10)]
+
+
+def test_pretrain_loader_batches(synthetic_shards):
+    rng_before = torch.get_rng_state()
+    loaders = [
+        pretrain_loader(str(synthetic_shards), 8, 24, num_workers=0, seed=s) for s in (0, 0, 1)
+    ]
+    first = [next(iter(loader)) for loader in loaders]
+    assert torch.equal(torch.get_rng_state(), rng_before)  # augmentation uses its own RNG
+    batch = first[0]
+    assert batch.images.shape == (8, 3, 24, 24) and batch.images.dtype == torch.uint8
+    assert batch.labels.dtype == torch.int64 and ((batch.labels >= 0) & (batch.labels < 10)).all()
+    assert batch.skipped == 0 and batch.skipped_shards == 0
+    assert torch.equal(first[0].images, first[1].images)  # same seed, same stream
+    assert not torch.equal(first[0].images, first[2].images)
+
+    it = iter(pretrain_loader(str(synthetic_shards), 16, 32, num_workers=2, shuffle_buffer=20))
+    batches = [next(it) for _ in range(8)]  # 128 > 96 samples: the stream does not end
+    assert all(b.images.shape == (16, 3, 32, 32) for b in batches)
+
+
+def test_train_loader_from_folder(tmp_path):
+    _write_files(tmp_path / "src", [f"{c}/{i}.png" for c in ("a", "b") for i in range(5)])
+    it = iter(train_loader(str(tmp_path / "src"), 4, 8, num_workers=0, seed=3))
+    batches = [next(it) for _ in range(5)]  # 20 samples: two epochs
+    assert all(b.images.shape == (4, 3, 8, 8) for b in batches)
+    keys = [k for b in batches for k in b.keys]
+    assert sorted(keys[:10]) == sorted(keys[10:]) and keys[:10] != keys[10:]
+    assert [int(k[0] == "b") for k in keys] == torch.cat([b.labels for b in batches]).tolist()
+    with pytest.raises(ValueError, match="no labels"):
+        _write_files(tmp_path / "flat", ["a.png"])
+        train_loader(str(tmp_path / "flat"), 4, 8, num_workers=0)
+
+
+def test_decode_image_formats():
+    for fmt in ("PNG", "JPEG", "BMP"):  # BMP: torchvision cannot, PIL fallback
+        image = decode_image(_image_bytes(0, fmt))
+        assert image.shape == (3, 16, 18) and image.dtype == torch.uint8
+    for bad in (b"", b"garbage", _image_bytes(0)[:60]):
+        with pytest.raises((RuntimeError, ValueError, OSError)):
+            decode_image(bad)
+
+
+# --------------------------------------------------------------------------------------------
+# Sources, resolving, synthetic data
+
+
+def test_sources_read_only_chosen_samples(synthetic_shards, tmp_path):
+    shards = open_source(str(synthetic_shards))
+    assert len(shards) == 96 and shards.label_names == SYNTHETIC_LABELS
+    assert shards.labels().tolist() == [i % 10 for i in range(96)]
+    want = {i: (data, label) for i, (_, data, label) in enumerate(synthetic_shapes(96))}
+    got = list(shards.iter_samples([95, 47, 48, 0]))
+    assert [i for i, _, _ in got] == [0, 47, 48, 95]
+    assert all((d, y) == want[i] for i, d, y in got)
+
+    files = _write_files(tmp_path, ["b/1.png", "a/2.png", "a/1.png"])
+    folder = open_source(str(tmp_path))
+    assert folder.label_names == ["a", "b"] and folder.labels().tolist() == [0, 0, 1]
+    assert list(folder.iter_samples([2])) == [(2, files["b/1.png"], 1)]
+    with pytest.raises(FileNotFoundError, match="not found"):
+        open_source(str(tmp_path / "nope"))
+
+
+def test_resolve_shards(synthetic_shards, tmp_path):
+    d = synthetic_shards
+    shards = [str(d / "shard-000000.tar"), str(d / "shard-000001.tar")]
+    assert resolve_shards(str(d)) == shards
+    assert resolve_shards(str(d / "index.json")) == shards
+    assert resolve_shards(f"{d}/shard-{{000000..000001}}.tar") == shards
+    assert resolve_shards(shards[1]) == shards[1:]
+    assert resolve_shards(f"{shards[1]}::{shards[0]}") == shards[::-1]
+    assert resolve_shards("pipe:cat a-{0..1}.tar") == ["pipe:cat a-0.tar", "pipe:cat a-1.tar"]
+    assert read_index(str(d))["num_samples"] == 96
+    assert read_index(shards[0])["label_names"] == SYNTHETIC_LABELS
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        resolve_shards(str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError, match="no shards"):
+        resolve_shards(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="1 of 3 shards"):
+        resolve_shards(f"{d}/shard-{{000000..000002}}.tar")
+
+
+def test_synthetic_is_deterministic():
+    a = list(synthetic_shapes(20, image_size=32, seed=5))
+    assert a == list(synthetic_shapes(20, image_size=32, seed=5))
+    assert a[:7] == list(synthetic_shapes(7, image_size=32, seed=5))  # sample i independent of n
+    assert [x[1] for x in a] != [x[1] for x in synthetic_shapes(20, image_size=32, seed=6)]
+    assert [y for _, _, y in a] == [i % 10 for i in range(20)]
+    assert len({k for k, _, _ in a}) == 20 and all("." not in k for k, _, _ in a)
+    images = torch.stack([decode_image(data) for _, data, _ in a]).float()
+    assert images.shape == (20, 3, 32, 32)
+    # Shapes are visible: within an image, the foreground differs clearly from the background.
+    assert (images.flatten(1).std(1) > 15).all()
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+
+
+def test_cli_make_shards(tmp_path, capsys):
+    _write_files(tmp_path / "src", ["a/1.png", "b/2.png"])
+    out = tmp_path / "out"
+    assert main(["make-shards", "--source", str(tmp_path / "src"), "--output", str(out)]) == 0
+    assert read_index(str(out))["num_samples"] == 2
+    assert "wrote 2 images" in capsys.readouterr().out
+
+    assert main(["make-synthetic", "--output", str(tmp_path / "syn"), "--num", "12"]) == 0
+    assert read_index(str(tmp_path / "syn"))["num_samples"] == 12
+
+    assert main(["make-shards", "--source", str(tmp_path / "nope"), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "not found" in err and err.count("\n") == 1 and "Traceback" not in err

@@ -1,0 +1,213 @@
+"""End-to-end runs of the three jobs on the synthetic 2-shard fixture (seconds each)."""
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pipeline(name: str):
+    spec = importlib.util.spec_from_file_location(
+        f"pipeline_{name}", ROOT / "pipelines" / f"{name}.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def pretrain_args(shards, out, *extra):
+    return [
+        "--config",
+        str(ROOT / "configs/pretrain/smoke.yaml"),
+        f"data.train_shards={shards}",
+        f"output_dir={out}",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def pretrained(synthetic_shards, tmp_path_factory):
+    out = tmp_path_factory.mktemp("pretrain")
+    results = pipeline("pretrain")(
+        pretrain_args(
+            synthetic_shards,
+            out,
+            "train.steps=60",
+            "train.lr=3e-3",
+            "train.log_every=10",
+            "train.checkpoint_every=20",
+            "train.keep_checkpoints=2",
+        )
+    )
+    return out, results
+
+
+def test_pretrain_outputs_and_learning(pretrained):
+    out, results = pretrained
+    assert (out / "config.yaml").is_file() and (out / "results.json").is_file()
+    log = rows(out)
+    assert [r["step"] for r in log] == [10, 20, 30, 40, 50, 60]
+    for key in (
+        "loss",
+        "lr",
+        "img_per_s",
+        "color_acc",
+        "frac_corrupted",
+        "frac_mask",
+        "frac_random",
+        "frac_keep",
+        "skipped_samples",
+    ):
+        assert key in log[0]
+    assert all(r["frac_corrupted"] == 0.5 for r in log)  # exactly round(0.5 * 16) = 8 of 16
+    assert all(math.isclose(r["frac_mask"] + r["frac_random"] + r["frac_keep"], 1) for r in log)
+    assert log[0]["loss"] < math.log(512) + 1e-3
+    assert log[-1]["loss"] < log[0]["loss"] - 0.3, [r["loss"] for r in log]
+    assert results["step"] == 60 and results["skipped_samples"] == 0
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert ckpts == ["step_00000040", "step_00000060"]  # keep_checkpoints=2
+    assert (out / "checkpoints/step_00000060/encoder.safetensors").is_file()
+
+
+def test_pretrain_resume_continues_from_checkpoint(synthetic_shards, tmp_path):
+    main = pipeline("pretrain")
+    main(pretrain_args(synthetic_shards, tmp_path, "train.steps=10", "train.checkpoint_every=5"))
+    results = main(
+        pretrain_args(
+            synthetic_shards, tmp_path, "train.steps=20", "train.checkpoint_every=5", "--resume"
+        )
+    )
+    assert results["step"] == 20
+    assert [r["step"] for r in rows(tmp_path)] == [5, 10, 15, 20]  # each step logged once
+    assert json.loads((tmp_path / "results.json").read_text())["step"] == 20
+
+
+def test_bad_config_stops_before_starting(synthetic_shards, tmp_path):
+    main = pipeline("pretrain")
+    with pytest.raises(SystemExit, match="unknown config key 'train.stepz'"):
+        main(pretrain_args(synthetic_shards, tmp_path, "train.stepz=3"))
+    with pytest.raises(SystemExit, match="train.steps: expected int"):
+        main(pretrain_args(synthetic_shards, tmp_path, "train.steps=many"))
+    with pytest.raises(SystemExit, match="not found|no shards|does not exist"):
+        main(pretrain_args(tmp_path / "nowhere", tmp_path))
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_finetune_at_higher_resolution_improves(pretrained, synthetic_shards, tmp_path):
+    ckpt = pretrained[0] / "checkpoints" / "step_00000060"
+    results = pipeline("finetune")(
+        [
+            "--config",
+            str(ROOT / "configs/finetune/smoke.yaml"),
+            f"init.checkpoint={ckpt}",
+            f"data.train={synthetic_shards}",
+            f"data.eval={synthetic_shards}",
+            f"output_dir={tmp_path}",
+            "model.patch_size=null",
+            "model.width=null",
+            "model.depth=null",
+            "model.heads=null",
+            "train.steps=60",
+            "train.log_every=20",
+            "eval_every=20",
+            "ema=0.9",
+        ]
+    )
+    log = rows(tmp_path)
+    assert [r["step"] for r in log] == [20, 40, 60]
+    # The zero head predicts class 0 for everything at step 0: 10 of 96 images (label = i % 10)
+    # are class 0, so 0.104; a guess's std is ~0.03, so 0.18 is well clear of it.
+    assert results["top1"] > 0.18 and "top1_ema" in log[-1]
+    assert json.loads((tmp_path / "labels.json").read_text())[0] == "disc"
+    assert (tmp_path / "model.safetensors").is_file()
+
+
+def test_finetune_rejects_other_architecture(pretrained, synthetic_shards, tmp_path):
+    ckpt = pretrained[0] / "checkpoints" / "step_00000060"
+    with pytest.raises(SystemExit, match="another architecture.*width"):
+        pipeline("finetune")(
+            [
+                "--config",
+                str(ROOT / "configs/finetune/smoke.yaml"),
+                f"init.checkpoint={ckpt}",
+                f"data.train={synthetic_shards}",
+                f"data.eval={synthetic_shards}",
+                f"output_dir={tmp_path}",
+                "model.width=64",
+            ]
+        )
+
+
+def test_fewshot_pipeline_random_and_pretrained(pretrained, synthetic_shards, tmp_path):
+    main = pipeline("fewshot")
+    common = [
+        "--config",
+        str(ROOT / "configs/fewshot/smoke.yaml"),
+        f"data.train={synthetic_shards}",
+        f"data.eval={synthetic_shards}",
+    ]
+    rand = main(["--checkpoint", "random", *common, f"output_dir={tmp_path / 'r'}"])
+    ckpt = pretrained[0] / "checkpoints" / "step_00000060"
+    res = main(
+        [
+            "--checkpoint",
+            str(ckpt),
+            *common,
+            f"output_dir={tmp_path / 'p'}",
+            "model.patch_size=null",
+            "model.width=null",
+            "model.depth=null",
+            "model.heads=null",
+        ]
+    )
+    for r in (rand, res):
+        assert set(r["shots"]) == {1, 5} and set(r["shots"][5]["l2_reg"]) == {"1024.0", "1.0"}
+        assert len(r["shots"][5]["l2_reg"]["1024.0"]["per_seed"]) == 2
+        assert r["num_test"] == 96 and 0.0 <= r["5shot"] <= 1.0
+    saved = json.loads((tmp_path / "p" / "results.json").read_text())
+    assert saved["summary"]["5shot"] == pytest.approx(res["5shot"])
+
+
+def test_two_process_accelerate_launch(synthetic_shards, tmp_path):
+    """A real 2-process run (gloo on CPU) through `accelerate launch`."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        str(ROOT / "pipelines/pretrain.py"),
+        *pretrain_args(
+            synthetic_shards,
+            tmp_path,
+            "train.steps=6",
+            "train.log_every=3",
+            "train.checkpoint_every=3",
+        ),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["num_processes"] == 2 and results["step"] == 6
+    ckpt = tmp_path / "checkpoints" / "step_00000006"
+    assert {"rng_rank0.pt", "rng_rank1.pt"} <= {p.name for p in ckpt.iterdir()}
+    assert [r["step"] for r in rows(tmp_path)] == [3, 6]

@@ -1,0 +1,85 @@
+"""Schedules at known steps; checkpoints: round trip, atomicity, corruption detection."""
+
+import math
+
+import pytest
+import torch
+
+from ssl_vit.model import ViT
+from ssl_vit.train.checkpoint import (
+    CheckpointError,
+    checkpoint_dirs,
+    latest_valid_checkpoint,
+    load_checkpoint,
+    load_encoder,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from ssl_vit.train.schedules import warmup_cosine
+
+
+def test_warmup_cosine_values():
+    lr = [warmup_cosine(s, 110, 10, 1.0, 0.0) for s in range(111)]
+    assert lr[0] == pytest.approx(0.1) and lr[9] == pytest.approx(1.0)
+    assert lr[10] == pytest.approx(1.0)
+    assert lr[60] == pytest.approx(0.5)  # half-way through the decay
+    assert lr[35] == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.25)))
+    assert lr[110] == pytest.approx(0.0, abs=1e-12)
+    assert warmup_cosine(110, 110, 10, 1.0, 0.1) == pytest.approx(0.1)
+
+
+def _save(root, step, vit, **kw):
+    return save_checkpoint(
+        root,
+        step,
+        encoder=vit,
+        model_config={"width": 16},
+        state={"model": vit.state_dict(), "x": step},
+        rng=rng_state(),
+        **kw,
+    )
+
+
+def test_checkpoint_round_trip_and_keep_last(tmp_path):
+    vit = ViT(8, 4, 16, 1, 2)
+    for step in (1, 2, 3, 4):
+        _save(tmp_path, step, vit, keep=2)
+    assert [p.name for p in checkpoint_dirs(tmp_path)] == ["step_00000003", "step_00000004"]
+    assert not list(tmp_path.glob(".tmp*"))
+    state = load_checkpoint(tmp_path / "step_00000004")
+    assert state["step"] == 4 and state["x"] == 4
+    weights, cfg = load_encoder(tmp_path / "step_00000004")
+    assert cfg == {"width": 16}
+    for k, v in vit.state_dict().items():
+        assert torch.equal(weights[k], v)
+
+
+def test_rng_state_round_trip():
+    g = torch.Generator().manual_seed(3)
+    state = rng_state(g)
+    a = (torch.rand(3), torch.rand(3, generator=g))
+    set_rng_state(state, g)
+    b = (torch.rand(3), torch.rand(3, generator=g))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_corrupted_checkpoint_is_detected_and_skipped(tmp_path):
+    vit = ViT(8, 4, 16, 1, 2)
+    _save(tmp_path, 1, vit)
+    bad = _save(tmp_path, 2, vit)
+    with open(bad / "state.pt", "r+b") as f:  # truncate
+        f.truncate(10)
+    with pytest.raises(CheckpointError, match="truncated or corrupted"):
+        load_checkpoint(bad)
+    assert latest_valid_checkpoint(tmp_path).name == "step_00000001"
+    (tmp_path / "step_00000001" / "manifest.json").unlink()  # incomplete
+    assert latest_valid_checkpoint(tmp_path) is None
+
+
+def test_load_encoder_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="no encoder weights"):
+        load_encoder(tmp_path)
+    (tmp_path / "encoder.safetensors").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="cannot read"):
+        load_encoder(tmp_path)
