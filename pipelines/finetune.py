@@ -15,14 +15,13 @@ import json
 import logging
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from ssl_vit.config import ConfigError, FinetuneConfig, load_config, save_config, to_dict
+from ssl_vit.config import ConfigError, FinetuneConfig, load_config, to_dict
 from ssl_vit.data import eval_loader, open_source, train_loader
 from ssl_vit.model import Classifier, build_vit, normalize_pixels
 from ssl_vit.train.checkpoint import (
@@ -36,7 +35,7 @@ from ssl_vit.train.checkpoint import (
 )
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
 from ssl_vit.train.optim import build_sgd
-from ssl_vit.train.runtime import make_accelerator, seed_everything, setup_logging
+from ssl_vit.train.runtime import start_run
 from ssl_vit.train.schedules import set_lr, warmup_cosine
 
 log = logging.getLogger("finetune")
@@ -94,20 +93,10 @@ def main(argv: list[str] | None = None) -> dict:
             )
         else:
             encoder = build_vit(cfg.model)
+        run = start_run(cfg)  # Accelerator, run directory with config.yaml, seeds
     except (ConfigError, FileNotFoundError, CheckpointError, ValueError) as e:
         sys.exit(f"error: {e}")
-
-    tc = cfg.train
-    acc = make_accelerator(tc.mixed_precision, tc.grad_accum)
-    setup_logging(acc.is_main_process)
-    per_step = acc.num_processes * tc.grad_accum
-    if tc.batch_size % per_step:
-        sys.exit(f"error: train.batch_size {tc.batch_size} is not divisible by {per_step}")
-    run_dir, ckpt_dir = Path(cfg.output_dir), Path(cfg.output_dir) / "checkpoints"
-    if acc.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
-    seed_everything(cfg.seed + acc.process_index)
+    tc, acc, run_dir, ckpt_dir = cfg.train, run.acc, run.run_dir, run.ckpt_dir
 
     model = Classifier(encoder, len(label_names), cfg.pool).to(acc.device)
     optimizer = build_sgd(model, tc)
@@ -131,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
     batches = iter(
         train_loader(
             cfg.data.train,
-            tc.batch_size // per_step,
+            run.local_batch,
             cfg.model.image_size,
             crop_scale=cfg.data.crop_scale,
             hflip=cfg.data.hflip,
@@ -223,13 +212,15 @@ def main(argv: list[str] | None = None) -> dict:
                 "data_wait": waits.get("data", 0.0) / elapsed,
             }
             if cfg.eval_every and done % cfg.eval_every == 0 or done == tc.steps:
-                run_eval(row)
+                with watch.paused():
+                    run_eval(row)
             row = metrics.log(row)
             bar.write(format_metrics(row, SHOWN))
             sums.zero_()
             last_log = done
         if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != tc.steps:
-            checkpoint(done)
+            with watch.paused():
+                checkpoint(done)
     bar.close()
 
     # --- Final save: the fine-tuned classifier (safetensors) with its label names ---------

@@ -14,11 +14,10 @@ import logging
 import math
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from ssl_vit.config import ConfigError, PretrainConfig, load_config, save_config, to_dict
+from ssl_vit.config import ConfigError, PretrainConfig, load_config, to_dict
 from ssl_vit.data import Batch, pretrain_loader, resolve_shards
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.model import build_vit
@@ -32,7 +31,7 @@ from ssl_vit.train.checkpoint import (
 )
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
 from ssl_vit.train.optim import build_adam
-from ssl_vit.train.runtime import make_accelerator, seed_everything, setup_logging
+from ssl_vit.train.runtime import start_run
 from ssl_vit.train.schedules import set_lr, warmup_cosine
 
 log = logging.getLogger("pretrain")
@@ -53,25 +52,11 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         cfg = load_config(PretrainConfig, args.config, args.overrides)
         urls = resolve_shards(cfg.data.train_shards)
+        run = start_run(cfg)  # Accelerator, run directory with config.yaml, seeds
     except (ConfigError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
-
-    # --- Accelerator, run directory ------------------------------------------------------
-    tc = cfg.train
-    acc = make_accelerator(tc.mixed_precision, tc.grad_accum)
-    setup_logging(acc.is_main_process)
-    per_step = acc.num_processes * tc.grad_accum
-    if tc.batch_size % per_step:
-        sys.exit(
-            f"error: train.batch_size {tc.batch_size} is not divisible by "
-            f"processes x grad_accum = {per_step}"
-        )
-    local_batch = tc.batch_size // per_step
-    run_dir, ckpt_dir = Path(cfg.output_dir), Path(cfg.output_dir) / "checkpoints"
-    if acc.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
-    seed_everything(cfg.seed + acc.process_index)
+    tc, acc, run_dir, ckpt_dir = cfg.train, run.acc, run.run_dir, run.ckpt_dir
+    local_batch = run.local_batch
 
     # --- Model, optimizer ----------------------------------------------------------------
     model = MaskedPatchPrediction(build_vit(cfg.model), cfg.objective, cfg.data.mean, cfg.data.std)
@@ -220,9 +205,11 @@ def main(argv: list[str] | None = None) -> dict:
             and done % cfg.fewshot.every == 0
             and done != tc.steps
         ):
-            _fewshot(cfg, encoder, acc, metrics, done, model)
+            with watch.paused():
+                _fewshot(cfg, encoder, acc, metrics, done, model)
         if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != tc.steps:
-            checkpoint(done)
+            with watch.paused():
+                checkpoint(done)
     bar.close()
 
     # --- Final save and results ----------------------------------------------------------

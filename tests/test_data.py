@@ -139,6 +139,27 @@ def test_hf_dataset_round_trip(tmp_path):
     assert [(i, d) for i, d, _ in test.iter_samples([1])] == [(1, images[1])]
 
 
+def test_hub_dataset_name(tmp_path, monkeypatch):
+    """`hf://NAME:SPLIT` goes to datasets.load_dataset (stubbed here: no network in tests)."""
+    datasets = pytest.importorskip("datasets")
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])}
+    )
+    ds = datasets.Dataset.from_dict(
+        {"image": [{"bytes": _image_bytes(i), "path": None} for i in range(3)], "label": [0, 1, 1]},
+        features=features,
+    )
+    calls = []
+    monkeypatch.setattr(
+        datasets, "load_dataset", lambda name, split: calls.append((name, split)) or ds
+    )
+    src = open_source("hf://someone/tiny:test")
+    assert calls == [("someone/tiny", "test")]
+    assert src.label_names == ["a", "b"] and src.labels().tolist() == [0, 1, 1]
+    with pytest.raises(FileNotFoundError, match="not found"):
+        open_source(str(tmp_path / "someone/tiny"))
+
+
 def test_corrupt_files_are_skipped(tmp_path, caplog):
     _write_files(tmp_path / "src", ["a/1.png", "a/2.png", "b/3.png"])
     (tmp_path / "src" / "a" / "empty.png").write_bytes(b"")

@@ -83,3 +83,16 @@ def test_load_encoder_errors(tmp_path):
     (tmp_path / "encoder.safetensors").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="cannot read"):
         load_encoder(tmp_path)
+
+
+def test_stopwatch_leaves_pauses_out_of_the_lap(monkeypatch):
+    from ssl_vit.train import metrics
+
+    clock = iter([0.0, 1.0, 4.0, 10.0])  # start, pause begins, pause ends, lap
+    monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(clock))
+    watch = metrics.Stopwatch()
+    watch.add("data", 0.5)
+    with watch.paused():
+        pass
+    elapsed, totals = watch.lap()
+    assert elapsed == 7.0 and totals == {"data": 0.5}

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ssl_vit.data import decode_sample_image, eval_loader, eval_transform, open_source
+from ssl_vit.data import decode_image, eval_loader, eval_transform, open_source
 from ssl_vit.eval.fewshot import fewshot_sweep, select_fewshot_indices
 from ssl_vit.model.pixels import normalize_pixels
 from ssl_vit.model.vit import ViT
@@ -62,7 +62,7 @@ def _subset_batches(
     transform = eval_transform(image_size)
     xs, ys = [], []
     for _, data, label in source.iter_samples(indices):
-        xs.append(transform(decode_sample_image(data)))
+        xs.append(transform(decode_image(data)))
         ys.append(label)
         if len(xs) == batch_size:
             yield torch.stack(xs), torch.tensor(ys)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +84,21 @@ class Stopwatch:
     def add(self, name: str, seconds: float) -> None:
         self.totals[name] = self.totals.get(name, 0.0) + seconds
 
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent inside (evaluation, checkpointing) is left out of the next lap."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add("paused", time.perf_counter() - t0)
+
     def lap(self) -> tuple[float, dict[str, float]]:
-        """(seconds since the last lap, accumulated totals); resets both."""
+        """(training seconds since the last lap, pauses excluded; accumulated totals);
+        resets both."""
         now = time.perf_counter()
-        elapsed, totals = now - self.start, self.totals
+        totals = self.totals
+        elapsed = now - self.start - totals.pop("paused", 0.0)
         self.start, self.totals = now, {}
         return elapsed, totals
 

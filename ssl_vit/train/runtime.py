@@ -6,12 +6,24 @@ import logging
 import os
 import random
 import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from accelerate import Accelerator
 
-__all__ = ["resolve_mixed_precision", "make_accelerator", "seed_everything", "setup_logging"]
+from ssl_vit.config import ConfigError, save_config
+
+__all__ = [
+    "Run",
+    "make_accelerator",
+    "resolve_mixed_precision",
+    "seed_everything",
+    "setup_logging",
+    "start_run",
+]
 
 
 def resolve_mixed_precision(setting: str) -> str:
@@ -58,3 +70,35 @@ def setup_logging(is_main: bool) -> None:
         stream=sys.stderr,
         force=True,
     )
+
+
+@dataclass
+class Run:
+    """What a training job's start-up decides: the Accelerator, the per-process micro-batch,
+    and where outputs go."""
+
+    acc: Accelerator
+    local_batch: int
+    run_dir: Path
+    ckpt_dir: Path
+
+
+def start_run(cfg: Any) -> Run:
+    """Accelerator + logging + global-batch split + run directory (config.yaml) + seeds.
+
+    `cfg.train.batch_size` is global: it must divide into processes x accumulation steps."""
+    tc = cfg.train
+    acc = make_accelerator(tc.mixed_precision, tc.grad_accum)
+    setup_logging(acc.is_main_process)
+    per_step = acc.num_processes * tc.grad_accum
+    if tc.batch_size % per_step:
+        raise ConfigError(
+            f"train.batch_size: {tc.batch_size} is not divisible by processes x grad_accum "
+            f"= {acc.num_processes} x {tc.grad_accum}"
+        )
+    run_dir = Path(cfg.output_dir)
+    if acc.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+    seed_everything(cfg.seed + acc.process_index)
+    return Run(acc, tc.batch_size // per_step, run_dir, run_dir / "checkpoints")
