@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> dict:
         optimizer.load_state_dict(state["optimizer"])
         set_rng_state(state["rng"], gen)
         start_step, counters = state["step"], state["counters"]
-        target_hist = state["target_hist"].to(acc.device)
+        if acc.is_main_process:  # the saved histogram is already summed over ranks
+            target_hist = state["target_hist"].to(acc.device)
         log.info("resumed from %s at step %d", path, start_step)
     elif args.resume:
         log.info("--resume: no valid checkpoint in %s, starting from scratch", ckpt_dir)
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     batches = iter(loader)
 
     def checkpoint(step: int) -> None:
+        hist = acc.reduce(target_hist.clone(), reduction="sum")  # every rank calls this
         save_checkpoint(
             ckpt_dir,
             step,
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "model": acc.unwrap_model(model).state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "counters": counters,
-                "target_hist": target_hist.cpu(),
+                "target_hist": hist.cpu(),
                 "config": to_dict(cfg),
             },
             rng=rng_state(gen),
