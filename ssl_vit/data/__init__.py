@@ -1,0 +1,48 @@
+"""Data layer: shards (writing, finding), image sources, the synthetic dataset, the loaders."""
+
+from ssl_vit.data.shards import (
+    IMAGE_EXTENSIONS,
+    SHARD_FORMAT,
+    ShardWriter,
+    is_shard_spec,
+    make_shards,
+    read_index,
+    resolve_shards,
+)
+from ssl_vit.data.sources import (
+    FolderSource,
+    HFSource,
+    ImageSource,
+    Record,
+    ShardSource,
+    open_source,
+)
+from ssl_vit.data.images import decode_image, eval_transform, train_transform
+from ssl_vit.data.stream import Batch, eval_loader, pretrain_loader, train_loader
+from ssl_vit.data.synthetic import SYNTHETIC_LABELS, make_synthetic_shards, synthetic_shapes
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "SHARD_FORMAT",
+    "SYNTHETIC_LABELS",
+    "Batch",
+    "FolderSource",
+    "HFSource",
+    "ImageSource",
+    "Record",
+    "ShardSource",
+    "ShardWriter",
+    "decode_image",
+    "eval_loader",
+    "eval_transform",
+    "is_shard_spec",
+    "make_shards",
+    "make_synthetic_shards",
+    "open_source",
+    "pretrain_loader",
+    "read_index",
+    "resolve_shards",
+    "synthetic_shapes",
+    "train_loader",
+    "train_transform",
+]

@@ -1,0 +1,422 @@
+"""Random-access labelled image sources: an image folder, a Hugging Face dataset, or shards.
+
+Downstream jobs (few-shot features, evaluation) need labels without decoding images, and the
+encoded bytes of a few chosen samples out of many. An `ImageSource` gives exactly that:
+`labels()` reads labels only (folder paths, the HF label column, `.cls` tar members) and
+`iter_samples(indices)` reads only the chosen samples' bytes. Decoding happens elsewhere
+(`ssl_vit.data.stream.decode_image`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+from webdataset.tariterators import base_plus_ext
+
+from ssl_vit.data.shards import (
+    IMAGE_EXTENSIONS,
+    is_shard_spec,
+    read_index,
+    resolve_shards,
+    tar_members,
+)
+
+__all__ = [
+    "FolderSource",
+    "HFSource",
+    "ImageSource",
+    "Record",
+    "ShardSource",
+    "open_raw_source",
+    "open_source",
+]
+
+log = logging.getLogger(__name__)
+
+_HF_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
+_MAGIC = (  # leading bytes -> extension, for HF images stored as bytes without a file name
+    (b"\x89PNG", "png"),
+    (b"\xff\xd8\xff", "jpg"),
+    (b"GIF8", "gif"),
+    (b"BM", "bmp"),
+    (b"II*\x00", "tiff"),
+    (b"MM\x00*", "tiff"),
+)
+
+
+class Record(NamedTuple):
+    """One sample of a source: `index` in source order, a dot-free unique `key`, the image
+    extension (no dot, "" if unknown), the encoded bytes (b"" if unreadable), the label (-1 if
+    none)."""
+
+    index: int
+    key: str
+    ext: str
+    data: bytes
+    label: int
+
+
+class ImageSource(ABC):
+    """A finite, ordered collection of labelled encoded images.
+
+    `label_names` is [] for an unlabelled source (then every label is -1).
+    """
+
+    label_names: list[str]
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def labels(self) -> np.ndarray:
+        """int64 [N] labels in source order (-1 where unlabelled), without decoding images."""
+
+    @abstractmethod
+    def iter_records(self, indices: Iterable[int] | None = None) -> Iterator[Record]:
+        """Records in ascending index order, only those in `indices` when given."""
+
+    def iter_samples(
+        self, indices: Iterable[int] | None = None
+    ) -> Iterator[tuple[int, bytes, int]]:
+        """(index, encoded image bytes, label), as `iter_records`."""
+        for rec in self.iter_records(indices):
+            yield rec.index, rec.data, rec.label
+
+    def __getitem__(self, index: int) -> Record:
+        """Record `index` (for shards: reads the shard up to it; prefer `iter_records`)."""
+        return next(self.iter_records([self._check_index(index)]))
+
+    def _check_index(self, index: int) -> int:
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range [0, {len(self)})")
+        return int(index)
+
+    def describe(self, index: int) -> str:
+        """Where sample `index` comes from, for log messages."""
+        return f"sample {index}"
+
+    def _check_indices(self, indices: Iterable[int] | None) -> np.ndarray | None:
+        if indices is None:
+            return None
+        idx = np.unique(np.asarray(list(indices), dtype=np.int64))
+        if idx.size and (idx[0] < 0 or idx[-1] >= len(self)):
+            raise IndexError(f"indices must be in [0, {len(self)}), got {idx[0]}..{idx[-1]}")
+        return idx
+
+
+def _sanitize(name: str) -> str:
+    """A WebDataset-safe key: no dots or slashes (members are grouped on the first dot)."""
+    key = re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_")
+    return key or "img"
+
+
+def _unique_keys(names: list[str]) -> list[str]:
+    seen: set[str] = set()
+    keys = []
+    for name in names:
+        key, n = _sanitize(name), 1
+        while key in seen:  # e.g. "a.b.png" and "a_b.png" sanitize alike
+            n += 1
+            key = f"{_sanitize(name)}_{n}"
+        seen.add(key)
+        keys.append(key)
+    return keys
+
+
+def _is_image(name: str) -> bool:
+    return not name.startswith(".") and name.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS
+
+
+def _images_under(folder: Path) -> list[str]:
+    """Relative posix paths of the image files under `folder` (recursive), sorted."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        rel = os.path.relpath(dirpath, folder)
+        found += [f if rel == "." else f"{rel}/{f}" for f in filenames if _is_image(f)]
+    return sorted(Path(p).as_posix() for p in found)
+
+
+class FolderSource(ImageSource):
+    """Images in `root/<class>/**` (labels = sorted class names) or directly in `root` (none)."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"image folder not found: {root}")
+        classes = sorted(d.name for d in os.scandir(root) if d.is_dir() and d.name[0] != ".")
+        per_class = {c: _images_under(self.root / c) for c in classes}
+        self.label_names = [c for c in classes if per_class[c]]
+        top = sorted(e.name for e in os.scandir(root) if e.is_file() and _is_image(e.name))
+        if self.label_names:
+            if top:
+                log.warning("%s: ignoring %d images outside class folders", root, len(top))
+            self.files = [f"{c}/{p}" for c in self.label_names for p in per_class[c]]
+            counts = [len(per_class[c]) for c in self.label_names]
+            self._labels = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        else:
+            self.files = top
+            self._labels = np.full(len(top), -1, dtype=np.int64)
+        if not self.files:
+            raise ValueError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found in {root}")
+        self.keys = _unique_keys([f.rsplit(".", 1)[0] for f in self.files])
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def labels(self) -> np.ndarray:
+        return self._labels.copy()
+
+    def describe(self, index: int) -> str:
+        return str(self.root / self.files[index])
+
+    def __getitem__(self, index: int) -> Record:
+        path = self.root / self.files[self._check_index(index)]
+        try:
+            data = path.read_bytes()
+        except OSError as e:  # unreadable: empty bytes, which every consumer rejects
+            log.warning("cannot read %s: %s", path, e)
+            data = b""
+        ext = path.suffix[1:].lower()
+        return Record(index, self.keys[index], ext, data, int(self._labels[index]))
+
+    def iter_records(self, indices: Iterable[int] | None = None) -> Iterator[Record]:
+        idx = self._check_indices(indices)
+        for i in range(len(self)) if idx is None else idx.tolist():
+            yield self[i]
+
+
+def _sniff_ext(data: bytes) -> str:
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    return next((ext for magic, ext in _MAGIC if data.startswith(magic)), "")
+
+
+HUB_PREFIX = "hf://"
+
+
+class HFSource(ImageSource):
+    """A Hugging Face dataset: a `save_to_disk` directory or an `imagefolder` directory.
+
+    The image column is the first `Image` feature, the label column the first `ClassLabel`
+    (none: unlabelled). Images are read undecoded (`Image(decode=False)`): original bytes.
+    """
+
+    def __init__(
+        self, path: str, split: str | None = None, imagefolder: bool = False, hub: bool = False
+    ) -> None:
+        import datasets  # heavy (pyarrow, pandas): only when an HF source is used
+
+        self.path = path
+        if hub:  # a dataset name on the Hugging Face Hub (needs internet or the local cache)
+            ds = datasets.load_dataset(path, split=split or "train")
+        elif not os.path.isdir(path):
+            raise FileNotFoundError(f"dataset directory not found: {path}")
+        elif imagefolder:
+            ds = datasets.load_dataset("imagefolder", data_dir=path, split=split or "train")
+        else:
+            ds = datasets.load_from_disk(path)
+        if isinstance(ds, datasets.DatasetDict):
+            if split is None:
+                split = "train" if "train" in ds or len(ds) != 1 else next(iter(ds))
+            if split not in ds:
+                raise ValueError(f"{path}: no split {split!r} (splits: {sorted(ds)})")
+            ds = ds[split]
+        feats = ds.features
+        images = [k for k, f in feats.items() if isinstance(f, datasets.Image)]
+        if not images:
+            raise ValueError(f"{path}: no Image column (features: {dict(feats)})")
+        self.image_col = images[0]
+        labels = [k for k, f in feats.items() if isinstance(f, datasets.ClassLabel)]
+        self.label_col = labels[0] if labels else None
+        self.label_names = list(feats[self.label_col].names) if self.label_col else []
+        self._decoded = ds
+        self._ds = ds.cast_column(self.image_col, datasets.Image(decode=False))
+        self._rows = self._ds.select_columns([self.image_col] + labels[:1])
+
+    def __len__(self) -> int:
+        return len(self._ds)
+
+    def labels(self) -> np.ndarray:
+        if self.label_col is None:
+            return np.full(len(self), -1, dtype=np.int64)
+        col = self._ds.select_columns([self.label_col]).with_format("numpy")[self.label_col]
+        return np.asarray(col, dtype=np.int64)
+
+    def describe(self, index: int) -> str:
+        return f"{self.path} row {index}"
+
+    def __getitem__(self, index: int) -> Record:
+        row = self._rows[self._check_index(index)]
+        data, ext = self._image_bytes(index, row[self.image_col])
+        label = int(row[self.label_col]) if self.label_col else -1
+        return Record(int(index), f"{index:08d}", ext, data, label)
+
+    def _image_bytes(self, index: int, image: dict[str, Any] | None) -> tuple[bytes, str]:
+        image = image or {}
+        path = image.get("path") or ""
+        ext = path.rsplit(".", 1)[-1].lower() if "." in os.path.basename(path) else ""
+        if image.get("bytes"):
+            data = image["bytes"]
+            return data, _sniff_ext(data) or ext
+        if path and os.path.isfile(path):
+            return Path(path).read_bytes(), ext
+        # No bytes nor readable file (e.g. a path inside a remote archive): let datasets decode
+        # and store PNG. Rare, slow, and lossless.
+        import io
+
+        buf = io.BytesIO()
+        self._decoded[int(index)][self.image_col].convert("RGB").save(buf, format="PNG")
+        return buf.getvalue(), "png"
+
+    def iter_records(self, indices: Iterable[int] | None = None) -> Iterator[Record]:
+        idx = self._check_indices(indices)
+        order = range(len(self)) if idx is None else idx.tolist()
+        ds = self._rows if idx is None else self._rows.select(order)
+        rows = iter(order)
+        for batch in ds.iter(batch_size=256):
+            labels = batch[self.label_col] if self.label_col else [-1] * len(batch[self.image_col])
+            for image, label in zip(batch[self.image_col], labels, strict=True):
+                i = next(rows)
+                data, ext = self._image_bytes(i, image)
+                yield Record(i, f"{i:08d}", ext, data, int(label))
+
+
+class ShardSource(ImageSource):
+    """Shards as a random-access source: sample i = the i-th key group across the shards.
+
+    Counts come from index.json when there is one, else from reading tar headers. Local tars
+    are read with seeks, so `labels()` and `iter_samples(indices)` only read `.cls` members and
+    the chosen samples' images.
+    """
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self.urls = resolve_shards(spec)
+        index = read_index(spec)
+        self.label_names = list(index["label_names"]) if index else []
+        # Counts from the index of the first shard's directory, if it covers every shard.
+        folder = os.path.dirname(self.urls[0])
+        shards = index["shards"] if index else []
+        counts = {os.path.join(folder, s["name"]): s["num_samples"] for s in shards}
+        known = all(u in counts for u in self.urls)
+        self._counts = [counts[u] for u in self.urls] if known else None
+        self._labels: np.ndarray | None = None
+
+    def _scan(self) -> None:
+        counts, labels = [], []
+        for url in self.urls:
+            groups = list(_tar_groups(url, wanted=None, members=("cls",)))
+            counts.append(len(groups))
+            labels += [label for _, _, _, _, label in groups]
+        self._counts, self._labels = counts, np.asarray(labels, dtype=np.int64)
+
+    def shard_counts(self) -> list[int]:
+        """Number of samples in each of `self.urls`."""
+        if self._counts is None:
+            self._scan()
+        return list(self._counts)
+
+    def __len__(self) -> int:
+        return sum(self.shard_counts())
+
+    def labels(self) -> np.ndarray:
+        if self._labels is None:
+            self._scan()
+        return self._labels.copy()
+
+    def describe(self, index: int) -> str:
+        return f"{self.spec} sample {index}"
+
+    def iter_records(self, indices: Iterable[int] | None = None) -> Iterator[Record]:
+        idx = self._check_indices(indices)
+        start = 0
+        for url, count in zip(self.urls, self.shard_counts(), strict=True):
+            wanted = None
+            if idx is not None:
+                lo, hi = np.searchsorted(idx, [start, start + count])
+                wanted = set((idx[lo:hi] - start).tolist())
+            if wanted is None or wanted:
+                for i, key, ext, data, label in _tar_groups(
+                    url, wanted, IMAGE_EXTENSIONS + ("cls",)
+                ):
+                    yield Record(start + i, key, ext, data, label)
+            start += count
+
+
+def _tar_groups(
+    url: str, wanted: set[int] | None, members: tuple[str, ...]
+) -> Iterator[tuple[int, str, str, bytes, int]]:
+    """(i, key, image ext, image bytes, label) per key group of a tar, as WebDataset groups them.
+
+    Only groups in `wanted` (all if None) are yielded, and only `members` suffixes are read.
+    A group without an image member has ext "" and b""; without `.cls`, label -1.
+    """
+    group: dict[str, Any] | None = None
+    i = -1
+    last = max(wanted, default=-1) if wanted is not None else None
+
+    def emit(g: dict[str, Any]) -> tuple[int, str, str, bytes, int]:
+        ext = next((e for e in IMAGE_EXTENSIONS if e in g), "")
+        try:
+            label = int(g["cls"])
+        except (KeyError, ValueError):
+            label = -1
+        return i, g["__key__"], ext, g.get(ext, b""), label
+
+    for name, read in tar_members(url):
+        key, suffix = base_plus_ext(name)
+        if key is None:
+            continue
+        if group is None or key != group["__key__"]:
+            if group is not None and (wanted is None or i in wanted):
+                yield emit(group)
+            if last is not None and i >= last:
+                return
+            group, i = {"__key__": key}, i + 1
+        suffix = suffix.lower()
+        if suffix in members and (wanted is None or i in wanted) and suffix not in group:
+            group[suffix] = read()
+    if group is not None and (wanted is None or i in wanted):
+        yield emit(group)
+
+
+def open_raw_source(
+    spec: str, split: str | None = None, source_format: str = "auto"
+) -> ImageSource:
+    """An image folder or HF dataset directory (what `make_shards` reads); see `open_source`."""
+    if source_format not in ("auto", "folder", "hf", "hf-imagefolder"):
+        raise ValueError(f"unknown source format {source_format!r}")
+    if not os.path.isdir(spec):
+        raise FileNotFoundError(f"source directory not found: {spec}")
+    if source_format == "hf-imagefolder":
+        return HFSource(spec, split, imagefolder=True)
+    is_hf = any(os.path.isfile(os.path.join(spec, m)) for m in _HF_MARKERS)
+    if source_format == "hf" or (source_format == "auto" and is_hf):
+        return HFSource(spec, split)
+    return FolderSource(spec)
+
+
+def open_source(spec: str, split: str | None = None, source_format: str = "auto") -> ImageSource:
+    """Open a labelled image source: shards (directory with index.json or *.tar, index JSON,
+    brace pattern, tar), an HF saved dataset or `imagefolder` directory, an image folder, or
+    a Hugging Face Hub dataset as `hf://NAME[:SPLIT]` (e.g. `hf://uoft-cs/cifar10:test`).
+
+    FileNotFoundError with a one-line message if it does not exist.
+    """
+    spec = str(spec)
+    if spec.startswith(HUB_PREFIX):
+        name, _, hub_split = spec[len(HUB_PREFIX) :].partition(":")
+        return HFSource(name, hub_split or split, hub=True)
+    if source_format in ("auto", "shards") and is_shard_spec(spec):
+        return ShardSource(spec)
+    if not os.path.exists(os.path.expanduser(spec)):
+        raise FileNotFoundError(f"image source not found: {spec}")
+    return open_raw_source(os.path.expanduser(spec), split, source_format)
