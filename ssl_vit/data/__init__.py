@@ -1,5 +1,6 @@
 """Data layer: shards (writing, finding), image sources, the synthetic dataset, the loaders."""
 
+from ssl_vit.data.images import decode_image, eval_transform, train_transform
 from ssl_vit.data.shards import (
     IMAGE_EXTENSIONS,
     SHARD_FORMAT,
@@ -17,7 +18,6 @@ from ssl_vit.data.sources import (
     ShardSource,
     open_source,
 )
-from ssl_vit.data.images import decode_image, eval_transform, train_transform
 from ssl_vit.data.stream import Batch, eval_loader, pretrain_loader, train_loader
 from ssl_vit.data.synthetic import SYNTHETIC_LABELS, make_synthetic_shards, synthetic_shapes
 

@@ -13,11 +13,9 @@ decode is skipped, counted in `Batch.skipped` and logged (the first 10, then eve
 
 from __future__ import annotations
 
-import io
 import itertools
 import logging
 import random
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -25,7 +23,6 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 import webdataset as wds
-from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ssl_vit.data.images import decode_image, eval_transform, train_transform
