@@ -345,6 +345,30 @@ def _loader(dataset: _Stream, num_workers: int, persistent: bool, prefetch: int)
     )
 
 
+def _train_stream_args(
+    batch_size: int,
+    image_size: int,
+    crop_scale: Sequence[float],
+    hflip: bool,
+    seed: int,
+    rank: int,
+    world_size: int,
+    require_labels: bool,
+    max_consecutive_failures: int,
+) -> dict[str, Any]:
+    """The `_Stream` fields shared by the endless, augmented training streams."""
+    return dict(
+        batch_size=batch_size,
+        image_size=image_size,
+        transform=train_transform(image_size, crop_scale, hflip),
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        require_labels=require_labels,
+        max_consecutive_failures=max_consecutive_failures,
+    )
+
+
 def pretrain_loader(
     urls: str | Sequence[str],
     batch_size: int,
@@ -372,14 +396,17 @@ def pretrain_loader(
         urls=urls,
         resampled=True,
         shuffle_buffer=shuffle_buffer,
-        batch_size=batch_size,
-        image_size=image_size,
-        transform=train_transform(image_size, crop_scale, hflip),
-        seed=seed,
-        rank=rank,
-        world_size=world_size,
-        require_labels=labelled,
-        max_consecutive_failures=max_consecutive_failures,
+        **_train_stream_args(
+            batch_size,
+            image_size,
+            crop_scale,
+            hflip,
+            seed,
+            rank,
+            world_size,
+            labelled,
+            max_consecutive_failures,
+        ),
     )
     return _loader(dataset, num_workers, persistent=True, prefetch=prefetch_factor)
 
@@ -472,13 +499,16 @@ def train_loader(
         spec=source,
         split=split,
         infinite=True,
-        batch_size=batch_size,
-        image_size=image_size,
-        transform=train_transform(image_size, crop_scale, hflip),
-        seed=seed,
-        rank=rank,
-        world_size=world_size,
-        require_labels=True,
-        max_consecutive_failures=max_consecutive_failures,
+        **_train_stream_args(
+            batch_size,
+            image_size,
+            crop_scale,
+            hflip,
+            seed,
+            rank,
+            world_size,
+            True,
+            max_consecutive_failures,
+        ),
     )
     return _loader(dataset, num_workers, persistent=True, prefetch=prefetch_factor)
