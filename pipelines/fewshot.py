@@ -58,23 +58,20 @@ def main(argv: list[str] | None = None) -> dict:
     save_config(cfg, run_dir / "config.yaml")
 
     d = cfg.data
-    job = argparse.Namespace(
-        train=d.train,
-        eval=d.eval,
-        shots=cfg.shots,
-        seeds=cfg.seeds,
-        l2_reg=cfg.l2_reg,
-        batch_size=d.batch_size,
-        num_workers=d.num_workers,
-        max_eval=d.max_eval,
-    )
     try:
         res = fewshot_evaluate(
             encoder.to(device),
-            job,
-            cfg.model.image_size,
-            d.mean,
-            d.std,
+            d.train,
+            d.eval,
+            image_size=cfg.model.image_size,
+            mean=d.mean,
+            std=d.std,
+            shots=cfg.shots,
+            seeds=cfg.seeds,
+            l2_regs=cfg.l2_reg,
+            batch_size=d.batch_size,
+            num_workers=d.num_workers,
+            max_eval=d.max_eval,
             device=device,
             pool=cfg.pool,
         )

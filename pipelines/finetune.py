@@ -67,9 +67,9 @@ def evaluate(model, source: str, cfg: FinetuneConfig, acc) -> float:
         x = normalize_pixels(batch.images.to(acc.device), cfg.data.mean, cfg.data.std)
         with acc.autocast():
             pred = model(x).argmax(dim=-1)
-        counts += torch.stack([(pred.cpu() == batch.labels).sum(), torch.tensor(len(pred))]).to(
-            counts
-        )
+        labels = batch.labels.to(acc.device)
+        counts[0] += (pred == labels).sum()
+        counts[1] += len(labels)
     correct, total = acc.reduce(counts, reduction="sum").tolist()
     model.train()
     return correct / max(total, 1)

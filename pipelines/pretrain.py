@@ -260,12 +260,20 @@ def _fewshot(cfg, encoder, acc, metrics, step, model) -> dict | None:
     model.eval()
     res = None
     if acc.is_main_process:  # cheap (a few hundred train images + the test split): main only
+        f = cfg.fewshot
         res = fewshot_evaluate(
             encoder,
-            cfg.fewshot,
-            cfg.model.image_size,
-            cfg.data.mean,
-            cfg.data.std,
+            f.train,
+            f.eval,
+            image_size=cfg.model.image_size,
+            mean=cfg.data.mean,
+            std=cfg.data.std,
+            shots=f.shots,
+            seeds=f.seeds,
+            l2_regs=f.l2_reg,
+            batch_size=f.batch_size,
+            num_workers=f.num_workers,
+            max_eval=f.max_eval,
             device=acc.device,
         )
         metrics.log({"step": step, **{f"fewshot/{k}": v for k, v in res["summary"].items()}})

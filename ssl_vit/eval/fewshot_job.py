@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -73,28 +73,36 @@ def _subset_batches(
 
 def fewshot_evaluate(
     encoder: ViT,
-    cfg: Any,
+    train: str,
+    eval: str,
+    *,
     image_size: int,
     mean: tuple[float, float, float],
     std: tuple[float, float, float],
+    shots: Sequence[int] = (1, 5, 10, 25),
+    seeds: Sequence[int] = (0, 1, 2),
+    l2_regs: Sequence[float] = (1024.0,),
+    batch_size: int = 256,
+    num_workers: int = 2,
+    max_eval: int = 0,
     device: torch.device | str = "cpu",
     pool: str = "cls",
 ) -> dict[str, Any]:
     """Few-shot linear accuracy of `encoder` (frozen).
 
-    `cfg` has `train`, `eval` (labelled sources), `shots`, `seeds`, `l2_reg` (list),
-    `batch_size`, `num_workers`, `max_eval`. Returns `fewshot_sweep`'s dict plus
-    'summary' ({"{k}shot": mean accuracy at the first l2_reg}) and timing.
+    `train` and `eval` are labelled sources (shards, image folder, HF dataset); `max_eval` > 0
+    uses only the first N test images. Returns `fewshot_sweep`'s dict plus 'summary'
+    ({"{k}shot": mean accuracy at the first l2_reg}) and timing.
     """
     t0 = time.perf_counter()
-    train_src = open_source(cfg.train)
+    train_src = open_source(train)
     labels = train_src.labels()
     num_classes = len(train_src.label_names) or int(labels.max()) + 1
-    selection = select_fewshot_indices(labels, cfg.shots, cfg.seeds, num_classes=num_classes)
+    selection = select_fewshot_indices(labels, shots, seeds, num_classes=num_classes)
     rows = np.unique(np.concatenate(list(selection.values())))
     train_x, train_y = extract_features(
         encoder,
-        _subset_batches(train_src, rows, image_size, cfg.batch_size),
+        _subset_batches(train_src, rows, image_size, batch_size),
         mean,
         std,
         pool,
@@ -102,9 +110,7 @@ def fewshot_evaluate(
     )
     test_batches = (
         (b.images, b.labels)
-        for b in eval_loader(
-            cfg.eval, cfg.batch_size, image_size, num_workers=cfg.num_workers, limit=cfg.max_eval
-        )
+        for b in eval_loader(eval, batch_size, image_size, num_workers=num_workers, limit=max_eval)
     )
     test_x, test_y = extract_features(encoder, test_batches, mean, std, pool, device)
     t_features = time.perf_counter() - t0
@@ -113,13 +119,13 @@ def fewshot_evaluate(
         train_y,
         test_x,
         test_y,
-        shots=cfg.shots,
-        seeds=cfg.seeds,
-        l2_regs=cfg.l2_reg,
+        shots=shots,
+        seeds=seeds,
+        l2_regs=l2_regs,
         num_classes=num_classes,
         selection={s: np.searchsorted(rows, idx) for s, idx in selection.items()},
     )
-    result["summary"] = {f"{k}shot": result[f"{k}shot"] for k in cfg.shots}
+    result["summary"] = {f"{k}shot": result[f"{k}shot"] for k in shots}
     result["num_train_features"] = len(train_x)
     result["num_test"] = len(test_x)
     result["feature_time_s"] = t_features
