@@ -22,6 +22,7 @@ from ssl_vit.config import ConfigError, FewshotConfig, load_config, save_config
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.model import build_vit
 from ssl_vit.train.checkpoint import CheckpointError, encoder_from_checkpoint
+from ssl_vit.train.metrics import MetricsWriter
 from ssl_vit.train.runtime import seed_everything, setup_logging
 
 log = logging.getLogger("fewshot")
@@ -32,7 +33,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--checkpoint",
         required=True,
-        help="checkpoint directory or encoder.safetensors, or 'random'",
+        help="checkpoint directory or encoder.safetensors, timm weights, a transformers ViT "
+        "directory, or 'random'",
     )
     p.add_argument("--config", help="YAML config (see configs/fewshot/)")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
@@ -49,13 +51,16 @@ def main(argv: list[str] | None = None) -> dict:
         if args.checkpoint == "random":
             encoder = build_vit(cfg.model)
         else:
-            encoder, _ = encoder_from_checkpoint(args.checkpoint, cfg.model, cfg.pos_interp)
+            encoder, _ = encoder_from_checkpoint(
+                args.checkpoint, cfg.model, cfg.pos_interp, cfg.checkpoint_format
+            )
     except (ConfigError, CheckpointError, ValueError) as e:
         sys.exit(f"error: {e}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     run_dir = Path(cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
+    metrics = MetricsWriter(run_dir, tensorboard=cfg.tensorboard)
 
     d = cfg.data
     try:
@@ -83,10 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
         wall_time_s=time.time() - t_start,
     )
     (run_dir / "results.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
-    with open(run_dir / "metrics.jsonl", "a") as f:
-        f.write(
-            json.dumps({"step": 0, **{f"fewshot/{k}": v for k, v in res["summary"].items()}}) + "\n"
-        )
+    metrics.log({"step": 0, **{f"fewshot/{k}": v for k, v in res["summary"].items()}})
+    metrics.close()
     for k in cfg.shots:
         row = res["shots"][k]["l2_reg"]
         print(

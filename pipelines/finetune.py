@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
         # --- Model: pretrained encoder (position embeddings resized) or random init ----------
         if cfg.init.checkpoint:
             encoder, _ = encoder_from_checkpoint(
-                cfg.init.checkpoint, cfg.model, cfg.init.pos_interp
+                cfg.init.checkpoint, cfg.model, cfg.init.pos_interp, cfg.init.format
             )
         else:
             encoder = build_vit(cfg.model)
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
         set_rng_state(state["rng"])
         start_step = state["step"]
         log.info("resumed from %s at step %d", path, start_step)
-    metrics = MetricsWriter(run_dir, enabled=acc.is_main_process)
+    metrics = MetricsWriter(run_dir, enabled=acc.is_main_process, tensorboard=tc.tensorboard)
     metrics.truncate_after(start_step)
     model, optimizer = acc.prepare(model, optimizer)
     raw = acc.unwrap_model(model)

@@ -13,7 +13,14 @@ import sys
 import time
 from collections.abc import Sequence
 
-__all__ = ["build_parser", "cmd_make_shards", "cmd_make_synthetic", "main"]
+__all__ = [
+    "build_parser",
+    "cmd_export",
+    "cmd_import",
+    "cmd_make_shards",
+    "cmd_make_synthetic",
+    "main",
+]
 
 
 # Sub-commands import their modules when run, so that `ssl-vit --help` does not load torch.
@@ -93,6 +100,60 @@ def _add_make_synthetic(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_make_synthetic)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """`ssl-vit export`: checkpoint -> timm or transformers directory with a model card."""
+    from ssl_vit.publish import export_checkpoint
+
+    info = export_checkpoint(args.checkpoint, args.to, args.outdir, keep_head=args.keep_head)
+    print(
+        f"wrote {info['format']} model ({info['parameters']:,} parameters) with config.json "
+        f"and README.md to {info['outdir']}"
+    )
+    return 0
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write a checkpoint's encoder for timm or transformers")
+    p.add_argument("checkpoint", help="checkpoint directory or encoder.safetensors")
+    p.add_argument("--to", required=True, choices=["timm", "hf"], help="target library")
+    p.add_argument("outdir", help="output directory (model.safetensors, config.json, README.md)")
+    p.add_argument(
+        "--keep-head",
+        action="store_true",
+        help="also write the masked-prediction head (ssl-vit names) as "
+        "masked_patch_head.safetensors",
+    )
+    p.set_defaults(func=cmd_export)
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """`ssl-vit import`: timm or transformers ViT weights -> an ssl-vit encoder directory."""
+    from ssl_vit.publish import import_weights
+
+    info = import_weights(args.source, args.format, args.outdir, heads=args.heads)
+    c = info["model_config"]
+    print(
+        f"wrote encoder.safetensors (width {c['width']}, depth {c['depth']}, heads {c['heads']}, "
+        f"patch {c['patch_size']}, {c['image_size']} px) to {info['outdir']}"
+    )
+    return 0
+
+
+def _add_import(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("import", help="turn timm or transformers ViT weights into an encoder")
+    p.add_argument("source", help="timm weights file / directory, or transformers directory")
+    p.add_argument(
+        "--from",
+        dest="format",
+        default="auto",
+        choices=["auto", "timm", "hf"],
+        help="source library (auto: detected from config.json / the key names)",
+    )
+    p.add_argument("outdir", help="output directory (encoder.safetensors)")
+    p.add_argument("--heads", type=int, help="attention heads of a bare timm state dict")
+    p.set_defaults(func=cmd_import)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ssl-vit", description="Masked patch prediction pretraining for ViTs."
@@ -100,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_make_shards(sub)
     _add_make_synthetic(sub)
+    _add_export(sub)
+    _add_import(sub)
     return parser
 
 

@@ -41,6 +41,7 @@ class ModelConfig:
     depth: int | None = None
     heads: int | None = None
     mlp_ratio: float = 4.0
+    norm_eps: float = 1e-6  # LayerNorm epsilon; a loaded checkpoint's own value wins
 
     def validate(self) -> None:
         if self.variant:
@@ -107,6 +108,7 @@ class OptimConfig:
     mixed_precision: MixedPrecision = "auto"
     compile: bool = False
     log_every: int = 50
+    tensorboard: bool = False  # also write metrics as TensorBoard events in output_dir
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
 
@@ -164,6 +166,8 @@ class FinetuneDataConfig:
 class InitConfig:
     checkpoint: str = ""  # pretraining checkpoint (dir or encoder.safetensors); empty: random
     pos_interp: Literal["bilinear", "bicubic"] = "bicubic"
+    # auto: an ssl-vit checkpoint, timm ViT weights or a transformers ViT directory, detected
+    format: Literal["auto", "ssl_vit", "timm", "hf"] = "auto"
 
 
 @dataclass
@@ -214,3 +218,6 @@ class FewshotConfig:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     l2_reg: list[float] = field(default_factory=lambda: [1024.0])
     pos_interp: Literal["bilinear", "bicubic"] = "bicubic"
+    # --checkpoint's format: auto-detected ssl-vit checkpoint, timm weights or transformers dir
+    checkpoint_format: Literal["auto", "ssl_vit", "timm", "hf"] = "auto"
+    tensorboard: bool = False  # also write the summary as TensorBoard events in output_dir

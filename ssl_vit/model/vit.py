@@ -40,12 +40,14 @@ class Attention(nn.Module):
 class Block(nn.Module):
     """Pre-LN Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)) (paper eq. 2-3)."""
 
-    def __init__(self, width: int, heads: int, mlp_ratio: float = 4.0) -> None:
+    def __init__(
+        self, width: int, heads: int, mlp_ratio: float = 4.0, norm_eps: float = 1e-6
+    ) -> None:
         super().__init__()
         hidden = int(width * mlp_ratio)
-        self.norm1 = nn.LayerNorm(width, eps=1e-6)
+        self.norm1 = nn.LayerNorm(width, eps=norm_eps)
         self.attn = Attention(width, heads)
-        self.norm2 = nn.LayerNorm(width, eps=1e-6)
+        self.norm2 = nn.LayerNorm(width, eps=norm_eps)
         self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
@@ -64,6 +66,7 @@ class ViT(nn.Module):
         depth: int = 12,
         heads: int = 12,
         mlp_ratio: float = 4.0,
+        norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
         h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
@@ -79,8 +82,10 @@ class ViT(nn.Module):
         self.patch_embed = nn.Conv2d(3, width, kernel_size=patch_size, stride=patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, width))
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + self.num_patches, width))
-        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio) for _ in range(depth))
-        self.norm = nn.LayerNorm(width, eps=1e-6)
+        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, norm_eps) for _ in range(depth))
+        # 1e-6 as in big_vision / timm; weights imported from elsewhere keep their own value
+        # (Hugging Face ViTs use 1e-12), so that their features are reproduced exactly.
+        self.norm = nn.LayerNorm(width, eps=norm_eps)
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -133,4 +138,12 @@ def build_vit(cfg: ModelConfig) -> ViT:
     missing = [k for k in ("patch_size", "width", "depth", "heads") if getattr(cfg, k) is None]
     if missing:
         raise ValueError(f"model: set model.variant or model.{', model.'.join(missing)}")
-    return ViT(cfg.image_size, cfg.patch_size, cfg.width, cfg.depth, cfg.heads, cfg.mlp_ratio)
+    return ViT(
+        cfg.image_size,
+        cfg.patch_size,
+        cfg.width,
+        cfg.depth,
+        cfg.heads,
+        cfg.mlp_ratio,
+        cfg.norm_eps,
+    )

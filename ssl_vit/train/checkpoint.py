@@ -38,6 +38,7 @@ __all__ = [
     "set_rng_state",
     "save_encoder",
     "load_encoder",
+    "load_any_encoder",
     "encoder_from_checkpoint",
 ]
 
@@ -213,18 +214,34 @@ def latest_valid_checkpoint(root: str | Path) -> Path | None:
 SHAPE_KEYS = ("patch_size", "width", "depth", "heads", "mlp_ratio")
 
 
+def load_any_encoder(
+    path: str | Path, fmt: str = "auto", heads: int | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(state dict in our names, model config) from an ssl-vit checkpoint or from timm /
+    transformers ViT weights (`fmt`: auto, ssl_vit, timm, hf; see ssl_vit.interop)."""
+    from ssl_vit.interop import detect_format, read_foreign
+
+    if fmt == "auto":
+        fmt = detect_format(path)
+    if fmt == "ssl_vit":
+        return load_encoder(path)
+    return read_foreign(path, fmt, heads)
+
+
 def encoder_from_checkpoint(
-    path: str | Path, model_cfg: Any, pos_interp: str = "bicubic"
+    path: str | Path, model_cfg: Any, pos_interp: str = "bicubic", fmt: str = "auto"
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Build the encoder saved at `path` for `model_cfg.image_size` (which may differ from the
     pretraining resolution: the position embeddings are 2D-interpolated to the new grid).
+    `path` may also hold timm or transformers ViT weights (`fmt`, see `load_any_encoder`).
 
     Shape fields set in `model_cfg` (not None) must match the checkpoint; those left unset are
-    taken from it. Returns (encoder, the checkpoint's model config)."""
+    taken from it, as is the LayerNorm epsilon. Returns (encoder, the checkpoint's model
+    config)."""
     from ssl_vit.model.pos_embed import interpolate_pos_embed
     from ssl_vit.model.vit import ViT
 
-    state, saved = load_encoder(path)
+    state, saved = load_any_encoder(path, fmt)
     differ = [
         f"{k}: checkpoint {saved.get(k)} vs config {getattr(model_cfg, k)}"
         for k in SHAPE_KEYS
@@ -234,6 +251,7 @@ def encoder_from_checkpoint(
         raise CheckpointError(f"{path} is another architecture ({'; '.join(differ)})")
     for k in SHAPE_KEYS:
         setattr(model_cfg, k, saved[k])
+    model_cfg.norm_eps = saved.get("norm_eps", 1e-6)  # checkpoints before norm_eps: 1e-6
     encoder = ViT(
         model_cfg.image_size,
         saved["patch_size"],
@@ -241,6 +259,7 @@ def encoder_from_checkpoint(
         saved["depth"],
         saved["heads"],
         saved["mlp_ratio"],
+        model_cfg.norm_eps,
     )
     old = saved["image_size"] // saved["patch_size"]
     if state["pos_embed"].shape != encoder.pos_embed.shape:

@@ -1,0 +1,129 @@
+"""Key tables written once and applied in both directions, plus the checks shared by formats.
+
+A table is a list of (ours, theirs) key templates; `{i}` stands for a block index and `{p}`
+for `weight` or `bias`. `rename(state, table)` maps our keys to theirs, `rename(..., reverse=
+True)` theirs to ours; keys matching no template are returned separately so that callers can
+name them in an error instead of dropping them silently.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from functools import cache
+from typing import Any
+
+import torch
+
+__all__ = [
+    "InteropError",
+    "KNOWN_CONFIG",
+    "check_complete",
+    "check_model_config",
+    "expected_shapes",
+    "mlp_ratio_for",
+    "rename",
+]
+
+Table = list[tuple[str, str]]
+
+# Our model_config fields and the values every other library's ViT assumes for the ones that
+# are not shape numbers (a field added later with another value must be mapped explicitly).
+KNOWN_CONFIG = (
+    "variant",
+    "image_size",
+    "patch_size",
+    "width",
+    "depth",
+    "heads",
+    "mlp_ratio",
+    "norm_eps",
+)
+
+
+class InteropError(ValueError):
+    """Weights or a shape that do not map between ssl-vit and timm / transformers (one line)."""
+
+
+@cache
+def _pattern(template: str) -> re.Pattern[str]:
+    body = (
+        re.escape(template)
+        .replace(r"\{i\}", r"(?P<i>\d+)")
+        .replace(r"\{p\}", r"(?P<p>weight|bias)")
+    )
+    return re.compile(f"^{body}$")
+
+
+def rename(
+    state: dict[str, torch.Tensor], table: Table, reverse: bool = False
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """(renamed state, keys matching no template). reverse=False: ours -> theirs."""
+    out, unmatched = {}, []
+    for key, value in state.items():
+        for ours, theirs in table:
+            src, dst = (theirs, ours) if reverse else (ours, theirs)
+            m = _pattern(src).match(key)
+            if m:
+                out[dst.format(**m.groupdict())] = value
+                break
+        else:
+            unmatched.append(key)
+    return out, sorted(unmatched)
+
+
+def check_model_config(cfg: dict[str, Any], target: str) -> None:
+    """Raise if the checkpoint's model config has a field `target` has no equivalent for."""
+    unknown = sorted(set(cfg) - set(KNOWN_CONFIG))
+    if unknown:
+        raise InteropError(
+            f"model config field(s) {unknown} have no {target} equivalent "
+            f"(known: {', '.join(KNOWN_CONFIG)})"
+        )
+    if cfg["width"] % cfg["heads"]:
+        raise InteropError(f"width {cfg['width']} is not divisible by heads {cfg['heads']}")
+
+
+def mlp_ratio_for(hidden: int, width: int) -> float:
+    """The float r with int(width * r) == hidden (what timm and our ViT compute)."""
+    r = hidden / width
+    while int(width * r) < hidden:  # hidden/width * width can round to just below hidden
+        r = math.nextafter(r, math.inf)
+    return r
+
+
+def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of our encoder's state dict for a model config (built on the meta device)."""
+    from ssl_vit.model.vit import ViT
+
+    with torch.device("meta"):
+        vit = ViT(
+            cfg["image_size"],
+            cfg["patch_size"],
+            cfg["width"],
+            cfg["depth"],
+            cfg["heads"],
+            cfg["mlp_ratio"],
+            cfg.get("norm_eps", 1e-6),
+        )
+    return {k: tuple(v.shape) for k, v in vit.state_dict().items()}
+
+
+def check_complete(
+    state: dict[str, torch.Tensor], cfg: dict[str, Any], source: str, unexpected: list[str]
+) -> None:
+    """Raise listing missing / unexpected keys and wrong shapes of an imported encoder."""
+    shapes = expected_shapes(cfg)
+    missing = sorted(set(shapes) - set(state))
+    if missing or unexpected:
+        raise InteropError(
+            f"{source}: weights do not fit a ViT encoder: missing {missing or 'none'}; "
+            f"unexpected {unexpected or 'none'}"
+        )
+    wrong = [
+        f"{k} {tuple(state[k].shape)} != {shapes[k]}"
+        for k in shapes
+        if tuple(state[k].shape) != shapes[k]
+    ]
+    if wrong:
+        raise InteropError(f"{source}: wrong shapes: {'; '.join(wrong)}")

@@ -1,0 +1,180 @@
+"""timm `VisionTransformer` layout (timm/models/vision_transformer.py, default arguments).
+
+Our encoder is timm's default ViT (class token, position embeddings including the class
+token, pre-LN blocks with a fused qkv, exact GELU, LayerNorm eps 1e-6, final norm), so the
+weights map one to one; only a few module names differ.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ssl_vit.interop.keymap import (
+    InteropError,
+    Table,
+    check_complete,
+    check_model_config,
+    mlp_ratio_for,
+    rename,
+)
+
+__all__ = [
+    "TIMM_HEAD_KEYS",
+    "TIMM_KEYS",
+    "from_timm",
+    "timm_architecture",
+    "timm_config",
+    "to_timm",
+]
+
+TIMM_KEYS: Table = [
+    ("cls_token", "cls_token"),
+    ("pos_embed", "pos_embed"),
+    ("patch_embed.{p}", "patch_embed.proj.{p}"),
+    ("blocks.{i}.norm1.{p}", "blocks.{i}.norm1.{p}"),
+    ("blocks.{i}.attn.qkv.{p}", "blocks.{i}.attn.qkv.{p}"),
+    ("blocks.{i}.attn.proj.{p}", "blocks.{i}.attn.proj.{p}"),
+    ("blocks.{i}.norm2.{p}", "blocks.{i}.norm2.{p}"),
+    ("blocks.{i}.mlp.0.{p}", "blocks.{i}.mlp.fc1.{p}"),
+    ("blocks.{i}.mlp.2.{p}", "blocks.{i}.mlp.fc2.{p}"),
+    ("norm.{p}", "norm.{p}"),
+]
+# A classifier is not part of the encoder: dropped on import (and never written on export).
+TIMM_HEAD_KEYS = ("head.weight", "head.bias")
+# timm builds LayerNorm(eps=1e-6) and has no config argument for another epsilon.
+TIMM_NORM_EPS = 1e-6
+_FAMILIES = {
+    (192, 12, 3): "tiny",
+    (384, 12, 6): "small",
+    (768, 12, 12): "base",
+    (1024, 24, 16): "large",
+    (1280, 32, 16): "huge",
+}
+
+
+def timm_architecture(cfg: dict[str, Any]) -> str:
+    """The registered timm name of this shape when there is one (e.g. vit_base_patch16_224),
+    else vit_base_patch16_224 as the entry point that the explicit model_args reshape."""
+    family = _FAMILIES.get((cfg["width"], cfg["depth"], cfg["heads"]))
+    if family and cfg["mlp_ratio"] == 4.0:
+        name = f"vit_{family}_patch{cfg['patch_size']}_{cfg['image_size']}"
+        try:
+            import timm
+
+            if timm.is_model(name):
+                return name
+        except ImportError:
+            pass
+    return "vit_base_patch16_224"
+
+
+def timm_model_args(cfg: dict[str, Any]) -> dict[str, Any]:
+    """VisionTransformer keyword arguments of our encoder (no classifier: num_classes=0)."""
+    return dict(
+        img_size=cfg["image_size"],
+        patch_size=cfg["patch_size"],
+        embed_dim=cfg["width"],
+        depth=cfg["depth"],
+        num_heads=cfg["heads"],
+        mlp_ratio=cfg["mlp_ratio"],
+        qkv_bias=True,
+        class_token=True,
+        global_pool="token",
+        num_classes=0,
+    )
+
+
+def timm_config(cfg: dict[str, Any], mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)) -> dict[str, Any]:
+    """config.json in timm's hub format, read by create_model('local-dir:DIR')."""
+    size = cfg["image_size"]
+    return {
+        "architecture": timm_architecture(cfg),
+        "num_classes": 0,
+        "num_features": cfg["width"],
+        "global_pool": "token",
+        "model_args": timm_model_args(cfg),
+        "pretrained_cfg": {
+            "tag": "ssl_vit",
+            "input_size": [3, size, size],
+            "fixed_input_size": True,
+            "interpolation": "bicubic",
+            "crop_pct": 1.0,
+            "crop_mode": "center",
+            "mean": list(mean),
+            "std": list(std),
+            "num_classes": 0,
+            "first_conv": "patch_embed.proj",
+            "classifier": "head",
+        },
+    }
+
+
+def to_timm(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Our encoder state dict -> timm VisionTransformer(num_classes=0) state dict."""
+    check_model_config(cfg, "timm")
+    if not math.isclose(cfg.get("norm_eps", 1e-6), TIMM_NORM_EPS, rel_tol=1e-9):
+        raise InteropError(
+            f"norm_eps={cfg['norm_eps']} does not map to timm (its VisionTransformer builds "
+            f"LayerNorm with eps {TIMM_NORM_EPS}; export to hf instead)"
+        )
+    out, unmatched = rename(state, TIMM_KEYS)
+    if unmatched:
+        raise InteropError(f"weights with no timm equivalent: {unmatched}")
+    return out
+
+
+def _infer_config(state: dict[str, torch.Tensor], heads: int | None, source: str) -> dict:
+    if (
+        "cls_token" not in state
+        or "patch_embed.proj.weight" not in state
+        or "pos_embed" not in state
+    ):
+        raise InteropError(
+            f"{source}: not a timm ViT with a [class] token (missing cls_token, pos_embed or "
+            "patch_embed.proj.weight)"
+        )
+    width = state["cls_token"].shape[-1]
+    patch = state["patch_embed.proj.weight"].shape[-1]
+    num_patches = state["pos_embed"].shape[1] - 1
+    side = math.isqrt(num_patches)
+    if side * side != num_patches:
+        raise InteropError(
+            f"{source}: pos_embed has {num_patches + 1} positions, not [class] + a square grid "
+            "(timm models without position embeddings for the class token, with register "
+            "tokens or non-square grids do not map)"
+        )
+    depth = len({k.split(".")[1] for k in state if k.startswith("blocks.")})
+    if heads is None:
+        raise InteropError(
+            f"{source}: the number of attention heads is not in the weights; "
+            "pass heads (ssl-vit import --heads N) or a config.json with model_args"
+        )
+    fc1 = state.get("blocks.0.mlp.fc1.weight")  # absent: reported as missing below
+    hidden = fc1.shape[0] if fc1 is not None else 4 * width
+    return {
+        "variant": "",
+        "image_size": side * patch,
+        "patch_size": patch,
+        "width": width,
+        "depth": depth,
+        "heads": heads,
+        "mlp_ratio": mlp_ratio_for(hidden, width),
+        "norm_eps": TIMM_NORM_EPS,
+    }
+
+
+def from_timm(
+    state: dict[str, torch.Tensor], heads: int | None, source: str = "timm weights"
+) -> tuple[dict[str, torch.Tensor], dict[str, Any], list[str]]:
+    """timm ViT state dict -> (our encoder state, model config, dropped head keys).
+
+    Raises InteropError listing missing and unexpected keys (anything but the classifier)."""
+    dropped = sorted(k for k in state if k in TIMM_HEAD_KEYS)
+    state = {k: v for k, v in state.items() if k not in TIMM_HEAD_KEYS}
+    cfg = _infer_config(state, heads, source)
+    ours, unexpected = rename(state, TIMM_KEYS, reverse=True)
+    check_complete(ours, cfg, source, unexpected)
+    return ours, cfg, dropped

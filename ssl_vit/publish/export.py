@@ -1,0 +1,117 @@
+"""`ssl-vit export` / `ssl-vit import`: checkpoint <-> timm or transformers directory.
+
+An export directory holds `model.safetensors` (the encoder in the target's names, pretraining
+resolution and position embeddings included), `config.json` (timm's hub format or a
+transformers ViTConfig) and a `README.md` model card. The masked-prediction head has no place
+in either library; `keep_head` writes it next to them in our own names
+(`masked_patch_head.safetensors`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from ssl_vit.interop import hf_config, timm_config, to_hf, to_timm
+from ssl_vit.publish.model_card import model_card, run_config
+from ssl_vit.train.checkpoint import (
+    ENCODER_FILE,
+    STATE_FILE,
+    CheckpointError,
+    load_any_encoder,
+    load_encoder,
+    save_encoder,
+)
+
+__all__ = ["HEAD_FILE", "export_checkpoint", "import_weights"]
+
+log = logging.getLogger(__name__)
+HEAD_FILE = "masked_patch_head.safetensors"
+TARGETS = ("timm", "hf")
+
+
+def _checkpoint_dir(path: Path) -> Path:
+    return path if path.is_dir() else path.parent
+
+
+def _save_head(checkpoint: Path, out: Path, model_cfg: dict[str, Any]) -> None:
+    """The objective's own parameters ([mask] embedding, colour head) from the training state."""
+    state_file = _checkpoint_dir(checkpoint) / STATE_FILE
+    if not state_file.is_file():
+        raise CheckpointError(f"{state_file}: not found, so there is no masked-prediction head")
+    model = torch.load(state_file, map_location="cpu", weights_only=True)["model"]
+    head = {k: v.contiguous() for k, v in model.items() if not k.startswith("encoder.")}
+    if not head:
+        raise CheckpointError(f"{state_file}: holds no head weights")
+    save_file(head, str(out / HEAD_FILE), metadata={"model_config": json.dumps(model_cfg)})
+
+
+def export_checkpoint(
+    checkpoint: str | Path, to: str, outdir: str | Path, keep_head: bool = False
+) -> dict[str, Any]:
+    """Write the encoder of an ssl-vit checkpoint as a timm or transformers model directory.
+
+    Raises InteropError (a ValueError) naming what does not map. Returns a summary."""
+    checkpoint, out = Path(checkpoint), Path(outdir)
+    if to not in TARGETS:
+        raise ValueError(f"--to must be one of {TARGETS}, got {to!r}")
+    state, model_cfg = load_encoder(checkpoint)
+    run = run_config(checkpoint)
+    mean = tuple(run.get("data", {}).get("mean", (0.5, 0.5, 0.5)))
+    std = tuple(run.get("data", {}).get("std", (0.5, 0.5, 0.5)))
+    if to == "timm":
+        weights, config = to_timm(state, model_cfg), timm_config(model_cfg, mean, std)
+    else:
+        weights, config = to_hf(state, model_cfg), hf_config(model_cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    weights = {k: v.contiguous() for k, v in weights.items()}
+    # "format": "pt" is what transformers checks in the safetensors header.
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if keep_head:
+        _save_head(checkpoint, out, model_cfg)
+    n_params = sum(v.numel() for v in weights.values())
+    (out / "README.md").write_text(model_card(checkpoint, to, out, model_cfg, config, n_params))
+    log.info(
+        "exported %s (%d tensors, %d parameters) to %s", checkpoint, len(weights), n_params, out
+    )
+    return {
+        "format": to,
+        "outdir": str(out),
+        "tensors": len(weights),
+        "parameters": n_params,
+        "model_config": model_cfg,
+    }
+
+
+def import_weights(
+    source: str | Path, fmt: str, outdir: str | Path, heads: int | None = None
+) -> dict[str, Any]:
+    """timm / transformers ViT weights -> an ssl-vit encoder directory (encoder.safetensors
+    with its model config), usable as `init.checkpoint` and by `fewshot.py --checkpoint`."""
+    from ssl_vit.model.vit import ViT
+
+    state, cfg = load_any_encoder(source, fmt, heads)
+    encoder = ViT(
+        cfg["image_size"],
+        cfg["patch_size"],
+        cfg["width"],
+        cfg["depth"],
+        cfg["heads"],
+        cfg["mlp_ratio"],
+        cfg.get("norm_eps", 1e-6),
+    )
+    encoder.load_state_dict(state, strict=True)  # keys and shapes were checked on reading
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_encoder(encoder, out / ENCODER_FILE, cfg)
+    (out / "source.json").write_text(
+        json.dumps({"source": str(source), "format": fmt, "model_config": cfg}, indent=2) + "\n"
+    )
+    log.info("imported %s (%s) to %s", source, fmt, out / ENCODER_FILE)
+    return {"outdir": str(out), "model_config": cfg}

@@ -1,0 +1,246 @@
+"""The README.md model card written with each export.
+
+Facts come from the checkpoint (model config, step) and its run directory when the checkpoint
+sits in one (`RUN/checkpoints/step_N`): `config.yaml` (data, objective, optimization),
+`results.json` (final pretraining figures, few-shot), and the `results.json` of sibling runs
+(`RUN/../*/`) whose `init` / `checkpoint` names this checkpoint (fine-tuning, few-shot jobs).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["model_card", "run_config"]
+
+
+def _run_dir(checkpoint: Path) -> Path | None:
+    ckpt = checkpoint if checkpoint.is_dir() else checkpoint.parent
+    return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def run_config(checkpoint: Path) -> dict[str, Any]:
+    """The resolved config of the run that wrote `checkpoint` ({} when not in a run dir)."""
+    run = _run_dir(checkpoint)
+    if run is None or not (run / "config.yaml").is_file():
+        return {}
+    return yaml.safe_load((run / "config.yaml").read_text()) or {}
+
+
+def _step(checkpoint: Path) -> int | None:
+    ckpt = checkpoint if checkpoint.is_dir() else checkpoint.parent
+    step = _read_json(ckpt / "manifest.json").get("step")
+    if step is None and ckpt.name.startswith("step_"):
+        step = int(ckpt.name.removeprefix("step_"))
+    return step
+
+
+def _pct(x: Any) -> str:
+    return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "n/a"
+
+
+def _downstream(checkpoint: Path, run: Path) -> list[str]:
+    """Table rows of the few-shot / fine-tuning runs next to `run` started from this checkpoint."""
+    ckpt = checkpoint if checkpoint.is_dir() else checkpoint.parent
+    tail = f"{run.name}/checkpoints/{ckpt.name}"
+    rows = []
+    for res_file in sorted(run.parent.glob("*/results.json")):
+        res = _read_json(res_file)
+        source = str(res.get("init") or res.get("checkpoint") or "").rstrip("/")
+        if not source.endswith(tail) or res_file.parent == run:
+            continue
+        cfg = (
+            yaml.safe_load((res_file.parent / "config.yaml").read_text())
+            if (res_file.parent / "config.yaml").is_file()
+            else {}
+        )
+        pool = cfg.get("pool", "cls")
+        if "top1" in res:
+            rows.append(
+                f"| fine-tune ({res_file.parent.name}) | {res.get('image_size')} px, "
+                f"{res.get('step')} steps, pool {pool} | top-1 {_pct(res['top1'])} |"
+            )
+        elif "summary" in res:
+            shots = ", ".join(f"{k} {_pct(v)}" for k, v in res["summary"].items())
+            rows.append(f"| few-shot linear ({res_file.parent.name}) | pool {pool} | {shots} |")
+    return rows
+
+
+def _results(checkpoint: Path, run: Path | None) -> str:
+    if run is None:
+        return "No run directory found next to the checkpoint: no results recorded.\n"
+    res = _read_json(run / "results.json")
+    lines = ["| evaluation | setting | result |", "|---|---|---|"]
+    if "loss" in res:
+        lines.append(
+            f"| pretraining (final) | step {res.get('step')} | loss {res['loss']:.3f}, "
+            f"colour accuracy {_pct(res.get('color_acc'))} on corrupted patches |"
+        )
+    fewshot = res.get("fewshot", {}).get("summary")
+    if fewshot:
+        shots = ", ".join(f"{k} {_pct(v)}" for k, v in fewshot.items())
+        lines.append(f"| few-shot linear (during pretraining) | pool cls | {shots} |")
+    lines += _downstream(checkpoint, run)
+    if len(lines) == 2:
+        return "No results recorded for this checkpoint yet.\n"
+    return "\n".join(lines) + "\n"
+
+
+def _how_to_load(to: str, out: Path, cfg: dict[str, Any], config: dict[str, Any]) -> str:
+    size = cfg["image_size"]
+    if to == "timm":
+        args = ", ".join(f"{k}={v!r}" for k, v in config["model_args"].items())
+        return f"""```python
+import timm, torch
+
+model = timm.create_model("local-dir:{out}", pretrained=True).eval()
+# or: timm.create_model("{config["architecture"]}", pretrained=True, {args},
+#         pretrained_cfg_overlay=dict(file="{out}/model.safetensors"))
+x = torch.randn(1, 3, {size}, {size})  # normalized as in the table above
+tokens = model.forward_features(x)  # [1, 1 + {(size // cfg["patch_size"]) ** 2}, {cfg["width"]}]
+feature = tokens[:, 0]  # the [class] token output
+```
+
+Another resolution: `timm.create_model(..., img_size=S)` resamples the position embeddings
+(timm uses antialiased bicubic, ssl-vit plain bicubic: features differ slightly).
+"""
+    return f"""```python
+import torch
+from transformers import ViTModel
+
+model = ViTModel.from_pretrained("{out}", add_pooling_layer=False).eval()
+x = torch.randn(1, 3, {size}, {size})  # normalized as in the table above
+tokens = model(pixel_values=x).last_hidden_state  # [1, 1 + N, {cfg["width"]}]
+feature = tokens[:, 0]  # the [class] token output
+```
+
+There is no pooler (dense + tanh) in this model: `add_pooling_layer=False` loads it without
+warnings; without it transformers adds a randomly initialized pooler. Another resolution:
+`model(pixel_values=x, interpolate_pos_encoding=True)` (bicubic, the same as ssl-vit's).
+"""
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    return "| | |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
+
+
+def _architecture(cfg: dict[str, Any], data: dict[str, Any], params: int) -> str:
+    grid = cfg["image_size"] // cfg["patch_size"]
+    mean, std = list(data.get("mean", (0.5,) * 3)), list(data.get("std", (0.5,) * 3))
+    return _table(
+        [
+            (
+                "input",
+                f"{cfg['image_size']} x {cfg['image_size']} px RGB in [0, 1], then "
+                f"(x - mean) / std with mean {mean}, std {std}",
+            ),
+            (
+                "patches",
+                f"{cfg['patch_size']} x {cfg['patch_size']} px, "
+                f"{grid} x {grid} = {grid * grid} patches",
+            ),
+            ("width / depth / heads", f"{cfg['width']} / {cfg['depth']} / {cfg['heads']}"),
+            ("MLP", f"{int(cfg['width'] * cfg['mlp_ratio'])} hidden units, exact GELU"),
+            (
+                "normalization",
+                f"pre-LayerNorm blocks, final LayerNorm, eps {cfg.get('norm_eps', 1e-6):g}",
+            ),
+            (
+                "tokens",
+                f"[class] + {grid * grid} patch tokens, learned 1D position embeddings "
+                f"({grid} x {grid} pretraining grid)",
+            ),
+            ("parameters", f"{params:,} ({params / 1e6:.2f} M)"),
+        ]
+    )
+
+
+def _pretraining(rc: dict[str, Any], step: int | None) -> str:
+    data, obj, tc = rc.get("data", {}), rc.get("objective", {}), rc.get("train", {})
+    probs = obj.get("probs", (0.8, 0.1, 0.1))
+    batch = tc.get("batch_size")
+    seen = f"{step * batch:,} images" if step and batch else "n/a"
+    return _table(
+        [
+            (
+                "data",
+                f"`{data.get('train_shards', 'n/a')}` (random-resized crops, scale "
+                f"{data.get('crop_scale', 'n/a')}, horizontal flips {data.get('hflip', 'n/a')})",
+            ),
+            ("steps", f"{step if step is not None else 'n/a'} at batch {batch or 'n/a'} ({seen})"),
+            (
+                "optimizer",
+                f"Adam, lr {tc.get('lr', 'n/a')}, betas {tc.get('betas', 'n/a')}, weight "
+                f"decay {tc.get('weight_decay', 'n/a')}, {tc.get('warmup_steps', 'n/a')} "
+                f"warmup steps then cosine decay, gradient clipping "
+                f"{tc.get('grad_clip', 'n/a')}",
+            ),
+            (
+                "objective",
+                f"{obj.get('target', 'mean_color')}: 512-way classification of the 3-bit "
+                "mean colour of each corrupted patch",
+            ),
+            (
+                "corruption",
+                f"{_pct(obj.get('mask_ratio', 0.5))} of the patch embeddings; of those "
+                f"{_pct(probs[0])} replaced by a learned [mask] embedding, "
+                f"{_pct(probs[1])} by another patch's embedding, {_pct(probs[2])} kept",
+            ),
+        ]
+    )
+
+
+def model_card(
+    checkpoint: Path,
+    to: str,
+    out: Path,
+    cfg: dict[str, Any],
+    config: dict[str, Any],
+    params: int,
+) -> str:
+    """Markdown model card for an export of `checkpoint` to `to` ('timm' or 'hf') in `out`."""
+    run = _run_dir(checkpoint)
+    rc = run_config(checkpoint)
+    name = run.name if run else checkpoint.name
+    library = "timm" if to == "timm" else "transformers"
+    pretraining = (
+        _pretraining(rc, _step(checkpoint))
+        if rc
+        else "No run directory with a config.yaml next to the checkpoint: not recorded.\n"
+    )
+    return f"""---
+library_name: {library}
+tags: [vision-transformer, self-supervised, masked-patch-prediction, ssl-vit]
+---
+
+# {name}: ViT (width {cfg["width"]}, depth {cfg["depth"]}, patch {cfg["patch_size"]})
+
+A Vision Transformer encoder pretrained with ssl-vit by masked patch prediction
+(Dosovitskiy et al. 2021, "An Image is Worth 16x16 Words", sections 3.1-3.2, appendix
+B.1.2), exported from `{checkpoint}` for {library}. Encoder only: the pretraining head (a
+linear layer predicting each corrupted patch's 3-bit mean colour) is not included.
+
+## Architecture
+
+{_architecture(cfg, rc.get("data", {}), params)}
+## Pretraining
+
+{pretraining}
+## Results
+
+{_results(checkpoint, run)}
+## How to load
+
+{_how_to_load(to, out, cfg, config)}
+Made with `ssl-vit export {checkpoint} --to {to} {out}`.
+"""
