@@ -49,6 +49,10 @@ def _pct(x: Any) -> str:
     return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "n/a"
 
 
+def _shot(key: str) -> str:
+    return key.replace("shot", "-shot")  # "5shot" -> "5-shot"
+
+
 def _downstream(checkpoint: Path, run: Path) -> list[str]:
     """Table rows of the few-shot / fine-tuning runs next to `run` started from this checkpoint."""
     ckpt = checkpoint if checkpoint.is_dir() else checkpoint.parent
@@ -71,7 +75,7 @@ def _downstream(checkpoint: Path, run: Path) -> list[str]:
                 f"{res.get('step')} steps, pool {pool} | top-1 {_pct(res['top1'])} |"
             )
         elif "summary" in res:
-            shots = ", ".join(f"{k} {_pct(v)}" for k, v in res["summary"].items())
+            shots = ", ".join(f"{_shot(k)} {_pct(v)}" for k, v in res["summary"].items())
             rows.append(f"| few-shot linear ({res_file.parent.name}) | pool {pool} | {shots} |")
     return rows
 
@@ -86,9 +90,14 @@ def _results(checkpoint: Path, run: Path | None) -> str:
             f"| pretraining (final) | step {res.get('step')} | loss {res['loss']:.3f}, "
             f"colour accuracy {_pct(res.get('color_acc'))} on corrupted patches |"
         )
+    if "top1" in res:  # the checkpoint of a fine-tuning run: its own final accuracy
+        lines.append(
+            f"| fine-tune (this run) | {res.get('image_size')} px, {res.get('step')} steps "
+            f"| top-1 {_pct(res['top1'])} |"
+        )
     fewshot = res.get("fewshot", {}).get("summary")
     if fewshot:
-        shots = ", ".join(f"{k} {_pct(v)}" for k, v in fewshot.items())
+        shots = ", ".join(f"{_shot(k)} {_pct(v)}" for k, v in fewshot.items())
         lines.append(f"| few-shot linear (during pretraining) | pool cls | {shots} |")
     lines += _downstream(checkpoint, run)
     if len(lines) == 2:
@@ -213,11 +222,16 @@ def model_card(
     rc = run_config(checkpoint)
     name = run.name if run else checkpoint.name
     library = "timm" if to == "timm" else "transformers"
-    pretraining = (
-        _pretraining(rc, _step(checkpoint))
-        if rc
-        else "No run directory with a config.yaml next to the checkpoint: not recorded.\n"
-    )
+    if "objective" in rc:
+        pretraining = _pretraining(rc, _step(checkpoint))
+    elif rc:  # e.g. a fine-tuning run's checkpoint: its own encoder, not a pretraining run
+        source = rc.get("init", {}).get("checkpoint") or "random init"
+        pretraining = (
+            f"Written by a run without a pretraining objective (`{run}/config.yaml`, "
+            f"initialized from `{source}`); see that run's config.\n"
+        )
+    else:
+        pretraining = "No run directory with a config.yaml next to the checkpoint: not recorded.\n"
     return f"""---
 library_name: {library}
 tags: [vision-transformer, self-supervised, masked-patch-prediction, ssl-vit]
