@@ -41,6 +41,32 @@ def gap(ours: torch.Tensor, theirs: torch.Tensor) -> dict[str, float]:
     return {"cls": d[:, 0].max().item(), "patches": d[:, 1:].max().item()}
 
 
+def preprocessing_gaps(png_dir: Path, n: int, size: int, mean, std, out: Path) -> dict:
+    """Max |difference| (normalized pixel units) between ssl-vit's eval preprocessing and the
+    exported preprocessing configs (timm data config, transformers ViTImageProcessor) on the
+    first n images of an image folder."""
+    from PIL import Image
+    from torchvision.transforms.v2.functional import pil_to_tensor
+    from transformers import ViTImageProcessor
+
+    from ssl_vit.data.images import eval_transform
+
+    files = sorted(png_dir.rglob("*.png"))[:n]
+    pil = [Image.open(f).convert("RGB") for f in files]
+    t = eval_transform(size)
+    ours = torch.stack([t(pil_to_tensor(im)) for im in pil]).float() / 255
+    ours = normalize_pixels(ours, mean, std)
+    hf = ViTImageProcessor.from_pretrained(out / "hf")(images=pil, return_tensors="pt")
+    tm = timm.create_model(f"local-dir:{out / 'timm'}", pretrained=True)
+    tt = timm.data.create_transform(**timm.data.resolve_data_config({}, model=tm))
+    theirs_timm = torch.stack([tt(im) for im in pil])
+    return {
+        "images": len(files),
+        "hf_image_processor": (ours - hf["pixel_values"]).abs().max().item(),
+        "timm_transform": (ours - theirs_timm).abs().max().item(),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--checkpoint", required=True)
@@ -48,6 +74,7 @@ def main() -> None:
     p.add_argument("--num", type=int, default=64)
     p.add_argument("--size", type=int, default=48, help="second resolution (interpolated)")
     p.add_argument("--out", default="runs/check_export")
+    p.add_argument("--png-dir", help="image folder to compare the preprocessing configs on")
     args = p.parse_args()
     torch.manual_seed(0)
     out = Path(args.out)
@@ -98,6 +125,11 @@ def main() -> None:
             res[f"import_{fmt}"] = gap(f0, back[0].eval().forward_features(x0))
             b1 = encoder_from_checkpoint(out / f"imported_{fmt}", ModelConfig(image_size=args.size))
             res[f"import_{fmt}_{args.size}px"] = gap(f1, b1[0].eval().forward_features(x1))
+    if args.png_dir:
+        res["preprocessing"] = preprocessing_gaps(
+            Path(args.png_dir), args.num, size0, mean, std, out
+        )
+        print(f"preprocessing (max |pixel difference|): {res['preprocessing']}")
     res["feature_scale"] = {"max_abs": f0.abs().max().item(), "std": f0.std().item()}
     (out / "check_export.json").write_text(json.dumps(res, indent=2) + "\n")
     for k, v in res.items():

@@ -103,8 +103,12 @@ def _add_make_synthetic(sub: argparse._SubParsersAction) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     """`ssl-vit export`: checkpoint -> timm or transformers directory with a model card."""
     from ssl_vit.publish import export_checkpoint
+    from ssl_vit.train.checkpoint import CheckpointError
 
-    info = export_checkpoint(args.checkpoint, args.to, args.outdir, keep_head=args.keep_head)
+    try:
+        info = export_checkpoint(args.checkpoint, args.to, args.outdir, keep_head=args.keep_head)
+    except CheckpointError as e:  # a missing or damaged checkpoint: a user error, one line
+        raise ValueError(str(e)) from None
     print(
         f"wrote {info['format']} model ({info['parameters']:,} parameters) with config.json "
         f"and README.md to {info['outdir']}"
@@ -129,8 +133,12 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 def cmd_import(args: argparse.Namespace) -> int:
     """`ssl-vit import`: timm or transformers ViT weights -> an ssl-vit encoder directory."""
     from ssl_vit.publish import import_weights
+    from ssl_vit.train.checkpoint import CheckpointError
 
-    info = import_weights(args.source, args.format, args.outdir, heads=args.heads)
+    try:
+        info = import_weights(args.source, args.format, args.outdir, heads=args.heads)
+    except CheckpointError as e:
+        raise ValueError(str(e)) from None
     c = info["model_config"]
     print(
         f"wrote encoder.safetensors (width {c['width']}, depth {c['depth']}, heads {c['heads']}, "

@@ -4,6 +4,7 @@ Tiny random models (width 32, depth 2, 16 px, patch 4) whose every weight, Layer
 included, is perturbed away from its initialization, so a misplaced tensor cannot hide.
 """
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -136,9 +137,9 @@ def test_import_timm_gives_the_same_features(tmp_path):
     torch.save(model.state_dict(), tmp_path / "vit.pth")
     with pytest.raises(InteropError, match="heads"):
         encoder_from_checkpoint(tmp_path / "vit.pth", ModelConfig(image_size=16))
-    ours, _ = from_timm(model.state_dict(), heads=2)[:2]
-    enc = ViT(16, 4, 32, 2, 2, 3.0)
-    enc.load_state_dict(ours)
+    enc, _ = encoder_from_checkpoint(
+        tmp_path / "vit.pth", ModelConfig(image_size=16, heads=2, mlp_ratio=3.0)
+    )
     assert_same(enc.eval().forward_features(images(16)), model.forward_features(images(16)))
 
     d = tmp_path / "timm_dir"
@@ -285,14 +286,16 @@ def test_fewshot_pipeline_evaluates_a_transformers_model(exported, synthetic_sha
     writes its summary to TensorBoard as well."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from tests.test_pipelines import ROOT, pipeline
-
-    res = pipeline("fewshot")(
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("fewshot_job", root / "pipelines/fewshot.py")
+    fewshot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fewshot)
+    res = fewshot.main(
         [
             "--checkpoint",
             str(exported["hf"]),
             "--config",
-            str(ROOT / "configs/fewshot/smoke.yaml"),
+            str(root / "configs/fewshot/smoke.yaml"),
             f"data.train={synthetic_shards}",
             f"data.eval={synthetic_shards}",
             f"output_dir={tmp_path}",

@@ -6,7 +6,7 @@ whole checkpoints (files, model cards) is `ssl_vit.publish`.
 """
 
 from ssl_vit.interop.foreign import FORMATS, detect_format, read_foreign
-from ssl_vit.interop.hf_format import from_hf, hf_config, to_hf
+from ssl_vit.interop.hf_format import from_hf, hf_config, hf_preprocessor, to_hf
 from ssl_vit.interop.keymap import InteropError
 from ssl_vit.interop.timm_format import from_timm, timm_config, to_timm
 
@@ -17,6 +17,7 @@ __all__ = [
     "from_hf",
     "from_timm",
     "hf_config",
+    "hf_preprocessor",
     "read_foreign",
     "timm_config",
     "to_hf",

@@ -24,7 +24,7 @@ from ssl_vit.interop.keymap import (
     rename,
 )
 
-__all__ = ["HF_HEAD_PREFIXES", "HF_KEYS", "from_hf", "hf_config", "to_hf"]
+__all__ = ["HF_HEAD_PREFIXES", "HF_KEYS", "from_hf", "hf_config", "hf_preprocessor", "to_hf"]
 
 _L = "encoder.layer.{i}."
 # Our side uses `attn.q/k/v` for the three thirds of the fused `attn.qkv`.
@@ -83,6 +83,24 @@ def hf_config(cfg: dict[str, Any]) -> dict[str, Any]:
         "pooler_act": "tanh",
         "initializer_range": 0.02,
         "dtype": "float32",
+    }
+
+
+def hf_preprocessor(cfg: dict[str, Any], mean, std) -> dict[str, Any]:
+    """preprocessor_config.json for ViTImageProcessor: the pretraining resolution, [0, 1]
+    scaling and normalization. (It resizes to a square without cropping; ssl-vit's eval
+    transform center-crops non-square images: the same for square inputs.)"""
+    size = cfg["image_size"]
+    return {
+        "image_processor_type": "ViTImageProcessor",
+        "do_resize": True,
+        "size": {"height": size, "width": size},
+        "resample": 2,  # PIL bilinear, as ssl-vit's eval transform
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": list(mean),
+        "image_std": list(std),
     }
 
 

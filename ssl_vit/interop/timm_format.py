@@ -100,7 +100,8 @@ def timm_config(cfg: dict[str, Any], mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)) 
             "tag": "ssl_vit",
             "input_size": [3, size, size],
             "fixed_input_size": True,
-            "interpolation": "bicubic",
+            # ssl-vit's eval transform: bilinear resize of the shorter side, center crop.
+            "interpolation": "bilinear",
             "crop_pct": 1.0,
             "crop_mode": "center",
             "mean": list(mean),

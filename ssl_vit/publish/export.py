@@ -1,8 +1,9 @@
 """`ssl-vit export` / `ssl-vit import`: checkpoint <-> timm or transformers directory.
 
 An export directory holds `model.safetensors` (the encoder in the target's names, pretraining
-resolution and position embeddings included), `config.json` (timm's hub format or a
-transformers ViTConfig) and a `README.md` model card. The masked-prediction head has no place
+resolution and position embeddings included), `config.json` (timm's hub format, with the
+preprocessing in its pretrained_cfg, or a transformers ViTConfig plus
+`preprocessor_config.json`) and a `README.md` model card. The masked-prediction head has no place
 in either library; `keep_head` writes it next to them in our own names
 (`masked_patch_head.safetensors`).
 """
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from ssl_vit.interop import hf_config, timm_config, to_hf, to_timm
+from ssl_vit.interop import hf_config, hf_preprocessor, timm_config, to_hf, to_timm
 from ssl_vit.publish.model_card import model_card, run_config
 from ssl_vit.train.checkpoint import (
     ENCODER_FILE,
@@ -73,6 +74,9 @@ def export_checkpoint(
     # "format": "pt" is what transformers checks in the safetensors header.
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if to == "hf":
+        processor = hf_preprocessor(model_cfg, mean, std)
+        (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
     if keep_head:
         _save_head(checkpoint, out, model_cfg)
     n_params = sum(v.numel() for v in weights.values())
@@ -94,8 +98,10 @@ def import_weights(
 ) -> dict[str, Any]:
     """timm / transformers ViT weights -> an ssl-vit encoder directory (encoder.safetensors
     with its model config), usable as `init.checkpoint` and by `fewshot.py --checkpoint`."""
+    from ssl_vit.interop import detect_format
     from ssl_vit.model.vit import ViT
 
+    fmt = detect_format(source) if fmt == "auto" else fmt
     state, cfg = load_any_encoder(source, fmt, heads)
     encoder = ViT(
         cfg["image_size"],

@@ -241,7 +241,8 @@ def encoder_from_checkpoint(
     from ssl_vit.model.pos_embed import interpolate_pos_embed
     from ssl_vit.model.vit import ViT
 
-    state, saved = load_any_encoder(path, fmt)
+    # A bare timm state dict does not say its number of heads: model.heads does.
+    state, saved = load_any_encoder(path, fmt, heads=getattr(model_cfg, "heads", None))
     differ = [
         f"{k}: checkpoint {saved.get(k)} vs config {getattr(model_cfg, k)}"
         for k in SHAPE_KEYS
