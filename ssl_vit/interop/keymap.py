@@ -27,8 +27,8 @@ __all__ = [
 
 Table = list[tuple[str, str]]
 
-# Our model_config fields and the values every other library's ViT assumes for the ones that
-# are not shape numbers (a field added later with another value must be mapped explicitly).
+# Our model_config fields, all of which have a timm / transformers counterpart (norm_eps only in
+# transformers); a field added later is refused on export until its mapping is written.
 KNOWN_CONFIG = (
     "variant",
     "image_size",
