@@ -121,7 +121,10 @@ def curve_sections(runs: list[Run], groups: dict):
         if r.kind == "fewshot" and r.finished:
             curves.append((f"{r.name} ({_origin(r, groups)}, {r.config.get('pool', 'cls')})",
                            fewshot_table(r.results)))
-        elif r.kind == "pretrain" and r.results.get("fewshot"):
+        elif r.kind == "pretrain" and r.results.get("fewshot") and not any(
+            m.kind == "fewshot" and step == r.results.get("step")
+            for m, step in groups.get(r.name, [])
+        ):  # the final checkpoint's own few-shot runs replace the one logged in pretraining
             curves.append((f"{r.name} @ step {r.results.get('step')} (during pretraining)",
                            fewshot_table(r.results["fewshot"])))
     s_few = Section("Few-shot")

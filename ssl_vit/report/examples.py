@@ -77,8 +77,8 @@ def _paste(images_BCHW: torch.Tensor, chosen_BN: torch.Tensor, patches_MCPP: tor
     B, C, H, W = images_BCHW.shape
     P = patches_MCPP.shape[-1]
     h, w = H // P, W // P
-    grid = images_BCHW.reshape(B, C, h, P, w, P).permute(0, 2, 4, 1, 3, 5).reshape(B, h * w, C, P, P)
-    grid = grid.clone()
+    grid = images_BCHW.reshape(B, C, h, P, w, P).permute(0, 2, 4, 1, 3, 5)
+    grid = grid.reshape(B, h * w, C, P, P).clone()
     grid[chosen_BN] = patches_MCPP.to(grid.dtype)
     return grid.reshape(B, h, w, C, P, P).permute(0, 3, 1, 4, 2, 5).reshape(B, C, H, W)
 
