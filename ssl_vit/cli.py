@@ -96,9 +96,10 @@ def _add_make_synthetic(sub: argparse._SubParsersAction) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     """`ssl-vit report`: run directories -> self-contained report.html + report.md."""
     try:
-        from ssl_vit.report import build_report
+        import matplotlib  # noqa: F401  (checked here: the figure modules import it late)
     except ImportError as e:  # matplotlib is the `report` extra
         raise ValueError(f"{e}; install it with: pip install 'ssl-vit[report]'") from None
+    from ssl_vit.report import build_report
 
     paths = build_report(args.runs, args.output, num_examples=args.examples, seed=args.seed)
     print(f"wrote {paths['html']} and {paths['md']}")

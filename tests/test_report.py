@@ -35,17 +35,18 @@ def runs(synthetic_shards, tmp_path_factory):
     root = tmp_path_factory.mktemp("report_runs")
     fs = [f"fewshot.train={synthetic_shards}", f"fewshot.eval={synthetic_shards}",
           "fewshot.shots=[1,2]", "fewshot.seeds=[0,1]", "fewshot.num_workers=0",
-          "fewshot.every=5"]
+          "fewshot.every=5", "fewshot.max_eval=32"]
     pipeline("pretrain")(["--config", str(ROOT / "configs/pretrain/smoke.yaml"),
                           f"data.train_shards={synthetic_shards}", f"output_dir={root / 'pre'}",
                           "train.steps=10", "train.log_every=5", *fs])
     ckpt = str(root / "pre" / "checkpoints" / "step_00000010")
     few = ["--config", str(ROOT / "configs/fewshot/smoke.yaml"), f"data.train={synthetic_shards}",
-           f"data.eval={synthetic_shards}", "seeds=[0,1]", "l2_reg=[1024.0]"]
+           f"data.eval={synthetic_shards}", "seeds=[0,1]", "l2_reg=[1024.0]", "data.max_eval=32"]
     pipeline("fewshot")(["--checkpoint", ckpt, *few, f"output_dir={root / 'few-pre'}"])
     pipeline("fewshot")(["--checkpoint", "random", *few, f"output_dir={root / 'few-rand'}"])
     ft = ["--config", str(ROOT / "configs/finetune/smoke.yaml"), f"data.train={synthetic_shards}",
-          f"data.eval={synthetic_shards}", "train.steps=4", "train.log_every=2", "eval_every=2"]
+          f"data.eval={synthetic_shards}", "train.steps=4", "train.log_every=2", "eval_every=2",
+          "data.max_eval=32"]
     pipeline("finetune")([*ft, f"init.checkpoint={ckpt}", f"output_dir={root / 'ft-pre'}"])
     pipeline("finetune")([*ft, f"output_dir={root / 'ft-scratch'}"])
     return root

@@ -29,7 +29,8 @@ def _minutes(seconds: float | None) -> str:
 
 
 def _join(values: list[str]) -> str:
-    return " / ".join(values) if values else "-"
+    """Several runs' values in one cell, one per line."""
+    return "\n".join(values) if values else "-"
 
 
 def _origin(run: Run, groups: dict) -> str:

@@ -122,13 +122,24 @@ def finetune_curves(runs: list[Run]) -> Figure | None:
     if not runs:
         return None
     fig, (ax_loss, ax_top1) = new_figure(10, 3.6, ncols=2)
+    # Evaluated only at the end: a bar per run reads better than lone points.
+    final_only = all(len(_series(r.rows, "top1")[0]) <= 1 for r in runs)
     for i, run in enumerate(runs):
         ax_loss.plot(*_series(run.rows, "loss"), color=f"C{i}", label=run.name)
         steps, top1 = _series(run.rows, "top1")
-        ax_top1.plot(steps, [100 * a for a in top1], "o-", color=f"C{i}", label=run.name)
+        if final_only and top1:
+            bar = ax_top1.bar(i, 100 * top1[-1], color=f"C{i}")
+            ax_top1.bar_label(bar, fmt="%.1f", fontsize=8)
+        elif top1:
+            ax_top1.plot(steps, [100 * a for a in top1], "o-", color=f"C{i}", label=run.name)
     ax_loss.set(xlabel="fine-tuning step", ylabel="training loss", title="Fine-tuning loss")
-    ax_top1.set(xlabel="fine-tuning step", ylabel="top-1 (%)", title="Test top-1")
+    ax_loss.legend(fontsize=8)
+    if final_only:
+        ax_top1.set_xticks(range(len(runs)), [r.name for r in runs], fontsize=8)
+        ax_top1.set(ylabel="top-1 (%)", title="Test top-1 at the end")
+    else:
+        ax_top1.set(xlabel="fine-tuning step", ylabel="top-1 (%)", title="Test top-1")
+        ax_top1.legend(fontsize=8)
     for ax in (ax_loss, ax_top1):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
     return fig

@@ -53,7 +53,7 @@ body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; 
 h1 { border-bottom: 2px solid #ddd; padding-bottom: .3em; }
 h2 { margin-top: 2em; border-bottom: 1px solid #eee; }
 table { border-collapse: collapse; font-size: 14px; margin: 1em 0; }
-th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: right; }
+th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: right; white-space: pre-line; }
 th:first-child, td:first-child { text-align: left; }
 th { background: #f4f4f4; }
 figure { margin: 1em 0; }
@@ -93,7 +93,7 @@ def write_html(path: Path, title: str, intro: list[str], sections: list[Section]
 
 
 def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    return text.replace("|", "\\|").replace("\n", "<br>")
 
 
 def write_markdown(path: Path, title: str, intro: list[str], sections: list[Section]) -> None:
