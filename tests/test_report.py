@@ -33,20 +33,48 @@ def runs(synthetic_shards, tmp_path_factory):
     """A 10-step pretraining (few-shot every 5 steps), a few-shot run of its checkpoint and a
     random one, a fine-tune from it and one from scratch."""
     root = tmp_path_factory.mktemp("report_runs")
-    fs = [f"fewshot.train={synthetic_shards}", f"fewshot.eval={synthetic_shards}",
-          "fewshot.shots=[1,2]", "fewshot.seeds=[0,1]", "fewshot.num_workers=0",
-          "fewshot.every=5", "fewshot.max_eval=32"]
-    pipeline("pretrain")(["--config", str(ROOT / "configs/pretrain/smoke.yaml"),
-                          f"data.train_shards={synthetic_shards}", f"output_dir={root / 'pre'}",
-                          "train.steps=10", "train.log_every=5", *fs])
+    fs = [
+        f"fewshot.train={synthetic_shards}",
+        f"fewshot.eval={synthetic_shards}",
+        "fewshot.shots=[1,2]",
+        "fewshot.seeds=[0,1]",
+        "fewshot.num_workers=0",
+        "fewshot.every=5",
+        "fewshot.max_eval=32",
+    ]
+    pipeline("pretrain")(
+        [
+            "--config",
+            str(ROOT / "configs/pretrain/smoke.yaml"),
+            f"data.train_shards={synthetic_shards}",
+            f"output_dir={root / 'pre'}",
+            "train.steps=10",
+            "train.log_every=5",
+            *fs,
+        ]
+    )
     ckpt = str(root / "pre" / "checkpoints" / "step_00000010")
-    few = ["--config", str(ROOT / "configs/fewshot/smoke.yaml"), f"data.train={synthetic_shards}",
-           f"data.eval={synthetic_shards}", "seeds=[0,1]", "l2_reg=[1024.0]", "data.max_eval=32"]
+    few = [
+        "--config",
+        str(ROOT / "configs/fewshot/smoke.yaml"),
+        f"data.train={synthetic_shards}",
+        f"data.eval={synthetic_shards}",
+        "seeds=[0,1]",
+        "l2_reg=[1024.0]",
+        "data.max_eval=32",
+    ]
     pipeline("fewshot")(["--checkpoint", ckpt, *few, f"output_dir={root / 'few-pre'}"])
     pipeline("fewshot")(["--checkpoint", "random", *few, f"output_dir={root / 'few-rand'}"])
-    ft = ["--config", str(ROOT / "configs/finetune/smoke.yaml"), f"data.train={synthetic_shards}",
-          f"data.eval={synthetic_shards}", "train.steps=4", "train.log_every=2", "eval_every=2",
-          "data.max_eval=32"]
+    ft = [
+        "--config",
+        str(ROOT / "configs/finetune/smoke.yaml"),
+        f"data.train={synthetic_shards}",
+        f"data.eval={synthetic_shards}",
+        "train.steps=4",
+        "train.log_every=2",
+        "eval_every=2",
+        "data.max_eval=32",
+    ]
     pipeline("finetune")([*ft, f"init.checkpoint={ckpt}", f"output_dir={root / 'ft-pre'}"])
     pipeline("finetune")([*ft, f"output_dir={root / 'ft-scratch'}"])
     return root
@@ -83,8 +111,19 @@ def test_report_of_incomplete_runs_says_what_is_missing(runs, tmp_path):
     (pre / "config.yaml").write_text(re.sub(r"train_shards: .*", "train_shards: nowhere", cfg))
     bare = tmp_path / "bare"
     shutil.copytree(runs / "pre", bare, ignore=shutil.ignore_patterns("checkpoints"))
-    assert cli_main(["report", str(pre), str(bare), str(runs / "few-rand"),
-                     "--output", str(tmp_path / "out")]) == 0
+    assert (
+        cli_main(
+            [
+                "report",
+                str(pre),
+                str(bare),
+                str(runs / "few-rand"),
+                "--output",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     md = (tmp_path / "out" / "report.md").read_text()
     assert "pre: example strip skipped: the run's data (nowhere) is not present here" in md
     assert "bare: no checkpoint, nothing to show." in md
@@ -95,12 +134,17 @@ def test_report_of_incomplete_runs_says_what_is_missing(runs, tmp_path):
 def test_runs_are_linked_to_their_pretraining(runs):
     loaded = load_runs([runs])
     assert {r.name: r.kind for r in loaded} == {
-        "pre": "pretrain", "few-pre": "fewshot", "few-rand": "fewshot",
-        "ft-pre": "finetune", "ft-scratch": "finetune",
+        "pre": "pretrain",
+        "few-pre": "fewshot",
+        "few-rand": "fewshot",
+        "ft-pre": "finetune",
+        "ft-scratch": "finetune",
     }
     groups = {k: sorted((r.name, s) for r, s in v) for k, v in link_runs(loaded).items()}
-    assert groups == {"pre": [("few-pre", 10), ("ft-pre", 10)],
-                      None: [("few-rand", None), ("ft-scratch", None)]}
+    assert groups == {
+        "pre": [("few-pre", 10), ("ft-pre", 10)],
+        None: [("few-rand", None), ("ft-scratch", None)],
+    }
 
 
 def test_position_similarity_tiles():

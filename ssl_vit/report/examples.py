@@ -35,6 +35,7 @@ def _mean_color_pixels(
     targets_M: torch.Tensor, logits_MK: torch.Tensor, patch_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """mean_color: each patch filled with its 3-bit colour class's bin-centre colour."""
+
     def fill(classes_M: torch.Tensor) -> torch.Tensor:
         rgb_M3 = color_class_to_rgb(classes_M)
         return rgb_M3[:, :, None, None].expand(-1, -1, patch_size, patch_size)
@@ -94,7 +95,7 @@ def find_data(spec: str, run: Run) -> str | None:
         return spec
     out = Path(str(run.config.get("output_dir", "")))
     parts = run.path.resolve().parts
-    if out.parts and not out.is_absolute() and parts[-len(out.parts):] == out.parts:
+    if out.parts and not out.is_absolute() and parts[-len(out.parts) :] == out.parts:
         root = Path(*parts[: -len(out.parts)])
         if (root / first).exists():
             return ",".join(str(root / s) for s in spec.split(","))

@@ -99,8 +99,11 @@ def fewshot_vs_shots(curves: list[tuple[str, dict[int, dict]]]) -> Figure | None
         std = [100 * table[k].get("std", 0.0) for k in shots]
         ax.plot(shots, mean, "o-", color=f"C{i}", label=label)
         ax.fill_between(
-            shots, [m - s for m, s in zip(mean, std, strict=True)],
-            [m + s for m, s in zip(mean, std, strict=True)], color=f"C{i}", alpha=0.15,
+            shots,
+            [m - s for m, s in zip(mean, std, strict=True)],
+            [m + s for m, s in zip(mean, std, strict=True)],
+            color=f"C{i}",
+            alpha=0.15,
         )
         for k in shots:
             seeds = table[k].get("per_seed") or []
@@ -109,8 +112,11 @@ def fewshot_vs_shots(curves: list[tuple[str, dict[int, dict]]]) -> Figure | None
     ax.set_xscale("log")
     ax.set_xticks(all_shots, [str(k) for k in all_shots])
     ax.minorticks_off()
-    ax.set(xlabel="examples per class", ylabel="test accuracy (%)",
-           title="Few-shot linear accuracy (mean +- std over seeds; dots: seeds)")
+    ax.set(
+        xlabel="examples per class",
+        ylabel="test accuracy (%)",
+        title="Few-shot linear accuracy (mean +- std over seeds; dots: seeds)",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig

@@ -14,16 +14,25 @@ from ssl_vit.report.figures import new_figure
 
 __all__ = ["position_similarity_figure", "filter_components_figure", "examples_figure"]
 
-KIND_STYLE = {MASKED: ("[mask]", "#e41a1c"), RANDOM: ("random patch", "#ffb000"),
-              KEPT: ("kept", "#00bcd4")}
+KIND_STYLE = {
+    MASKED: ("[mask]", "#e41a1c"),
+    RANDOM: ("random patch", "#ffb000"),
+    KEPT: ("kept", "#00bcd4"),
+}
 
 
 def position_similarity_figure(sim_hwhw: torch.Tensor, title: str) -> Figure:
     """One tile per patch position (i, j), showing its cosine similarity with all positions."""
     h, w = sim_hwhw.shape[:2]
     size = min(9.0, 0.55 * max(h, w) + 1.5)
-    fig, axes = new_figure(size * w / max(h, w) + 0.8, size * h / max(h, w), nrows=h, ncols=w,
-                           squeeze=False, gridspec_kw={"wspace": 0.02, "hspace": 0.02})
+    fig, axes = new_figure(
+        size * w / max(h, w) + 0.8,
+        size * h / max(h, w),
+        nrows=h,
+        ncols=w,
+        squeeze=False,
+        gridspec_kw={"wspace": 0.02, "hspace": 0.02},
+    )
     fig.get_layout_engine().set(w_pad=0.01, h_pad=0.01, wspace=0.0, hspace=0.0)
     for i in range(h):
         for j in range(w):
@@ -84,8 +93,10 @@ def examples_figure(ex: Examples, title: str) -> Figure:
         kind = ex.kind[b]
         grey = torch.full_like(ex.images[b], 0.5)
         corrupted = torch.where(
-            (kind == MASKED).reshape(-1, w_patches).repeat_interleave(P, 0)
-            .repeat_interleave(P, 1), grey, ex.images[b])
+            (kind == MASKED).reshape(-1, w_patches).repeat_interleave(P, 0).repeat_interleave(P, 1),
+            grey,
+            ex.images[b],
+        )
         for row, img in enumerate(
             (ex.images[b], corrupted, _dim(ex.target[b], kind, P), _dim(ex.predicted[b], kind, P))
         ):
@@ -93,11 +104,17 @@ def examples_figure(ex: Examples, title: str) -> Figure:
         for n in torch.nonzero(kind).flatten().tolist():
             name, color = KIND_STYLE[int(kind[n])]
             r, c = divmod(n, w_patches)
-            axes[1][b].add_patch(Rectangle((c * P - 0.5, r * P - 0.5), P, P, fill=False,
-                                           edgecolor=color, lw=1.0))
+            axes[1][b].add_patch(
+                Rectangle((c * P - 0.5, r * P - 0.5), P, P, fill=False, edgecolor=color, lw=1.0)
+            )
     handles = [Line2D([], [], color=c, lw=3, label=n) for n, c in KIND_STYLE.values()]
-    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8,
-               title="corrupted patches (grey fill: [mask]); rows 3-4: untouched patches faded",
-               title_fontsize=8)
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncols=3,
+        fontsize=8,
+        title="corrupted patches (grey fill: [mask]); rows 3-4: untouched patches faded",
+        title_fontsize=8,
+    )
     fig.suptitle(title, fontsize=10)
     return fig

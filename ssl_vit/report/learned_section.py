@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 from ssl_vit.report.runs import Run
+from ssl_vit.train.checkpoint import CheckpointError
 
 __all__ = ["learned_section"]
 
@@ -25,9 +26,13 @@ def _examples_chart(run: Run, num_examples: int, seed: int):
     if isinstance(ex, str):
         return None, f"example strip skipped: {ex}"
     title = f"Examples ({run.name} @ {ex.checkpoint.name}, corruption seed {seed})"
-    return Chart(f"{run.name}_examples", png_bytes(examples_figure(ex, title)),
-                 "Rows: image; corrupted input (coloured borders: patch chosen for prediction); "
-                 "target; prediction. Faded patches were not predicted."), None
+    return Chart(
+        f"{run.name}_examples",
+        png_bytes(examples_figure(ex, title)),
+        "Rows: image; corrupted input (coloured borders: the patches chosen for "
+        "prediction; a 'random' patch shows its own pixels, but the model saw another "
+        "patch's embedding there); target; prediction. Faded patches were not predicted.",
+    ), None
 
 
 def _run_charts(run: Run, num_examples: int, seed: int):
@@ -46,15 +51,24 @@ def _run_charts(run: Run, num_examples: int, seed: int):
     sim = position_similarity(state["pos_embed"], grid)
     comp, explained = filter_components(state["patch_embed.weight"], 28)
     charts = [
-        Chart(f"{run.name}_pos_embed", png_bytes(position_similarity_figure(
-            sim, f"Position embedding similarity ({where})")),
+        Chart(
+            f"{run.name}_pos_embed",
+            png_bytes(position_similarity_figure(sim, f"Position embedding similarity ({where})")),
             "Each tile: cosine similarity of one patch position's embedding with all others "
-            "(paper Fig. 7, centre; the [class] token is left out)."),
-        Chart(f"{run.name}_filters", png_bytes(filter_components_figure(
-            comp, explained, f"Patch-embedding filters, first {len(comp)} principal components "
-            f"({where})")),
+            "(paper Fig. 7, centre; the [class] token is left out).",
+        ),
+        Chart(
+            f"{run.name}_filters",
+            png_bytes(
+                filter_components_figure(
+                    comp,
+                    explained,
+                    f"Patch-embedding filters, first {len(comp)} principal components ({where})",
+                )
+            ),
             "Principal components of the RGB patch-embedding filters, each min-max scaled; "
-            "title: fraction of variance (paper Fig. 7, left)."),
+            "title: fraction of variance (paper Fig. 7, left).",
+        ),
     ]
     chart, note = _examples_chart(run, num_examples, seed)
     if chart is not None:
@@ -72,7 +86,11 @@ def learned_section(pretrains: list[Run], num_examples: int = 8, seed: int = 0):
         if not run.checkpoints():
             s.notes.append(f"{run.name}: no checkpoint, nothing to show.")
             continue
-        charts, note = _run_charts(run, num_examples, seed)
+        try:
+            charts, note = _run_charts(run, num_examples, seed)
+        except CheckpointError as e:
+            s.notes.append(f"{run.name}: unreadable checkpoint ({e}), nothing to show.")
+            continue
         s.charts += charts
         if note:
             log.info("%s: %s", run.name, note)

@@ -73,11 +73,16 @@ def _html_table(t: Table) -> str:
 
 
 def write_html(path: Path, title: str, intro: list[str], sections: list[Section]) -> None:
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
-             f"</title><style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    parts = [
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+        f"</title><style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
+    ]
     parts += [f"<p class='note'>{html.escape(p)}</p>" for p in intro]
-    parts.append("<nav>" + "".join(
-        f"<a href='#{_slug(s.title)}'>{html.escape(s.title)}</a>" for s in sections) + "</nav>")
+    parts.append(
+        "<nav>"
+        + "".join(f"<a href='#{_slug(s.title)}'>{html.escape(s.title)}</a>" for s in sections)
+        + "</nav>"
+    )
     for s in sections:
         parts.append(f"<h2 id='{_slug(s.title)}'>{html.escape(s.title)}</h2>")
         parts += [f"<p class='note'>{html.escape(p)}</p>" for p in s.notes]

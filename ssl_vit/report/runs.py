@@ -137,8 +137,9 @@ def _belongs(checkpoint: str, pre: Run) -> bool:
 
 
 def link_runs(runs: list[Run]) -> dict[str | None, list[tuple[Run, int | None]]]:
-    """Few-shot and fine-tune runs grouped by the pretraining run (its name) they came from:
-    {pretrain name or None (random init / scratch / unknown): [(run, checkpoint step)]}."""
+    """Few-shot and fine-tune runs grouped by the pretraining run they came from:
+    {pretraining run name, or None for random init / scratch, or the checkpoint path when it
+    is in none of the runs given: [(run, checkpoint step)]}."""
     pretrains = [r for r in runs if r.kind == "pretrain"]
     groups: dict[str | None, list[tuple[Run, int | None]]] = {}
     for run in runs:
@@ -150,6 +151,8 @@ def link_runs(runs: list[Run]) -> dict[str | None, list[tuple[Run, int | None]]]
             owner = next((p.name for p in pretrains if _belongs(ckpt, p)), None)
             if owner is None:
                 log.info("%s: its checkpoint %s is not in the runs given", run.name, ckpt)
+                groups.setdefault(ckpt, []).append((run, None))  # the path names the step
+                continue
         groups.setdefault(owner, []).append((run, None if ckpt is None else _step_of(ckpt)))
     return groups
 
