@@ -6,7 +6,7 @@
 set -euo pipefail
 html=${1:?usage: scripts/check_report.sh REPORT_HTML [OUT_PNG] [WIDTH] [HEIGHT]}
 out=${2:-${html%.html}.png}
-width=${3:-1200}
+width=${3:-1400}
 height=${4:-12000}
 browser=$(command -v chromium || command -v chromium-browser || command -v google-chrome || true)
 if [[ -z $browser ]]; then

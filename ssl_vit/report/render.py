@@ -48,12 +48,14 @@ def _slug(text: str) -> str:
 
 
 CSS = """
-body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em;
+body { font-family: system-ui, sans-serif; max-width: 1280px; margin: 2em auto; padding: 0 1em;
        color: #222; }
 h1 { border-bottom: 2px solid #ddd; padding-bottom: .3em; }
 h2 { margin-top: 2em; border-bottom: 1px solid #eee; }
-table { border-collapse: collapse; font-size: 14px; margin: 1em 0; }
-th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: right; white-space: pre-line; }
+table { border-collapse: collapse; font-size: 13px; margin: 1em 0; }
+th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: right; }
+td { white-space: pre; }
+div.scroll { overflow-x: auto; }
 th:first-child, td:first-child { text-align: left; }
 th { background: #f4f4f4; }
 figure { margin: 1em 0; }
@@ -69,7 +71,8 @@ def _html_table(t: Table) -> str:
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in t.rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    table = f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f"<div class='scroll'>{table}</div>"
 
 
 def write_html(path: Path, title: str, intro: list[str], sections: list[Section]) -> None:
