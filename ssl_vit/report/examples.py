@@ -74,7 +74,9 @@ class Examples:
 
 
 def _paste(images_BCHW: torch.Tensor, chosen_BN: torch.Tensor, patches_MCPP: torch.Tensor):
-    """The images with the chosen patches (row-major, in order) replaced by `patches`."""
+    """The images with the chosen patches replaced by `patches`, which come image by image,
+    each image's patches in row-major order: the order MaskedPatchOutput lists the corrupted
+    patches' targets and logits in."""
     B, C, H, W = images_BCHW.shape
     P = patches_MCPP.shape[-1]
     h, w = H // P, W // P
