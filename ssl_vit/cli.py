@@ -19,6 +19,7 @@ __all__ = [
     "cmd_import",
     "cmd_make_shards",
     "cmd_make_synthetic",
+    "cmd_report",
     "main",
 ]
 
@@ -162,6 +163,28 @@ def _add_import(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_import)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """`ssl-vit report`: run directories -> self-contained report.html + report.md."""
+    try:
+        import matplotlib  # noqa: F401  (checked here: the figure modules import it late)
+    except ImportError as e:  # matplotlib is the `report` extra
+        raise ValueError(f"{e}; install it with: pip install 'ssl-vit[report]'") from None
+    from ssl_vit.report import build_report
+
+    paths = build_report(args.runs, args.output, num_examples=args.examples, seed=args.seed)
+    print(f"wrote {paths['html']} and {paths['md']}")
+    return 0
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="HTML + Markdown report of run directories")
+    p.add_argument("runs", nargs="+", help="run directories (or folders of run directories)")
+    p.add_argument("--output", default="report", help="directory for report.html / report.md")
+    p.add_argument("--examples", type=int, default=8, help="images in the example strip")
+    p.add_argument("--seed", type=int, default=0, help="seed of the examples' corruption")
+    p.set_defaults(func=cmd_report)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ssl-vit", description="Masked patch prediction pretraining for ViTs."
@@ -171,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_make_synthetic(sub)
     _add_export(sub)
     _add_import(sub)
+    _add_report(sub)
     return parser
 
 

@@ -1,0 +1,132 @@
+"""The example strip of the report: images, how the objective corrupted them, the targets it
+asked for and what the pretrained model predicted, for a few images of the run's data.
+
+The only objective-specific code is `target_pixels`: it turns the objective's targets and
+outputs for the corrupted patches into pixels. To support a new `objective.target`, write one
+function `(targets, logits, patch_size) -> (target [M, 3, P, P], predicted [M, 3, P, P])` in
+[0, 1] and register it in `PATCH_PIXELS` under the target's name.
+
+Shape legend: B images, N patches, M corrupted patches in all, K classes, P patch size.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ssl_vit.config import PretrainConfig, load_config
+from ssl_vit.data import eval_loader
+from ssl_vit.model import build_vit
+from ssl_vit.objectives import MaskedPatchPrediction
+from ssl_vit.objectives.targets import color_class_to_rgb
+from ssl_vit.report.runs import Run
+from ssl_vit.train.checkpoint import load_checkpoint
+
+__all__ = ["Examples", "PATCH_PIXELS", "target_pixels", "find_data", "run_examples"]
+
+log = logging.getLogger(__name__)
+
+
+def _mean_color_pixels(
+    targets_M: torch.Tensor, logits_MK: torch.Tensor, patch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """mean_color: each patch filled with its 3-bit colour class's bin-centre colour."""
+
+    def fill(classes_M: torch.Tensor) -> torch.Tensor:
+        rgb_M3 = color_class_to_rgb(classes_M)
+        return rgb_M3[:, :, None, None].expand(-1, -1, patch_size, patch_size)
+
+    return fill(targets_M), fill(logits_MK.argmax(dim=-1))
+
+
+# objective.target -> (targets, logits, patch_size) -> (target pixels, predicted pixels).
+# color_4x4 and pixels_l2 go here (see the module docstring).
+PATCH_PIXELS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+    "mean_color": _mean_color_pixels,
+}
+
+
+def target_pixels(
+    target: str, targets: torch.Tensor, logits: torch.Tensor, patch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(target, predicted) pixels [M, 3, P, P] in [0, 1] of the M corrupted patches."""
+    if target not in PATCH_PIXELS:
+        raise ValueError(f"no example rendering for objective.target '{target}'")
+    return PATCH_PIXELS[target](targets, logits, patch_size)
+
+
+@dataclass
+class Examples:
+    """images [B, 3, H, W] float in [0, 1]; kind [B, N] (objectives.corruption convention);
+    target / predicted [B, 3, H, W]: the images with each corrupted patch replaced by its
+    target / prediction (untouched patches as in the image)."""
+
+    images: torch.Tensor
+    kind: torch.Tensor
+    target: torch.Tensor
+    predicted: torch.Tensor
+    patch_size: int
+    checkpoint: Path
+
+
+def _paste(images_BCHW: torch.Tensor, chosen_BN: torch.Tensor, patches_MCPP: torch.Tensor):
+    """The images with the chosen patches replaced by `patches`, which come image by image,
+    each image's patches in row-major order: the order MaskedPatchOutput lists the corrupted
+    patches' targets and logits in."""
+    B, C, H, W = images_BCHW.shape
+    P = patches_MCPP.shape[-1]
+    h, w = H // P, W // P
+    grid = images_BCHW.reshape(B, C, h, P, w, P).permute(0, 2, 4, 1, 3, 5)
+    grid = grid.reshape(B, h * w, C, P, P).clone()
+    grid[chosen_BN] = patches_MCPP.to(grid.dtype)
+    return grid.reshape(B, h, w, C, P, P).permute(0, 3, 1, 4, 2, 5).reshape(B, C, H, W)
+
+
+def find_data(spec: str, run: Run) -> str | None:
+    """`spec` (a path written in the run's config, maybe relative to the directory the run
+    was launched from) as it exists here, or None. Tries it as given, then relative to the
+    launch directory implied by the run's output_dir."""
+    if not spec:
+        return None
+    first = spec.split(",")[0].split("{")[0]
+    if Path(first).exists():
+        return spec
+    out = Path(str(run.config.get("output_dir", "")))
+    parts = run.path.resolve().parts
+    if out.parts and not out.is_absolute() and parts[-len(out.parts) :] == out.parts:
+        root = Path(*parts[: -len(out.parts)])
+        if (root / first).exists():
+            return ",".join(str(root / s) for s in spec.split(","))
+    return None
+
+
+@torch.no_grad()
+def run_examples(run: Run, num: int = 8, seed: int = 0) -> Examples | str:
+    """Run the final checkpoint's full objective model on the first `num` images of the run's
+    data (resized, center-cropped), corruption drawn from a seeded generator. Returns the
+    examples, or a one-line reason why there are none."""
+    ckpts = run.checkpoints()
+    if not ckpts:
+        return "no checkpoint in the run directory"
+    cfg = load_config(PretrainConfig, str(run.path / "config.yaml"), [])
+    if cfg.objective.target not in PATCH_PIXELS:
+        return f"no example rendering for objective.target '{cfg.objective.target}' yet"
+    source = find_data(cfg.data.train_shards, run)
+    if source is None:
+        return f"the run's data ({cfg.data.train_shards}) is not present here"
+    state = load_checkpoint(ckpts[-1])
+    model = MaskedPatchPrediction(build_vit(cfg.model), cfg.objective, cfg.data.mean, cfg.data.std)
+    model.load_state_dict(state["model"])
+    model.eval()
+    batch = next(iter(eval_loader(source, num, cfg.model.image_size, num_workers=0)))
+    images = batch.images[:num]
+    out = model(images, torch.Generator().manual_seed(seed))
+    P = model.encoder.patch_size
+    tgt, pred = target_pixels(cfg.objective.target, out.targets, out.logits, P)
+    x = images.float() / 255
+    chosen = out.kind != 0
+    return Examples(x, out.kind, _paste(x, chosen, tgt), _paste(x, chosen, pred), P, ckpts[-1])

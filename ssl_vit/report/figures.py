@@ -1,0 +1,151 @@
+"""Training-curve figures of the report: pretraining loss / colour accuracy, few-shot accuracy
+over pretraining steps and versus shots, fine-tuning curves.
+
+Each function returns a matplotlib Figure (Agg canvas, no pyplot global state), or None when
+the runs hold nothing to draw. matplotlib is imported here only: the core library never needs it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from ssl_vit.report.runs import Run
+
+__all__ = [
+    "new_figure",
+    "pretrain_curves",
+    "fewshot_over_steps",
+    "fewshot_vs_shots",
+    "finetune_curves",
+]
+
+
+def new_figure(width: float, height: float, **subplots: Any) -> tuple[Figure, Any]:
+    """A Figure on the Agg canvas and its axes (plt.subplots without pyplot)."""
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(**subplots)
+
+
+def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
+    pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None and "step" in r]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def pretrain_curves(runs: list[Run]) -> Figure | None:
+    """Loss and colour accuracy of the corrupted patches vs step, one line per run."""
+    runs = [r for r in runs if _series(r.rows, "loss")[0]]
+    if not runs:
+        return None
+    fig, (ax_loss, ax_acc) = new_figure(10, 3.6, ncols=2)
+    for i, run in enumerate(runs):
+        color = f"C{i}"
+        ax_loss.plot(*_series(run.rows, "loss"), color=color, label=run.name)
+        ax_acc.plot(*_series(run.rows, "color_acc"), color=color, label=run.name)
+        steps, majority = _series(run.rows, "color_acc_majority")
+        ax_acc.plot(steps, majority, color=color, ls=":", lw=1)
+    ax_loss.set(xlabel="pretraining step", ylabel="loss", title="Pretraining loss")
+    ax_acc.set(
+        xlabel="pretraining step",
+        ylabel="accuracy on corrupted patches",
+        title="Colour accuracy (dotted: most frequent colour)",
+    )
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return fig
+
+
+def _shots_of(key: str) -> int:
+    """'fewshot/10shot' -> 10."""
+    return int("".join(c for c in key.split("/", 1)[-1] if c.isdigit()) or 0)
+
+
+def _fewshot_keys(rows: list[dict]) -> list[str]:
+    return sorted({k for r in rows for k in r if k.startswith("fewshot/")}, key=_shots_of)
+
+
+def fewshot_over_steps(runs: list[Run]) -> Figure | None:
+    """Few-shot accuracy logged during pretraining vs step: one panel per shot count, one line
+    per run."""
+    runs = [r for r in runs if _fewshot_keys(r.rows)]
+    if not runs:
+        return None
+    keys = sorted({k for r in runs for k in _fewshot_keys(r.rows)}, key=_shots_of)
+    fig, axes = new_figure(3.2 * len(keys), 3.2, ncols=len(keys), squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        for i, run in enumerate(runs):
+            steps, acc = _series(run.rows, key)
+            ax.plot(steps, [100 * a for a in acc], "o-", color=f"C{i}", label=run.name)
+        ax.set(xlabel="pretraining step", ylabel="accuracy (%)", title=key.split("/", 1)[1])
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    return fig
+
+
+def fewshot_vs_shots(curves: list[tuple[str, dict[int, dict]]]) -> Figure | None:
+    """Few-shot accuracy vs shots per class, one line per (label, fewshot_table): mean over
+    seeds with a +-1 std band and each seed as a dot."""
+    curves = [(label, t) for label, t in curves if t]
+    if not curves:
+        return None
+    fig, ax = new_figure(7, 4.2)
+    for i, (label, table) in enumerate(curves):
+        shots = list(table)
+        mean = [100 * table[k]["mean"] for k in shots]
+        std = [100 * table[k].get("std", 0.0) for k in shots]
+        ax.plot(shots, mean, "o-", color=f"C{i}", label=label)
+        ax.fill_between(
+            shots,
+            [m - s for m, s in zip(mean, std, strict=True)],
+            [m + s for m, s in zip(mean, std, strict=True)],
+            color=f"C{i}",
+            alpha=0.15,
+        )
+        for k in shots:
+            seeds = table[k].get("per_seed") or []
+            ax.plot([k] * len(seeds), [100 * a for a in seeds], ".", color=f"C{i}", alpha=0.5)
+    all_shots = sorted({k for _, t in curves for k in t})
+    ax.set_xscale("log")
+    ax.set_xticks(all_shots, [str(k) for k in all_shots])
+    ax.minorticks_off()
+    ax.set(
+        xlabel="examples per class",
+        ylabel="test accuracy (%)",
+        title="Few-shot linear accuracy (mean +- std over seeds; dots: seeds)",
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def finetune_curves(runs: list[Run]) -> Figure | None:
+    """Fine-tuning training loss and test top-1 vs step, one line per run."""
+    runs = [r for r in runs if _series(r.rows, "loss")[0]]
+    if not runs:
+        return None
+    fig, (ax_loss, ax_top1) = new_figure(10, 3.6, ncols=2)
+    # Evaluated only at the end: a bar per run reads better than lone points.
+    final_only = all(len(_series(r.rows, "top1")[0]) <= 1 for r in runs)
+    for i, run in enumerate(runs):
+        ax_loss.plot(*_series(run.rows, "loss"), color=f"C{i}", label=run.name)
+        steps, top1 = _series(run.rows, "top1")
+        if final_only and top1:
+            bar = ax_top1.bar(i, 100 * top1[-1], color=f"C{i}")
+            ax_top1.bar_label(bar, fmt="%.1f", fontsize=8)
+        elif top1:
+            ax_top1.plot(steps, [100 * a for a in top1], "o-", color=f"C{i}", label=run.name)
+    ax_loss.set(xlabel="fine-tuning step", ylabel="training loss", title="Fine-tuning loss")
+    ax_loss.legend(fontsize=8)
+    if final_only:
+        ax_top1.set_xticks(range(len(runs)), [r.name for r in runs], fontsize=8)
+        ax_top1.set(ylabel="top-1 (%)", title="Test top-1 at the end")
+    else:
+        ax_top1.set(xlabel="fine-tuning step", ylabel="top-1 (%)", title="Test top-1")
+        ax_top1.legend(fontsize=8)
+    for ax in (ax_loss, ax_top1):
+        ax.grid(alpha=0.3)
+    return fig

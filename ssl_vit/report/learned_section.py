@@ -1,0 +1,98 @@
+"""The "What the model learned" section: for each pretraining run's final checkpoint, the
+position-embedding similarity tiles, the filter components and the example strip."""
+
+from __future__ import annotations
+
+import logging
+
+from ssl_vit.report.runs import Run
+from ssl_vit.train.checkpoint import CheckpointError
+
+__all__ = ["learned_section"]
+
+log = logging.getLogger(__name__)
+
+
+def _examples_chart(run: Run, num_examples: int, seed: int):
+    """(the example strip Chart, None) or (None, why it was skipped)."""
+    from ssl_vit.report.examples import run_examples
+    from ssl_vit.report.learned_figures import examples_figure
+    from ssl_vit.report.render import Chart, png_bytes
+
+    try:
+        ex = run_examples(run, num_examples, seed)
+    except (OSError, ValueError, RuntimeError, StopIteration) as e:  # unreadable data/state
+        ex = f"could not run the model on the data ({type(e).__name__}: {e})"
+    if isinstance(ex, str):
+        return None, f"example strip skipped: {ex}"
+    title = f"Examples ({run.name} @ {ex.checkpoint.name}, corruption seed {seed})"
+    return Chart(
+        f"{run.name}_examples",
+        png_bytes(examples_figure(ex, title)),
+        "Rows: image; corrupted input (coloured borders: the patches chosen for "
+        "prediction; a 'random' patch shows its own pixels, but the model saw another "
+        "patch's embedding there); target; prediction. Faded patches were not predicted.",
+    ), None
+
+
+def _run_charts(run: Run, num_examples: int, seed: int):
+    from ssl_vit.report.learned import filter_components, position_similarity
+    from ssl_vit.report.learned_figures import (
+        filter_components_figure,
+        position_similarity_figure,
+    )
+    from ssl_vit.report.render import Chart, png_bytes
+    from ssl_vit.train.checkpoint import load_encoder
+
+    ckpt = run.checkpoints()[-1]
+    state, mc = load_encoder(ckpt)
+    grid = (mc["image_size"] // mc["patch_size"],) * 2
+    where = f"{run.name} @ {ckpt.name}"
+    sim = position_similarity(state["pos_embed"], grid)
+    comp, explained = filter_components(state["patch_embed.weight"], 28)
+    charts = [
+        Chart(
+            f"{run.name}_pos_embed",
+            png_bytes(position_similarity_figure(sim, f"Position embedding similarity ({where})")),
+            "Each tile: cosine similarity of one patch position's embedding with all others "
+            "(paper Fig. 7, centre; the [class] token is left out).",
+        ),
+        Chart(
+            f"{run.name}_filters",
+            png_bytes(
+                filter_components_figure(
+                    comp,
+                    explained,
+                    f"Patch-embedding filters, first {len(comp)} principal components ({where})",
+                )
+            ),
+            "Principal components of the RGB patch-embedding filters, each min-max scaled; "
+            "title: fraction of variance (paper Fig. 7, left).",
+        ),
+    ]
+    chart, note = _examples_chart(run, num_examples, seed)
+    if chart is not None:
+        charts.append(chart)
+    return charts, note
+
+
+def learned_section(pretrains: list[Run], num_examples: int = 8, seed: int = 0):
+    from ssl_vit.report.render import Section
+
+    s = Section("What the model learned")
+    if not pretrains:
+        s.notes.append("No pretraining runs given.")
+    for run in pretrains:
+        if not run.checkpoints():
+            s.notes.append(f"{run.name}: no checkpoint, nothing to show.")
+            continue
+        try:
+            charts, note = _run_charts(run, num_examples, seed)
+        except CheckpointError as e:
+            s.notes.append(f"{run.name}: unreadable checkpoint ({e}), nothing to show.")
+            continue
+        s.charts += charts
+        if note:
+            log.info("%s: %s", run.name, note)
+            s.notes.append(f"{run.name}: {note}")
+    return s

@@ -1,0 +1,170 @@
+"""Reading run directories: what kind of job made them, their config, metrics and results,
+and which pretraining run a few-shot or fine-tuning run started from.
+
+A run directory holds `config.yaml`, `metrics.jsonl` and `results.json` (pipelines/*.py).
+Its kind comes from the config's sections: `objective` (pretrain), `init` (fine-tune),
+`shots` (few-shot).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+__all__ = ["Run", "load_run", "load_runs", "link_runs", "fewshot_table", "source_checkpoint"]
+
+log = logging.getLogger(__name__)
+Kind = Literal["pretrain", "fewshot", "finetune"]
+
+
+@dataclass
+class Run:
+    """One job's outputs. `rows`: metrics.jsonl lines; `results`: results.json ({} if absent)."""
+
+    path: Path
+    kind: Kind
+    config: dict[str, Any]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    results: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.results)
+
+    def checkpoints(self) -> list[Path]:
+        """Finished checkpoint directories, oldest first (pretraining and fine-tuning)."""
+        root = self.path / "checkpoints"
+        if not root.is_dir():
+            return []
+        return sorted(p for p in root.iterdir() if (p / "manifest.json").is_file())
+
+
+def _kind(config: dict[str, Any]) -> Kind | None:
+    if "objective" in config:
+        return "pretrain"
+    if "init" in config:
+        return "finetune"
+    if "shots" in config:
+        return "fewshot"
+    return None
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    rows, bad = [], 0
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a job killed mid-write leaves a partial last line
+                bad += 1
+    if bad:
+        log.warning("%s: skipped %d unreadable lines", path, bad)
+    return rows
+
+
+def load_run(path: str | Path) -> Run:
+    """The run in directory `path`; ValueError (one line) if it is not an ssl-vit run."""
+    path = Path(path)
+    cfg_file = path / "config.yaml"
+    if not cfg_file.is_file():
+        raise ValueError(f"{path}: no config.yaml, not an ssl-vit run directory")
+    config = yaml.safe_load(cfg_file.read_text()) or {}
+    kind = _kind(config)
+    if kind is None:
+        raise ValueError(f"{cfg_file}: not a pretrain, fine-tune or few-shot config")
+    res_file = path / "results.json"
+    results = json.loads(res_file.read_text()) if res_file.is_file() else {}
+    return Run(path, kind, config, _read_rows(path / "metrics.jsonl"), results)
+
+
+def load_runs(paths: list[str | Path]) -> list[Run]:
+    """Runs in the order given; a directory holding run directories (not a run itself) is
+    expanded to its runs, sorted by name."""
+    runs: list[Run] = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise ValueError(f"{p}: no such directory")
+        if (p / "config.yaml").is_file():
+            runs.append(load_run(p))
+        else:
+            subs = sorted(q for q in p.iterdir() if (q / "config.yaml").is_file())
+            if not subs:
+                raise ValueError(f"{p}: neither a run directory nor a folder of runs")
+            runs.extend(load_run(q) for q in subs)
+    return runs
+
+
+def source_checkpoint(run: Run) -> str | None:
+    """The encoder checkpoint a fine-tune / few-shot run started from (None: random init)."""
+    if run.kind == "finetune":
+        ckpt = (run.config.get("init") or {}).get("checkpoint") or ""
+    elif run.kind == "fewshot":
+        ckpt = run.results.get("checkpoint") or ""
+    else:
+        return None
+    return None if ckpt in ("", "random") else str(ckpt)
+
+
+def _step_of(checkpoint: str) -> int | None:
+    name = Path(checkpoint).name
+    if name == "encoder.safetensors":
+        name = Path(checkpoint).parent.name
+    return int(name[5:]) if name.startswith("step_") and name[5:].isdigit() else None
+
+
+def _belongs(checkpoint: str, pre: Run) -> bool:
+    """Whether `checkpoint` (as written in a config, maybe relative to another working
+    directory) lies in pretraining run `pre`: by resolved path, else by the run's output_dir."""
+    ckpt = Path(checkpoint)
+    if ckpt.name == "encoder.safetensors":
+        ckpt = ckpt.parent
+    if ckpt.parent.name != "checkpoints":
+        return False
+    run_dir = ckpt.parent.parent
+    if run_dir.exists() and run_dir.resolve() == pre.path.resolve():
+        return True
+    out = str(pre.config.get("output_dir", "")).rstrip("/")
+    return bool(out) and Path(out).parts == run_dir.parts
+
+
+def link_runs(runs: list[Run]) -> dict[str | None, list[tuple[Run, int | None]]]:
+    """Few-shot and fine-tune runs grouped by the pretraining run they came from:
+    {pretraining run name, or None for random init / scratch, or the checkpoint path when it
+    is in none of the runs given: [(run, checkpoint step)]}."""
+    pretrains = [r for r in runs if r.kind == "pretrain"]
+    groups: dict[str | None, list[tuple[Run, int | None]]] = {}
+    for run in runs:
+        if run.kind == "pretrain":
+            continue
+        ckpt = source_checkpoint(run)
+        owner = None
+        if ckpt is not None:
+            owner = next((p.name for p in pretrains if _belongs(ckpt, p)), None)
+            if owner is None:
+                log.info("%s: its checkpoint %s is not in the runs given", run.name, ckpt)
+                groups.setdefault(ckpt, []).append((run, None))  # the path names the step
+                continue
+        groups.setdefault(owner, []).append((run, None if ckpt is None else _step_of(ckpt)))
+    return groups
+
+
+def fewshot_table(results: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """{shots: {"mean", "std", "per_seed", "l2_reg"}} at the first L2 regularizer (the one the
+    pipelines summarize), from a few-shot results dict (fewshot_evaluate's)."""
+    table = {}
+    for k, entry in (results.get("shots") or {}).items():
+        regs = entry.get("l2_reg") or {}
+        if not regs:
+            continue
+        reg, r = next(iter(regs.items()))
+        table[int(k)] = {**r, "l2_reg": float(reg)}
+    return dict(sorted(table.items()))

@@ -1,0 +1,202 @@
+"""`ssl-vit report` from tiny real runs (pretrain with few-shot, few-shot, fine-tune) on the
+synthetic fixture, and the figure data checked against hand-computed values."""
+
+import importlib.util
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("matplotlib")
+
+from ssl_vit.cli import main as cli_main  # noqa: E402
+from ssl_vit.objectives.corruption import KEPT, MASKED, UNTOUCHED  # noqa: E402
+from ssl_vit.report.examples import _paste, target_pixels  # noqa: E402
+from ssl_vit.report.learned import filter_components, position_similarity  # noqa: E402
+from ssl_vit.report.runs import link_runs, load_runs  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTIONS = ("Summary", "Pretraining", "Few-shot", "Fine-tuning", "What the model learned", "Runs")
+
+
+def pipeline(name: str):
+    spec = importlib.util.spec_from_file_location(f"rp_{name}", ROOT / "pipelines" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.fixture(scope="module")
+def runs(synthetic_shards, tmp_path_factory):
+    """A 10-step pretraining (few-shot every 5 steps), a few-shot run of its checkpoint and a
+    random one, a fine-tune from it and one from scratch."""
+    # One thread: for these tiny models the intra-op threads only add synchronisation, and on
+    # a busy machine their spinning made this fixture 20x slower (0.7 s vs 21 s measured).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield _make_runs(synthetic_shards, tmp_path_factory.mktemp("report_runs"))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _make_runs(synthetic_shards, root):
+    fs = [
+        f"fewshot.train={synthetic_shards}",
+        f"fewshot.eval={synthetic_shards}",
+        "fewshot.shots=[1,2]",
+        "fewshot.seeds=[0,1]",
+        "fewshot.num_workers=0",
+        "fewshot.every=5",
+        "fewshot.max_eval=32",
+    ]
+    pipeline("pretrain")(
+        [
+            "--config",
+            str(ROOT / "configs/pretrain/smoke.yaml"),
+            f"data.train_shards={synthetic_shards}",
+            f"output_dir={root / 'pre'}",
+            "train.steps=10",
+            "train.log_every=5",
+            *fs,
+        ]
+    )
+    ckpt = str(root / "pre" / "checkpoints" / "step_00000010")
+    few = [
+        "--config",
+        str(ROOT / "configs/fewshot/smoke.yaml"),
+        f"data.train={synthetic_shards}",
+        f"data.eval={synthetic_shards}",
+        "seeds=[0,1]",
+        "l2_reg=[1024.0]",
+        "data.max_eval=32",
+    ]
+    pipeline("fewshot")(["--checkpoint", ckpt, *few, f"output_dir={root / 'few-pre'}"])
+    pipeline("fewshot")(["--checkpoint", "random", *few, f"output_dir={root / 'few-rand'}"])
+    ft = [
+        "--config",
+        str(ROOT / "configs/finetune/smoke.yaml"),
+        f"data.train={synthetic_shards}",
+        f"data.eval={synthetic_shards}",
+        "train.steps=4",
+        "train.log_every=2",
+        "eval_every=2",
+        "data.max_eval=32",
+    ]
+    pipeline("finetune")([*ft, f"init.checkpoint={ckpt}", f"output_dir={root / 'ft-pre'}"])
+    pipeline("finetune")([*ft, f"output_dir={root / 'ft-scratch'}"])
+    return root
+
+
+def test_report_is_self_contained_with_all_sections(runs, tmp_path):
+    assert cli_main(["report", str(runs), "--output", str(tmp_path), "--examples", "4"]) == 0
+    page = (tmp_path / "report.html").read_text()
+    srcs = re.findall(r"src='([^']*)'", page) + re.findall(r'src="([^"]*)"', page)
+    # pretrain curves, few-shot over steps, few-shot vs shots, fine-tune curves,
+    # position similarity, filter components, examples
+    assert len(srcs) == 7 and all(s.startswith("data:image/png;base64,") for s in srcs)
+    assert "href='http" not in page and "<link" not in page and "<script" not in page
+    for title in SECTIONS:
+        assert f">{title}</h2>" in page
+    assert "skipped" not in page  # every figure was drawn
+    md = (tmp_path / "report.md").read_text()
+    pngs = re.findall(r"!\[[^]]*\]\((figures/[^)]+\.png)\)", md)
+    assert len(pngs) == 7
+    for p in pngs:
+        assert (tmp_path / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The summary table: one row for the pretraining run, one for random init / scratch.
+    table = md.split("## Summary")[1].split("##")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
+    assert [r.split(" | ")[0] for r in rows] == ["| pre", "| random init / scratch"]
+    assert "mean_color" in rows[0] and "50%" in rows[0]
+
+
+def test_report_of_incomplete_runs_says_what_is_missing(runs, tmp_path):
+    """No data for the examples, a run without checkpoints, no fine-tuning: notes, no crash."""
+    pre = tmp_path / "pre"
+    shutil.copytree(runs / "pre", pre)
+    cfg = (pre / "config.yaml").read_text()
+    (pre / "config.yaml").write_text(re.sub(r"train_shards: .*", "train_shards: nowhere", cfg))
+    bare = tmp_path / "bare"
+    shutil.copytree(runs / "pre", bare, ignore=shutil.ignore_patterns("checkpoints"))
+    assert (
+        cli_main(
+            [
+                "report",
+                str(pre),
+                str(bare),
+                str(runs / "few-rand"),
+                "--output",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "pre: example strip skipped: the run's data (nowhere) is not present here" in md
+    assert "bare: no checkpoint, nothing to show." in md
+    assert "No fine-tuning runs given." in md
+    assert cli_main(["report", str(tmp_path / "missing")]) == 2
+
+
+def test_runs_are_linked_to_their_pretraining(runs):
+    loaded = load_runs([runs])
+    assert {r.name: r.kind for r in loaded} == {
+        "pre": "pretrain",
+        "few-pre": "fewshot",
+        "few-rand": "fewshot",
+        "ft-pre": "finetune",
+        "ft-scratch": "finetune",
+    }
+    groups = {k: sorted((r.name, s) for r, s in v) for k, v in link_runs(loaded).items()}
+    assert groups == {
+        "pre": [("few-pre", 10), ("ft-pre", 10)],
+        None: [("few-rand", None), ("ft-scratch", None)],
+    }
+
+
+def test_position_similarity_tiles():
+    g = torch.Generator().manual_seed(0)
+    pe = torch.randn(1, 1 + 12, 16, generator=g)
+    sim = position_similarity(pe, (3, 4))
+    assert sim.shape == (3, 4, 3, 4)
+    for i in range(3):
+        for j in range(4):
+            assert sim[i, j, i, j] == pytest.approx(1.0, abs=1e-6)  # itself, on its own tile
+    a, b = pe[0, 1 + 5], pe[0, 1 + 2]  # (1, 1) vs (0, 2); the class token row is left out
+    assert sim[1, 1, 0, 2] == pytest.approx((a @ b / (a.norm() * b.norm())).item(), abs=1e-6)
+    assert torch.allclose(sim.reshape(12, 12), sim.reshape(12, 12).T)
+
+
+def test_filter_components_orthonormal_by_variance():
+    g = torch.Generator().manual_seed(0)
+    # Filters varying mostly along one known direction: it must be the first component.
+    direction = torch.randn(3 * 4 * 4, generator=g)
+    direction /= direction.norm()
+    w = torch.randn(64, 1, generator=g) * 10 * direction + 0.1 * torch.randn(64, 48, generator=g)
+    comp, explained = filter_components(w.reshape(64, 3, 4, 4), k=28)
+    flat = comp.reshape(28, -1).double()
+    assert torch.allclose(flat @ flat.T, torch.eye(28, dtype=torch.float64), atol=1e-5)
+    assert abs(flat[0] @ direction.double()) > 0.99
+    assert (explained[:-1] >= explained[1:]).all() and explained[0] > 0.9
+
+
+def test_mean_color_pixels_and_paste():
+    targets = torch.tensor([0, 511, 64 * 7])  # black, white bins, red bin
+    logits = torch.zeros(3, 512)
+    logits[:, 9] = 1.0  # predicted class 9 = (0, 1, 1)
+    tgt, pred = target_pixels("mean_color", targets, logits, patch_size=2)
+    assert tgt.shape == (3, 3, 2, 2)
+    assert torch.allclose(tgt[1], torch.full((3, 2, 2), 15 / 16))
+    assert torch.allclose(tgt[2, :, 0, 0], torch.tensor([15 / 16, 1 / 16, 1 / 16]))
+    assert torch.allclose(pred[0, :, 1, 1], torch.tensor([1 / 16, 3 / 16, 3 / 16]))
+    with pytest.raises(ValueError, match="no example rendering"):
+        target_pixels("unknown", targets, logits, 2)
+    # Pasting into a 4x4 image with 2x2 patches: patches 1 and 2 (row-major) replaced.
+    img = torch.zeros(1, 3, 4, 4)
+    kind = torch.tensor([[UNTOUCHED, MASKED, KEPT, UNTOUCHED]])
+    out = _paste(img, kind != 0, tgt[1:])
+    assert torch.allclose(out[0, :, :2, 2:], tgt[1]) and torch.allclose(out[0, :, 2:, :2], tgt[2])
+    assert out[0, :, :2, :2].abs().sum() == 0 and out[0, :, 2:, 2:].abs().sum() == 0
