@@ -19,8 +19,8 @@ from ssl_vit.data.sources import (
     open_source,
 )
 from ssl_vit.data.stream import Batch, eval_loader
-from ssl_vit.data.train_stream import StreamTracker, pretrain_loader, train_loader
 from ssl_vit.data.synthetic import SYNTHETIC_LABELS, make_synthetic_shards, synthetic_shapes
+from ssl_vit.data.train_stream import StreamTracker, pretrain_loader, train_loader
 
 __all__ = [
     "IMAGE_EXTENSIONS",

@@ -32,7 +32,6 @@ __all__ = ["Batch", "eval_loader", "make_loader"]
 log = logging.getLogger(__name__)
 
 
-
 class Batch(NamedTuple):
     """One batch (a NamedTuple, so DataLoader pins it field by field).
 

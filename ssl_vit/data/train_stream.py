@@ -83,14 +83,14 @@ class _ResumableStream(_Stream):
         raise NotImplementedError
 
     def _positions(
-        self, unit: int, units: int, v: int, skip: int, stats: _Stats
+        self, unit: int, units: int, first: int, skip: int, stats: _Stats
     ) -> Iterator[tuple[_Sample, int | None, tuple[int, int]]]:
-        """(sample, augmentation seed, position after it), from position (v, skip) on, forever.
+        """(sample, augmentation seed, position after it), from position (first, skip) on.
 
         Raises after `max_consecutive_failures` visits in a row without a sample (all shards
         missing or empty), which would otherwise spin silently."""
         block, empty = max(self.shuffle_buffer, 1), 0
-        for v in itertools.count(v):
+        for v in itertools.count(first):
             n = 0
             samples = self._visit(unit, units, v, stats)
             for b, chunk in enumerate(_chunks(samples, block)):
