@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "step %d: non-finite gradient norm, step skipped (%d in a row)", done, bad_run
             )
             if bad_run >= tc.max_bad_steps:
+                stop.close()
                 sys.exit(
                     f"error: {bad_run} steps in a row with a non-finite loss or gradient (last: "
                     f"step {done}); stopping. Last good checkpoint: "
@@ -201,17 +202,17 @@ def main(argv: list[str] | None = None) -> dict:
             last_row = metrics.log(
                 {
                     "step": done,
-                    "loss": loss_sum / n_micro,
-                    "color_acc": correct / predicted,
+                    "loss": _div(loss_sum, n_micro),
+                    "color_acc": _div(correct, predicted),
                     # Accuracy of always predicting the most frequent colour class seen so far.
                     "color_acc_majority": (hist.max() / hist.sum().clamp(min=1)).item(),
                     "lr": lr,
                     "img_per_s": (done - last_log) * tc.batch_size / elapsed,
                     "data_wait": waits.get("data", 0.0) / elapsed,
-                    "frac_corrupted": corrupted / sum(kinds),
-                    "frac_mask": kinds[1] / corrupted,
-                    "frac_random": kinds[2] / corrupted,
-                    "frac_keep": kinds[3] / corrupted,
+                    "frac_corrupted": _div(corrupted, sum(kinds)),
+                    "frac_mask": _div(kinds[1], corrupted),
+                    "frac_random": _div(kinds[2], corrupted),
+                    "frac_keep": _div(kinds[3], corrupted),
                     "skipped_samples": counters["skipped_samples"],
                     "skipped_shards": counters["skipped_shards"],
                     "skipped_steps": counters["skipped_steps"],
@@ -245,6 +246,7 @@ def main(argv: list[str] | None = None) -> dict:
                 with watch.paused():
                     checkpoint(done)
     bar.close()
+    stop.close()
 
     # --- Final save and results ----------------------------------------------------------
     checkpoint(done)
@@ -283,6 +285,11 @@ def main(argv: list[str] | None = None) -> dict:
         log.info("done: %s", format_metrics(results, ("loss", "color_acc", "wall_time_s")))
     acc.end_training()
     return results
+
+
+def _div(a: float, b: float) -> float:
+    """a / b, NaN when a lap held only skipped steps."""
+    return a / b if b else math.nan
 
 
 def apply_step(acc, model, optimizer, grad_clip: float) -> bool:

@@ -9,6 +9,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from signal import SIGINT, SIGTERM
 from typing import Any
 
 import numpy as np
@@ -124,8 +125,12 @@ class StopRequest:
             # Every rank creates the group at the same point (a collective).
             is_gloo = dist.get_backend() == "gloo"
             self.group = dist.group.WORLD if is_gloo else dist.new_group(backend="gloo")
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in (SIGTERM, SIGINT)}
+
+    def close(self) -> None:
+        """Restore the handlers that were there before (the job may run inside a bigger one)."""
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
     def _handle(self, signum: int, _frame: Any) -> None:
         if self.flag:
