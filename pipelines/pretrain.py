@@ -30,7 +30,7 @@ from ssl_vit.train.checkpoint import (
     set_rng_state,
 )
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
-from ssl_vit.train.optim import build_adam
+from ssl_vit.train.optim import apply_step, build_adam
 from ssl_vit.train.runtime import StopRequest, replica_checksum, start_run
 from ssl_vit.train.schedules import set_lr, warmup_cosine
 
@@ -290,19 +290,6 @@ def main(argv: list[str] | None = None) -> dict:
 def _div(a: float, b: float) -> float:
     """a / b, NaN when a lap held only skipped steps."""
     return a / b if b else math.nan
-
-
-def apply_step(acc, model, optimizer, grad_clip: float) -> bool:
-    """Clip and apply the optimizer step unless the gradient norm is not finite; returns
-    whether it was applied.
-
-    The norm is taken after the gradient all-reduce, so every rank sees the same value and
-    skips the same steps. Reading it is one host sync per step, as in AMP's GradScaler."""
-    norm = acc.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
-    finite = math.isfinite(float(norm))
-    if finite or acc.scaler is not None:  # fp16: the scaler skips the step and lowers the scale
-        optimizer.step()
-    return finite
 
 
 def next_batch(batches, counters: dict, tracker: StreamTracker, keys_file=None) -> Batch:
