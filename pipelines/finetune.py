@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from ssl_vit.config import ConfigError, FinetuneConfig, load_config, to_dict
-from ssl_vit.data import eval_loader, open_source, train_loader
+from ssl_vit.data import StreamTracker, eval_loader, open_source, train_loader
 from ssl_vit.model import Classifier, build_vit, normalize_pixels
 from ssl_vit.train.checkpoint import (
     CheckpointError,
@@ -34,8 +34,8 @@ from ssl_vit.train.checkpoint import (
     set_rng_state,
 )
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
-from ssl_vit.train.optim import build_sgd
-from ssl_vit.train.runtime import start_run
+from ssl_vit.train.optim import apply_step, build_sgd
+from ssl_vit.train.runtime import StopRequest, start_run
 from ssl_vit.train.schedules import set_lr, warmup_cosine
 
 log = logging.getLogger("finetune")
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     optimizer = build_sgd(model, tc)
     ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema)) if cfg.ema else None
 
-    start_step = 0
+    start_step, stream_state = 0, None
     if args.resume and (path := latest_valid_checkpoint(ckpt_dir)) is not None:
         state = load_checkpoint(path, rank=acc.process_index)
         model.load_state_dict(state["model"])
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
         if ema is not None:
             ema.load_state_dict(state["ema"])
         set_rng_state(state["rng"])
-        start_step = state["step"]
+        start_step, stream_state = state["step"], state["rng"].get("stream")
         log.info("resumed from %s at step %d", path, start_step)
     metrics = MetricsWriter(run_dir, enabled=acc.is_main_process, tensorboard=tc.tensorboard)
     metrics.truncate_after(start_step)
@@ -125,11 +125,16 @@ def main(argv: list[str] | None = None) -> dict:
             crop_scale=cfg.data.crop_scale,
             hflip=cfg.data.hflip,
             num_workers=cfg.data.num_workers,
-            seed=cfg.seed + 1_000_003 * start_step,
+            shuffle_buffer=cfg.data.shuffle_buffer,
+            seed=cfg.seed,
             rank=acc.process_index,
             world_size=acc.num_processes,
+            resampled=cfg.data.resampled,
+            resume=stream_state,  # exactly where the consumed batches ended
         )
     )
+    tracker = StreamTracker(acc.num_processes, cfg.data.num_workers, stream_state)
+    stop = StopRequest(acc.num_processes)
 
     def checkpoint(step: int) -> None:
         save_checkpoint(
@@ -144,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "config": to_dict(cfg),
                 "label_names": label_names,
             },
-            rng=rng_state(),
+            rng={**rng_state(), "stream": tracker.state_dict()},
             rank=acc.process_index,
             is_main=acc.is_main_process,
             barrier=acc.wait_for_everyone,
@@ -168,13 +173,14 @@ def main(argv: list[str] | None = None) -> dict:
     model.train()
     watch, bar = Stopwatch(), progress_bar(tc.steps, start_step, acc.is_main_process)
     sums = torch.zeros(4, device=acc.device)  # loss, micro-steps, correct, seen
-    last_log, row = start_step, {}
+    last_log, row, bad_run, done, stopped = start_step, {}, 0, start_step, False
     for step in range(start_step, tc.steps):
         lr = warmup_cosine(step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr)
         set_lr(optimizer, lr)
         for _ in range(tc.grad_accum):
             t0 = time.perf_counter()
             batch = next(batches)
+            tracker.update(batch)  # consumed batches only: the resume position
             watch.add("data", time.perf_counter() - t0)
             x = normalize_pixels(
                 batch.images.to(acc.device, non_blocking=True), cfg.data.mean, cfg.data.std
@@ -184,9 +190,8 @@ def main(argv: list[str] | None = None) -> dict:
                 logits = model(x)
                 loss = F.cross_entropy(logits.float(), y)
                 acc.backward(loss)
-                if acc.sync_gradients and tc.grad_clip > 0:
-                    acc.clip_grad_norm_(model.parameters(), tc.grad_clip)
-                optimizer.step()
+                if acc.sync_gradients:  # a non-finite gradient norm: the step is skipped
+                    bad_run = 0 if apply_step(acc, model, optimizer, tc.grad_clip) else bad_run + 1
                 optimizer.zero_grad(set_to_none=True)
             sums += torch.stack(
                 [
@@ -196,7 +201,13 @@ def main(argv: list[str] | None = None) -> dict:
                     torch.tensor(len(y)).to(y),
                 ]
             )
-        if ema is not None:
+        if bad_run >= tc.max_bad_steps:
+            stop.close()
+            sys.exit(
+                f"error: {bad_run} steps in a row with a non-finite loss or gradient; stopping. "
+                f"Last good checkpoint: {latest_valid_checkpoint(ckpt_dir)}"
+            )
+        if ema is not None and not bad_run:
             ema.update_parameters(raw)
         bar.update(1)
         done = step + 1
@@ -218,10 +229,23 @@ def main(argv: list[str] | None = None) -> dict:
             bar.write(format_metrics(row, SHOWN))
             sums.zero_()
             last_log = done
+        if stop.agreed():  # preemption: every rank stops after the same step
+            stopped = True
+            break
         if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != tc.steps:
-            with watch.paused():
-                checkpoint(done)
+            if not bad_run:
+                with watch.paused():
+                    checkpoint(done)
     bar.close()
+    stop.close()
+    if stopped:
+        checkpoint(done)
+        log.info(
+            "stopped by a signal after step %d; checkpoint written, resume with --resume", done
+        )
+        metrics.write_results({"step": done, "preempted": True})
+        acc.end_training()
+        return {"step": done, "preempted": True}
 
     # --- Final save: the fine-tuned classifier (safetensors) with its label names ---------
     checkpoint(tc.steps)

@@ -18,7 +18,7 @@ import time
 import torch
 
 from ssl_vit.config import ConfigError, PretrainConfig, load_config, to_dict
-from ssl_vit.data import Batch, pretrain_loader, resolve_shards
+from ssl_vit.data import Batch, StreamTracker, pretrain_loader, resolve_shards
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.model import build_vit
 from ssl_vit.objectives import NUM_COLOR_CLASSES, MaskedPatchPrediction
@@ -30,8 +30,8 @@ from ssl_vit.train.checkpoint import (
     set_rng_state,
 )
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
-from ssl_vit.train.optim import build_adam
-from ssl_vit.train.runtime import start_run
+from ssl_vit.train.optim import apply_step, build_adam
+from ssl_vit.train.runtime import StopRequest, replica_checksum, start_run
 from ssl_vit.train.schedules import set_lr, warmup_cosine
 
 log = logging.getLogger("pretrain")
@@ -66,14 +66,16 @@ def main(argv: list[str] | None = None) -> dict:
     gen = torch.Generator(acc.device).manual_seed(cfg.seed * 7919 + acc.process_index)
 
     # --- Resume --------------------------------------------------------------------------
-    start_step, counters = 0, {"skipped_samples": 0, "skipped_shards": 0, "images": 0}
+    start_step, stream_state = 0, None
+    counters = {"skipped_samples": 0, "skipped_shards": 0, "skipped_steps": 0, "images": 0}
     target_hist = torch.zeros(NUM_COLOR_CLASSES, dtype=torch.long, device=acc.device)
     if args.resume and (path := latest_valid_checkpoint(ckpt_dir)) is not None:
         state = load_checkpoint(path, rank=acc.process_index)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         set_rng_state(state["rng"], gen)
-        start_step, counters = state["step"], state["counters"]
+        start_step, counters = state["step"], {**counters, **state["counters"]}
+        stream_state = state["rng"].get("stream")
         if acc.is_main_process:  # the saved histogram is already summed over ranks
             target_hist = state["target_hist"].to(acc.device)
         log.info("resumed from %s at step %d", path, start_step)
@@ -95,14 +97,20 @@ def main(argv: list[str] | None = None) -> dict:
         hflip=cfg.data.hflip,
         num_workers=cfg.data.num_workers,
         shuffle_buffer=cfg.data.shuffle_buffer,
-        seed=cfg.seed + 1_000_003 * start_step,
+        seed=cfg.seed,
         rank=acc.process_index,
         world_size=acc.num_processes,
+        resampled=cfg.data.resampled,
+        resume=stream_state,  # exactly where the consumed batches ended
     )
     batches = iter(loader)
+    tracker = StreamTracker(acc.num_processes, cfg.data.num_workers, stream_state)
+    keys_file = run_dir / f"keys_rank{acc.process_index}.txt" if cfg.data.record_keys else None
+    stop = StopRequest(acc.num_processes)
 
     def checkpoint(step: int) -> None:
         hist = acc.reduce(target_hist.clone(), reduction="sum")  # every rank calls this
+        checksums = replica_checksum(model, acc)  # raises if the replicas have diverged
         save_checkpoint(
             ckpt_dir,
             step,
@@ -114,8 +122,9 @@ def main(argv: list[str] | None = None) -> dict:
                 "counters": counters,
                 "target_hist": hist.cpu(),
                 "config": to_dict(cfg),
+                "replica_checksums": checksums,
             },
-            rng=rng_state(gen),
+            rng={**rng_state(gen), "stream": tracker.state_dict()},
             rank=acc.process_index,
             is_main=acc.is_main_process,
             barrier=acc.wait_for_everyone,
@@ -141,27 +150,46 @@ def main(argv: list[str] | None = None) -> dict:
     sums = torch.zeros(8, device=acc.device)
     last_row: dict = {}
     last_log = start_step
+    step_sums = torch.zeros_like(sums)
+    bad_run, done, stopped = 0, start_step, False
     for step in range(start_step, tc.steps):
         lr = warmup_cosine(step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr)
         set_lr(optimizer, lr)
+        step_sums.zero_()
+        bad = False
         for _ in range(tc.grad_accum):
             t0 = time.perf_counter()
-            batch = next_batch(batches, counters)
+            batch = next_batch(batches, counters, tracker, keys_file)
             watch.add("data", time.perf_counter() - t0)
             counters["images"] += len(batch.images) * acc.num_processes
             images = batch.images.to(acc.device, non_blocking=True)
             with acc.accumulate(model):
                 out = model(images, gen)  # autocast (mixed precision) is applied by prepare()
                 acc.backward(out.loss)
-                if acc.sync_gradients and tc.grad_clip > 0:
-                    acc.clip_grad_norm_(model.parameters(), tc.grad_clip)
-                optimizer.step()
+                if acc.sync_gradients:
+                    bad = not apply_step(acc, model, optimizer, tc.grad_clip)
                 optimizer.zero_grad(set_to_none=True)
-            sums[0] += out.loss.detach()
-            sums[1] += 1
-            sums[2] += out.correct
-            sums[3] += out.targets.numel()
-            sums[4:] += out.kind_counts()
+            step_sums[0] += out.loss.detach()
+            step_sums[1] += 1
+            step_sums[2] += out.correct
+            step_sums[3] += out.targets.numel()
+            step_sums[4:] += out.kind_counts()
+        done = step + 1
+        if bad:  # not applied; not counted in the logged means
+            bad_run, counters["skipped_steps"] = bad_run + 1, counters["skipped_steps"] + 1
+            log.warning(
+                "step %d: non-finite gradient norm, step skipped (%d in a row)", done, bad_run
+            )
+            if bad_run >= tc.max_bad_steps:
+                stop.close()
+                sys.exit(
+                    f"error: {bad_run} steps in a row with a non-finite loss or gradient (last: "
+                    f"step {done}); stopping. Last good checkpoint: "
+                    f"{latest_valid_checkpoint(ckpt_dir)}"
+                )
+        else:
+            bad_run = 0
+            sums += step_sums
             target_hist += torch.bincount(out.targets, minlength=NUM_COLOR_CLASSES)
         bar.update(1)
 
@@ -174,19 +202,20 @@ def main(argv: list[str] | None = None) -> dict:
             last_row = metrics.log(
                 {
                     "step": done,
-                    "loss": loss_sum / n_micro,
-                    "color_acc": correct / predicted,
+                    "loss": _div(loss_sum, n_micro),
+                    "color_acc": _div(correct, predicted),
                     # Accuracy of always predicting the most frequent colour class seen so far.
                     "color_acc_majority": (hist.max() / hist.sum().clamp(min=1)).item(),
                     "lr": lr,
                     "img_per_s": (done - last_log) * tc.batch_size / elapsed,
                     "data_wait": waits.get("data", 0.0) / elapsed,
-                    "frac_corrupted": corrupted / sum(kinds),
-                    "frac_mask": kinds[1] / corrupted,
-                    "frac_random": kinds[2] / corrupted,
-                    "frac_keep": kinds[3] / corrupted,
+                    "frac_corrupted": _div(corrupted, sum(kinds)),
+                    "frac_mask": _div(kinds[1], corrupted),
+                    "frac_random": _div(kinds[2], corrupted),
+                    "frac_keep": _div(kinds[3], corrupted),
                     "skipped_samples": counters["skipped_samples"],
                     "skipped_shards": counters["skipped_shards"],
+                    "skipped_steps": counters["skipped_steps"],
                     "images_seen": counters["images"],
                     "peak_mem_mb": (
                         torch.cuda.max_memory_allocated() / 2**20
@@ -209,13 +238,25 @@ def main(argv: list[str] | None = None) -> dict:
         ):
             with watch.paused():
                 _fewshot(cfg, encoder, acc, metrics, done, model)
+        if stop.agreed():  # preemption: every rank stops after the same step
+            stopped = True
+            break
         if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != tc.steps:
-            with watch.paused():
-                checkpoint(done)
+            if not bad_run:  # keep the last good checkpoint during a run of skipped steps
+                with watch.paused():
+                    checkpoint(done)
     bar.close()
+    stop.close()
 
     # --- Final save and results ----------------------------------------------------------
-    checkpoint(tc.steps)
+    checkpoint(done)
+    if stopped:
+        log.info(
+            "stopped by a signal after step %d; checkpoint written, resume with --resume", done
+        )
+        metrics.write_results({"step": done, "preempted": True})
+        acc.end_training()
+        return {"step": done, "preempted": True}
     results = {
         k: last_row.get(k)
         for k in (
@@ -228,6 +269,7 @@ def main(argv: list[str] | None = None) -> dict:
             "frac_keep",
             "skipped_samples",
             "skipped_shards",
+            "skipped_steps",
         )
     }
     results.update(
@@ -245,12 +287,22 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-def next_batch(batches, counters: dict) -> Batch:
-    """The next non-empty batch, adding its decode/shard failures to `counters`."""
+def _div(a: float, b: float) -> float:
+    """a / b, NaN when a lap held only skipped steps."""
+    return a / b if b else math.nan
+
+
+def next_batch(batches, counters: dict, tracker: StreamTracker, keys_file=None) -> Batch:
+    """The next non-empty batch, adding its decode/shard failures to `counters` and its stream
+    position to `tracker` (only consumed batches count; prefetched ones do not)."""
     while True:
         batch = next(batches)
         counters["skipped_samples"] += batch.skipped
         counters["skipped_shards"] += batch.skipped_shards
+        tracker.update(batch)
+        if keys_file is not None:
+            with open(keys_file, "a") as f:
+                f.write("".join(k + "\n" for k in batch.keys))
         if len(batch.images):  # an empty batch only reports a worker's skipped samples
             return batch
 

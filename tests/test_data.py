@@ -373,3 +373,68 @@ def test_cli_make_shards(tmp_path, capsys):
     assert main(["make-shards", "--source", str(tmp_path / "nope"), "--output", str(out)]) == 2
     err = capsys.readouterr().err
     assert "not found" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+# --------------------------------------------------------------------------------------------
+# Resumable training streams
+
+
+def _take(loader, n: int) -> list:
+    it = iter(loader)
+    return [next(it) for _ in range(n)]
+
+
+@pytest.mark.parametrize("world_size", [1, 3])  # 3 ranks > 2 shards: shards are shared
+def test_training_epoch_sees_every_sample_once(synthetic_shards, world_size):
+    keys = []
+    for rank in range(world_size):
+        loader = pretrain_loader(
+            str(synthetic_shards), 8, 16, num_workers=0, rank=rank, world_size=world_size
+        )
+        # Epoch 0 of this rank: its shard (96 // 2 = 48 samples) or its share of a shared one.
+        share = 96 if world_size == 1 else 48 // len(range(rank % 2, world_size, 2))
+        keys += [k for b in _take(loader, share // 8) for k in b.keys]
+    assert sorted(keys) == sorted(k for k, _, _ in synthetic_shapes(96))
+
+
+@pytest.mark.parametrize("resampled", [False, True])
+def test_training_stream_resumes_exactly(synthetic_shards, resampled):
+    from ssl_vit.data import StreamTracker
+
+    kw = dict(num_workers=2, shuffle_buffer=10, seed=4, resampled=resampled)
+    full = _take(pretrain_loader(str(synthetic_shards), 8, 16, **kw), 9)
+    tracker = StreamTracker(1, 2)
+    for b in full[:5]:  # batch 5 came from worker 0: worker 1 is next
+        tracker.update(b)
+    resumed = _take(
+        pretrain_loader(str(synthetic_shards), 8, 16, resume=tracker.state_dict(), **kw), 4
+    )
+    for a, b in zip(full[5:], resumed, strict=True):
+        assert a.keys == b.keys and torch.equal(a.images, b.images)
+
+
+def test_training_stream_counts_bad_samples_and_shards(tmp_path, synthetic_shards):
+    jpeg = _image_bytes(7, "JPEG")
+    with wds.TarWriter(str(tmp_path / "bad.tar"), encoder=False) as w:
+        for i in range(3):
+            w.write({"__key__": f"g{i}", "png": _image_bytes(i)})
+        w.write({"__key__": "truncated_jpeg", "jpg": jpeg[: len(jpeg) // 2]})
+        w.write({"__key__": "not_an_image", "png": b"hello, world" * 10})
+        w.write({"__key__": "zero_bytes", "png": b""})
+        w.write({"__key__": "no_image", "txt": b"caption only"})
+        for i in range(3, 6):
+            w.write({"__key__": f"g{i}", "png": _image_bytes(i)})
+    (tmp_path / "directory.tar").mkdir()  # exists, cannot be read as a file
+    urls = [
+        str(synthetic_shards / "shard-000000.tar"),
+        str(tmp_path / "bad.tar"),
+        str(tmp_path / "missing.tar"),
+        str(tmp_path / "directory.tar"),
+    ]
+    batches = _take(pretrain_loader(urls, 6, 16, num_workers=0, shuffle_buffer=0), 9)
+    keys = [k for b in batches for k in b.keys]  # one epoch: 48 + 6 good samples
+    assert sorted(keys) == sorted(
+        [k for k, _, _ in synthetic_shapes(48)] + [f"g{i}" for i in range(6)]
+    )
+    assert sum(b.skipped for b in batches) == 4  # the 4 bad samples
+    assert sum(b.skipped_shards for b in batches) == 2  # missing and unreadable

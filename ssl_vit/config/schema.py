@@ -79,7 +79,9 @@ class ObjectiveConfig:
 class PretrainDataConfig:
     train_shards: str = ""  # shard directory, index JSON or brace pattern
     num_workers: int = 2
-    shuffle_buffer: int = 2000
+    shuffle_buffer: int = 2000  # samples shuffled together in memory (a block of one shard)
+    resampled: bool = False  # draw shards with replacement instead of epochs
+    record_keys: bool = False  # append each rank's consumed sample keys to keys_rank{R}.txt
     crop_scale: tuple[float, float] = (0.08, 1.0)
     hflip: bool = True
     # Normalization applied on the device after the colour targets are taken from [0, 1] pixels.
@@ -111,9 +113,11 @@ class OptimConfig:
     tensorboard: bool = False  # also write metrics as TensorBoard events in output_dir
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
+    # Steps with a non-finite gradient norm are skipped; this many in a row stop the job.
+    max_bad_steps: int = 10
 
     def validate(self) -> None:
-        for name in ("steps", "batch_size", "grad_accum", "log_every"):
+        for name in ("steps", "batch_size", "grad_accum", "log_every", "max_bad_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
         if self.warmup_steps < 0 or self.checkpoint_every < 0 or self.keep_checkpoints < 1:
@@ -155,6 +159,8 @@ class FinetuneDataConfig:
     train: str = ""
     eval: str = ""
     num_workers: int = 2
+    shuffle_buffer: int = 1000  # shards: samples shuffled together in memory
+    resampled: bool = False  # shards: draw with replacement instead of epochs
     crop_scale: tuple[float, float] = (0.08, 1.0)
     hflip: bool = True
     mean: tuple[float, float, float] = (0.5, 0.5, 0.5)

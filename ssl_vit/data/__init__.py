@@ -18,8 +18,9 @@ from ssl_vit.data.sources import (
     ShardSource,
     open_source,
 )
-from ssl_vit.data.stream import Batch, eval_loader, pretrain_loader, train_loader
+from ssl_vit.data.stream import Batch, eval_loader
 from ssl_vit.data.synthetic import SYNTHETIC_LABELS, make_synthetic_shards, synthetic_shapes
+from ssl_vit.data.train_stream import StreamTracker, pretrain_loader, train_loader
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -32,6 +33,7 @@ __all__ = [
     "Record",
     "ShardSource",
     "ShardWriter",
+    "StreamTracker",
     "decode_image",
     "eval_loader",
     "eval_transform",

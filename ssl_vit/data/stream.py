@@ -1,21 +1,19 @@
-"""Training and evaluation loaders: encoded images -> decoded, augmented uint8 batches.
+"""The loaders' shared stages and the evaluation loader: encoded images -> decoded uint8 batches.
 
 Everything per sample (reading, decoding, augmenting, batching) runs in the DataLoader workers;
 the main process receives ready `Batch`es. Images stay uint8 end to end: normalization happens
 later on the accelerator, and uint8 batches are 4x cheaper to pin and copy than float32.
 
-Streams per worker: shards -> samples (`wds.tarfile_samples`) -> seeded shuffle buffer ->
-decode + augment -> batches. Randomness comes from generators seeded by (seed, rank, worker), so
-a stream is reproducible and each rank/worker reads its own shards. A sample that fails to
-decode is skipped, counted in `Batch.skipped` and logged (the first 10, then every 1000th); after
-`max_consecutive_failures` failures in a row the loader raises instead of spinning.
+A sample that fails to decode is skipped, counted in `Batch.skipped` and logged (the first 10,
+then every 1000th); after `max_consecutive_failures` failures in a row the loader raises instead
+of spinning. The endless, resumable training streams are in `ssl_vit.data.train_stream`.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import random
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -25,16 +23,13 @@ import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ssl_vit.data.images import decode_image, eval_transform, train_transform
-from ssl_vit.data.shards import IMAGE_EXTENSIONS, is_shard_spec, read_index, resolve_shards
+from ssl_vit.data.images import decode_image, eval_transform
+from ssl_vit.data.shards import IMAGE_EXTENSIONS, is_shard_spec, resolve_shards
 from ssl_vit.data.sources import open_source
 
-__all__ = ["Batch", "eval_loader", "pretrain_loader", "train_loader"]
+__all__ = ["Batch", "eval_loader", "make_loader"]
 
 log = logging.getLogger(__name__)
-
-# Stream ids mixed into seeds so shard choice, shuffling and augmentation draw independently.
-_SHARDS, _SHUFFLE, _AUGMENT, _EPOCH = 1, 2, 3, 4
 
 
 class Batch(NamedTuple):
@@ -46,6 +41,8 @@ class Batch(NamedTuple):
         batches (from all workers) gives the total.
     skipped_shards: tar-level errors (missing, unreadable or truncated shard), counted alike.
     keys: the samples' keys.
+    worker: the stream role that made it (training streams; see `train_stream.StreamTracker`).
+    position: that stream's position after the batch's last sample (training streams).
     B is 0 only in a batch that reports the skips of a worker whose whole share failed.
     """
 
@@ -54,9 +51,11 @@ class Batch(NamedTuple):
     skipped: int = 0
     skipped_shards: int = 0
     keys: list[str] | None = None
+    worker: int = 0
+    position: tuple[int, int] | None = None
 
 
-def _seed(*parts: int) -> int:
+def seed_of(*parts: int) -> int:
     return int(np.random.SeedSequence([p % 2**32 for p in parts]).generate_state(1)[0])
 
 
@@ -73,7 +72,6 @@ class _Stats:
     total_skipped: int = 0
     total_shard_errors: int = 0
     consecutive_failures: int = 0
-    shards_without_samples: int = 0
 
 
 class _Sample(NamedTuple):
@@ -83,25 +81,21 @@ class _Sample(NamedTuple):
     label: int | None  # None: a required label is missing
 
 
-class _TorchRNG:
-    """A private torch CPU RNG stream for augmentations.
+def _seeded(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, seed: int | None):
+    """`fn(x)` with the global torch CPU RNG seeded by `seed` (None: as is), then restored.
 
-    torchvision v2 draws from the global torch RNG; swapping states around each call makes the
-    augmentation depend only on (seed, rank, worker), and leaves the caller's RNG (model init,
-    dropout) untouched when num_workers=0.
+    torchvision v2 draws from the global torch RNG; seeding it per sample makes an augmentation
+    depend only on the sample's place in the stream (so a resumed stream repeats it exactly),
+    and leaves the caller's RNG (model init, dropout) untouched when num_workers=0.
     """
-
-    def __init__(self, seed: int) -> None:
-        self._state = torch.Generator().manual_seed(seed).get_state()
-
-    def run(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        outer = torch.get_rng_state()
-        torch.set_rng_state(self._state)
-        try:
-            return fn(x)
-        finally:
-            self._state = torch.get_rng_state()
-            torch.set_rng_state(outer)
+    if seed is None:
+        return fn(x)
+    outer = torch.get_rng_state()
+    torch.default_generator.manual_seed(seed)  # CPU only: never touches the CUDA generators
+    try:
+        return fn(x)
+    finally:
+        torch.set_rng_state(outer)
 
 
 class _ShardErrorHandler:
@@ -117,29 +111,6 @@ class _ShardErrorHandler:
             if _rate_limited(self.stats.total_shard_errors):
                 log.warning("skipping (rest of) shard after %s: %s", type(exn).__name__, exn.args)
         return True
-
-
-def _resampled_shards(
-    urls: list[str], rng: random.Random, stats: _Stats, limit: int
-) -> Iterator[dict[str, str]]:
-    """Shards drawn with replacement, forever; raises after `limit` shards in a row gave no
-    sample (all missing or empty), which would otherwise spin silently."""
-    url = ""
-    while True:
-        if stats.shards_without_samples >= limit:
-            raise RuntimeError(
-                f"no samples from the last {limit} shards (missing, unreadable or empty), "
-                f"last: {url}"
-            )
-        stats.shards_without_samples += 1
-        url = urls[rng.randrange(len(urls))]
-        yield {"url": url}
-
-
-def _mark_arrivals(samples: Iterator[dict[str, Any]], stats: _Stats) -> Iterator[dict[str, Any]]:
-    for sample in samples:
-        stats.shards_without_samples = 0
-        yield sample
 
 
 def _split_for_eval(
@@ -173,15 +144,19 @@ def _to_sample(sample: dict[str, Any], require_label: bool) -> _Sample:
 
 
 def _decode_stage(
-    samples: Iterator[_Sample], transform: Callable, rng: _TorchRNG, stats: _Stats, limit: int
-) -> Iterator[tuple[torch.Tensor, int, str]]:
-    for s in samples:
+    samples: Iterator[tuple[_Sample, int | None, Any]],
+    transform: Callable,
+    stats: _Stats,
+    limit: int,
+) -> Iterator[tuple[torch.Tensor, int, str, Any]]:
+    """(sample, augmentation seed, tag) -> (image, label, key, tag), skipping bad samples."""
+    for s, aug_seed, tag in samples:
         try:
             if s.data is None:
                 raise ValueError("no image member")
             if s.label is None:
                 raise ValueError("no valid .cls label")
-            image = rng.run(transform, decode_image(s.data))
+            image = _seeded(transform, decode_image(s.data), aug_seed)
         except Exception as e:  # any bad sample is skipped, whatever the decoder raised
             stats.skipped += 1
             stats.total_skipped += 1
@@ -202,19 +177,22 @@ def _decode_stage(
                 ) from e
             continue
         stats.consecutive_failures = 0
-        yield image, s.label, s.key
+        yield image, s.label, s.key, tag
 
 
-def _collate(items: list[tuple[torch.Tensor, int, str]], image_size: int) -> Batch:
+def _collate(items: list[tuple[torch.Tensor, int, str, Any]], image_size: int) -> Batch:
     if not items:
         empty = torch.empty((0, 3, image_size, image_size), dtype=torch.uint8)
         return Batch(empty, torch.empty(0, dtype=torch.int64), keys=[])
-    images, labels, keys = zip(*items, strict=True)
+    images, labels, keys, _ = zip(*items, strict=True)
     return Batch(torch.stack(images), torch.tensor(labels, dtype=torch.int64), keys=list(keys))
 
 
 def _batch_stage(
-    items: Iterator[tuple[torch.Tensor, int, str]], batch_size: int, image_size: int, stats: _Stats
+    items: Iterator[tuple[torch.Tensor, int, str, Any]],
+    batch_size: int,
+    image_size: int,
+    stats: _Stats,
 ) -> Iterator[Batch]:
     """Batches of `batch_size` (the last may be smaller), each carrying the skip counts since
     the previous one. A full batch is held until the next sample arrives, so skips at the very
@@ -239,7 +217,7 @@ def _batch_stage(
 
 @dataclass(eq=False)
 class _Stream(IterableDataset):
-    """Base of the loaders' datasets: subclasses yield this worker's raw samples."""
+    """Base of the loaders' datasets."""
 
     batch_size: int
     image_size: int
@@ -256,6 +234,11 @@ class _Stream(IterableDataset):
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"need 0 <= rank < world_size, got {self.rank}, {self.world_size}")
 
+
+@dataclass(eq=False)
+class _PassStream(_Stream):
+    """One pass for evaluation: subclasses yield this worker's share of the samples."""
+
     def _samples(self, worker: int, num_workers: int, stats: _Stats) -> Iterator[_Sample]:
         raise NotImplementedError
 
@@ -263,152 +246,66 @@ class _Stream(IterableDataset):
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         stats = _Stats()
-        rng = _TorchRNG(_seed(self.seed, self.rank, worker, _AUGMENT))
-        samples = self._samples(worker, num_workers, stats)
-        images = _decode_stage(samples, self.transform, rng, stats, self.max_consecutive_failures)
+        samples = ((s, None, None) for s in self._samples(worker, num_workers, stats))
+        images = _decode_stage(samples, self.transform, stats, self.max_consecutive_failures)
         return _batch_stage(images, self.batch_size, self.image_size, stats)
 
 
 @dataclass(eq=False)
-class _ShardStream(_Stream):
-    """Samples from tar shards: resampled forever (training) or one split pass (eval)."""
+class _ShardStream(_PassStream):
+    """One pass over tar shards, split by rank then worker."""
 
     urls: list[str] = field(default_factory=list)
-    resampled: bool = False
-    shuffle_buffer: int = 0
 
     def _samples(self, worker: int, num_workers: int, stats: _Stats) -> Iterator[_Sample]:
-        if self.resampled:
-            rng = random.Random(_seed(self.seed, self.rank, worker, _SHARDS))
-            limit = self.max_consecutive_failures
-            shards: Iterator[dict[str, str]] = _resampled_shards(self.urls, rng, stats, limit)
-            filters, owner = [], True
-        else:
-            urls, filters, owner = _split_for_eval(
-                self.urls, self.rank, self.world_size, worker, num_workers
-            )
-            shards = iter([{"url": url} for url in urls])
+        urls, filters, owner = _split_for_eval(
+            self.urls, self.rank, self.world_size, worker, num_workers
+        )
+        shards = iter([{"url": url} for url in urls])
         raw = wds.tarfile_samples(shards, handler=_ShardErrorHandler(stats, owner))
-        raw = _mark_arrivals(raw, stats)
         for offset, step in filters:
             raw = itertools.islice(raw, offset, None, step)
-        if self.shuffle_buffer > 1:
-            rng = random.Random(_seed(self.seed, self.rank, worker, _SHUFFLE))
-            initial = min(100, self.shuffle_buffer)
-            raw = wds.shuffle(self.shuffle_buffer, initial=initial, rng=rng)(raw)
         return (_to_sample(s, self.require_labels) for s in raw)
 
 
 @dataclass(eq=False)
-class _IndexedStream(_Stream):
-    """Samples from a random-access source (image folder, HF dataset, or shards by index):
-    one pass over `indices` (all if None), or endless epochs of seeded permutations."""
+class _IndexedStream(_PassStream):
+    """One pass over `indices` (all if None) of a random-access source (image folder, HF
+    dataset, or shards by index)."""
 
     spec: str = ""
     split: str | None = None
     indices: np.ndarray | None = None
-    infinite: bool = False
 
     def _samples(self, worker: int, num_workers: int, stats: _Stats) -> Iterator[_Sample]:
         source = open_source(self.spec, self.split)  # opened per worker: pickles as a path
-        units = self.world_size * num_workers
-        if not self.infinite:
-            order = np.arange(len(source)) if self.indices is None else np.unique(self.indices)
-            records = source.iter_records(order[self.rank :: self.world_size][worker::num_workers])
-        else:
-            if len(source) < units:
-                raise ValueError(f"{self.spec}: {len(source)} samples < {units} ranks x workers")
-            records = (source[i] for i in self._epochs(len(source), worker, num_workers))
-        for rec in records:
+        order = np.arange(len(source)) if self.indices is None else np.unique(self.indices)
+        for rec in source.iter_records(order[self.rank :: self.world_size][worker::num_workers]):
             label = None if self.require_labels and rec.label < 0 else rec.label
             yield _Sample(rec.key, f"{self.spec}", rec.data or None, label)
 
-    def _epochs(self, n: int, worker: int, num_workers: int) -> Iterator[int]:
-        """This unit's share of a fresh permutation of range(n) per epoch, forever. Every unit
-        draws the same permutation (seeded by seed and epoch) and takes a disjoint slice."""
-        for epoch in itertools.count():
-            order = np.random.default_rng(_seed(self.seed, epoch, _EPOCH)).permutation(n)
-            yield from order[self.rank :: self.world_size][worker::num_workers].tolist()
+
+def _ignore_stop_signals(_: int) -> None:
+    # SIGINT (Ctrl-C reaches the whole process group) and SIGTERM (preemption) are the main
+    # process's to handle: it finishes the step and checkpoints while the workers keep serving.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def _loader(dataset: _Stream, num_workers: int, persistent: bool, prefetch: int) -> DataLoader:
-    # batch_size=None: the workers already batch; the DataLoader only moves Batches. Its own
-    # generator: DataLoader draws a base seed per iterator, which would consume the global RNG.
+def make_loader(dataset: _Stream, num_workers: int, persistent: bool, prefetch: int) -> DataLoader:
+    """A DataLoader that only moves the workers' ready `Batch`es (batch_size=None)."""
+    # Its own generator: DataLoader draws a base seed per iterator, which would consume the
+    # global RNG.
     return DataLoader(
         dataset,
         batch_size=None,
-        generator=torch.Generator().manual_seed(_seed(dataset.seed, dataset.rank)),
+        generator=torch.Generator().manual_seed(seed_of(dataset.seed, dataset.rank)),
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=persistent and num_workers > 0,
         prefetch_factor=prefetch if num_workers > 0 else None,
+        worker_init_fn=_ignore_stop_signals if num_workers > 0 else None,
     )
-
-
-def _train_stream_args(
-    batch_size: int,
-    image_size: int,
-    crop_scale: Sequence[float],
-    hflip: bool,
-    seed: int,
-    rank: int,
-    world_size: int,
-    require_labels: bool,
-    max_consecutive_failures: int,
-) -> dict[str, Any]:
-    """The `_Stream` fields shared by the endless, augmented training streams."""
-    return dict(
-        batch_size=batch_size,
-        image_size=image_size,
-        transform=train_transform(image_size, crop_scale, hflip),
-        seed=seed,
-        rank=rank,
-        world_size=world_size,
-        require_labels=require_labels,
-        max_consecutive_failures=max_consecutive_failures,
-    )
-
-
-def pretrain_loader(
-    urls: str | Sequence[str],
-    batch_size: int,
-    image_size: int,
-    *,
-    crop_scale: Sequence[float] = (0.08, 1.0),
-    hflip: bool = True,
-    num_workers: int = 2,
-    shuffle_buffer: int = 1000,
-    seed: int = 0,
-    rank: int = 0,
-    world_size: int = 1,
-    labelled: bool = False,
-    prefetch_factor: int = 2,
-    max_consecutive_failures: int = 1000,
-) -> DataLoader:
-    """Endless augmented batches from shards (a shard spec or list of URLs).
-
-    `batch_size` is per process. Each (rank, worker) draws shards with replacement from its own
-    seeded generator, so no coordination is needed and there are no epochs. Labels are read from
-    `.cls` when present (-1 otherwise); with `labelled=True` a sample without one is skipped.
-    """
-    urls = resolve_shards(urls) if isinstance(urls, str) else list(urls)
-    dataset = _ShardStream(
-        urls=urls,
-        resampled=True,
-        shuffle_buffer=shuffle_buffer,
-        **_train_stream_args(
-            batch_size,
-            image_size,
-            crop_scale,
-            hflip,
-            seed,
-            rank,
-            world_size,
-            labelled,
-            max_consecutive_failures,
-        ),
-    )
-    return _loader(dataset, num_workers, persistent=True, prefetch=prefetch_factor)
 
 
 def eval_loader(
@@ -450,65 +347,4 @@ def eval_loader(
         if limit > 0:
             idx = np.unique(idx)[:limit]
         dataset = _IndexedStream(spec=source, split=split, indices=idx, **common)
-    return _loader(dataset, num_workers, persistent=False, prefetch=2)
-
-
-def train_loader(
-    source: str,
-    batch_size: int,
-    image_size: int,
-    *,
-    crop_scale: Sequence[float] = (0.08, 1.0),
-    hflip: bool = True,
-    num_workers: int = 2,
-    shuffle_buffer: int = 1000,
-    seed: int = 0,
-    rank: int = 0,
-    world_size: int = 1,
-    split: str | None = None,
-    prefetch_factor: int = 2,
-    max_consecutive_failures: int = 1000,
-) -> DataLoader:
-    """Endless augmented labelled batches for fine-tuning.
-
-    Shards: `pretrain_loader(..., labelled=True)`. An image folder or HF dataset: per epoch a
-    permutation seeded by (seed, epoch), split by rank and worker (`shuffle_buffer` unused).
-    """
-    if is_shard_spec(source):
-        index = read_index(source)
-        if index is not None and not index["label_names"]:
-            raise ValueError(f"{source}: shards have no labels (index.json label_names is empty)")
-        return pretrain_loader(
-            source,
-            batch_size,
-            image_size,
-            crop_scale=crop_scale,
-            hflip=hflip,
-            num_workers=num_workers,
-            shuffle_buffer=shuffle_buffer,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-            labelled=True,
-            prefetch_factor=prefetch_factor,
-            max_consecutive_failures=max_consecutive_failures,
-        )
-    if not open_source(source, split).label_names:
-        raise ValueError(f"{source}: source has no labels")
-    dataset = _IndexedStream(
-        spec=source,
-        split=split,
-        infinite=True,
-        **_train_stream_args(
-            batch_size,
-            image_size,
-            crop_scale,
-            hflip,
-            seed,
-            rank,
-            world_size,
-            True,
-            max_consecutive_failures,
-        ),
-    )
-    return _loader(dataset, num_workers, persistent=True, prefetch=prefetch_factor)
+    return make_loader(dataset, num_workers, persistent=False, prefetch=2)

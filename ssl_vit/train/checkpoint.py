@@ -5,7 +5,7 @@ A checkpoint is a directory `checkpoints/step_XXXXXXXX/` holding
   fine-tuning, few-shot evaluation and export need nothing else;
 - `state.pt`: everything needed to resume (full model incl. objective head, optimizer, step,
   config, extra counters);
-- `rng_rank{R}.pt`: the random state of every rank;
+- `rng_rank{R}.pt`: the random state of every rank, and its data stream position;
 - `manifest.json`: written last, with the size and SHA-256 of every file.
 It is written under a temporary name and renamed into place (atomic on POSIX), so a killed job
 never leaves a half-written checkpoint under a real name; a truncated or altered file is caught
@@ -68,9 +68,11 @@ def _fsync_dir(path: Path) -> None:
 
 def rng_state(generator: torch.Generator | None = None) -> dict[str, Any]:
     """Python, NumPy, torch (CPU and CUDA) and an explicit generator's states of this rank."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
     state = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        # As plain values: checkpoints load with weights_only=True, which refuses NumPy arrays.
+        "numpy": (name, keys.tolist(), pos, has_gauss, gauss),
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
     }
@@ -81,7 +83,8 @@ def rng_state(generator: torch.Generator | None = None) -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = None) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -192,11 +195,12 @@ def load_checkpoint(path: str | Path, rank: int = 0) -> dict[str, Any]:
     """Verified training state of checkpoint `path`, with this rank's RNG state under 'rng'."""
     path = Path(path)
     verify_checkpoint(path)
-    state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+    # weights_only: tensors and plain containers only, nothing unpickled as arbitrary objects.
+    state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     rng_file = path / f"rng_rank{rank}.pt"
     if not rng_file.is_file():  # resumed on more ranks than saved: fall back to rank 0's state
         rng_file = path / "rng_rank0.pt"
-    state["rng"] = torch.load(rng_file, map_location="cpu", weights_only=False)
+    state["rng"] = torch.load(rng_file, map_location="cpu", weights_only=True)
     return state
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from ssl_vit.config.schema import OptimConfig
 
-__all__ = ["param_groups", "build_adam", "build_sgd"]
+__all__ = ["apply_step", "param_groups", "build_adam", "build_sgd"]
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -36,3 +38,16 @@ def build_adam(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
 def build_sgd(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
     """SGD with momentum (paper B.1.1 fine-tuning), no weight decay by default."""
     return torch.optim.SGD(param_groups(model, cfg.weight_decay), lr=cfg.lr, momentum=cfg.momentum)
+
+
+def apply_step(acc, model: nn.Module, optimizer, grad_clip: float) -> bool:
+    """Clip and apply the optimizer step unless the gradient norm is not finite; returns
+    whether it was applied.
+
+    The norm is taken after the gradient all-reduce, so every rank sees the same value and
+    skips the same steps. Reading it is one host sync per step, as in AMP's GradScaler."""
+    norm = acc.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
+    finite = math.isfinite(float(norm))
+    if finite or acc.scaler is not None:  # fp16: the scaler skips the step and lowers the scale
+        optimizer.step()
+    return finite

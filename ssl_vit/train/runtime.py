@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import random
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from signal import SIGINT, SIGTERM
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,8 @@ from ssl_vit.config import ConfigError, save_config
 
 __all__ = [
     "Run",
+    "StopRequest",
+    "replica_checksum",
     "make_accelerator",
     "resolve_mixed_precision",
     "seed_everything",
@@ -102,3 +106,61 @@ def start_run(cfg: Any) -> Run:
         save_config(cfg, run_dir / "config.yaml")
     seed_everything(cfg.seed + acc.process_index)
     return Run(acc, tc.batch_size // per_step, run_dir, run_dir / "checkpoints")
+
+
+class StopRequest:
+    """SIGTERM / SIGINT (preemption, Ctrl-C) -> a flag; `agreed()` tells every rank at once.
+
+    The handler only sets the flag: the loop finishes its step, then all ranks agree on the
+    OR of their flags (one tiny all-reduce per step, on a CPU gloo group so the GPU stream is
+    never synchronized), write a checkpoint and exit 0. A second signal exits at once.
+    """
+
+    def __init__(self, world_size: int) -> None:
+        self.flag = 0
+        self.group = None
+        if world_size > 1:
+            import torch.distributed as dist
+
+            # Every rank creates the group at the same point (a collective).
+            is_gloo = dist.get_backend() == "gloo"
+            self.group = dist.group.WORLD if is_gloo else dist.new_group(backend="gloo")
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in (SIGTERM, SIGINT)}
+
+    def close(self) -> None:
+        """Restore the handlers that were there before (the job may run inside a bigger one)."""
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.flag:
+            raise SystemExit(f"second {signal.Signals(signum).name}: exiting without checkpoint")
+        self.flag = 1
+        logging.getLogger(__name__).warning(
+            "%s received: stopping after this step (checkpoint, exit 0)",
+            signal.Signals(signum).name,
+        )
+
+    def agreed(self) -> bool:
+        """Whether any rank was asked to stop (all ranks call this at the same step)."""
+        if self.group is None:
+            return bool(self.flag)
+        import torch.distributed as dist
+
+        flag = torch.tensor([self.flag], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flag.item())
+
+
+def replica_checksum(model: torch.nn.Module, acc: Accelerator) -> list[float]:
+    """Every rank's float64 sum of its parameters; raises if the replicas have diverged.
+
+    Data-parallel replicas must stay bit-identical (same initial broadcast, same all-reduced
+    gradients, same skipped steps); a difference means silent corruption of the run. Sharded
+    models (FSDP) hold different shards on purpose and are not compared."""
+    with torch.no_grad():
+        total = sum(p.detach().double().sum() for p in model.parameters())
+    sums = acc.gather(total.reshape(1).to(acc.device)).tolist()
+    if acc.distributed_type.name != "FSDP" and len(set(sums)) > 1:
+        raise RuntimeError(f"parameters differ across ranks (checksums {sums})")
+    return sums
