@@ -159,10 +159,11 @@ def main(argv: list[str] | None = None) -> dict:
                 optimizer.zero_grad(set_to_none=True)
             sums[0] += out.loss.detach()
             sums[1] += 1
-            sums[2] += out.correct
-            sums[3] += out.targets.numel()
+            if out.correct is not None:  # None: colour accuracy not defined for the target
+                sums[2] += out.correct
+                sums[3] += out.color_targets.numel()
             sums[4:] += out.kind_counts()
-            target_hist += torch.bincount(out.targets, minlength=NUM_COLOR_CLASSES)
+            target_hist += torch.bincount(out.color_targets.flatten(), minlength=NUM_COLOR_CLASSES)
         bar.update(1)
 
         done = step + 1
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
                 {
                     "step": done,
                     "loss": loss_sum / n_micro,
-                    "color_acc": correct / predicted,
+                    "color_acc": correct / predicted if predicted else None,
                     # Accuracy of always predicting the most frequent colour class seen so far.
                     "color_acc_majority": (hist.max() / hist.sum().clamp(min=1)).item(),
                     "lr": lr,
