@@ -111,16 +111,26 @@ def execute(argv: list[str], log) -> int:
 
 def run_job(job: Job, log_dir: Path, dry_run: bool) -> None:
     label = f"{job.stage}/{job.name}"
+    argv = job.argv()
+    # The command is recorded next to the run: results of another budget or other data in the
+    # same directory must not be taken for this study's.
+    recorded, command = job.run_dir / "study_job.json", [Path(argv[1]).name, *argv[2:]]
     if (job.run_dir / "results.json").is_file():
+        if recorded.is_file() and json.loads(recorded.read_text())["command"] != command:
+            sys.exit(
+                f"error: {label}: {job.run_dir} holds a run of another command (budget, model "
+                "or data changed); use another output_dir or delete that run"
+            )
         print(f"[skip] {label}: {job.run_dir}/results.json exists", flush=True)
         return
-    argv = job.argv()
     if dry_run:
         print(f"[plan] {label}: {shlex.join(argv)}")
         return
     log = log_dir / f"{job.stage}-{job.name}.log"
     print(f"[run]  {label} (log: {log}) ...", flush=True)
     t0 = time.time()
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    recorded.write_text(json.dumps({"command": command}, indent=1) + "\n")
     with open(log, "a") as f:
         f.write(f"$ {shlex.join(argv)}\n")
         f.flush()
@@ -223,6 +233,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", required=True, help="study YAML (see configs/study/)")
     p.add_argument("--quick", action="store_true", help="the `quick` budget (a CPU machine)")
     p.add_argument("--dry-run", action="store_true", help="print the jobs' commands only")
+    p.add_argument(
+        "--summary", action="store_true", help="only tabulate the finished jobs (summary.*)"
+    )
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides of the study config")
     return p.parse_intermixed_args(argv)
 
@@ -239,6 +252,10 @@ def main(argv: list[str] | None = None) -> dict | None:
         sys.exit(f"error: {preset}.output_dir: required")
     out = Path(budget.output_dir)
     jobs = plan(cfg, budget, out)
+    if args.summary:  # e.g. while a long study runs, or after it was stopped
+        summarize(cfg, budget, out, preset)
+        print((out / "summary.md").read_text())
+        return None
     if not args.dry_run:
         (out / "logs").mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "study.yaml")

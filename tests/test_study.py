@@ -74,6 +74,9 @@ def test_study_runs_summarizes_and_skips(synthetic_shards, tmp_path, capsys, mon
     study.main(["--config", str(path), "--quick"])  # everything exists: nothing runs again
     second = capsys.readouterr().out
     assert second.count("[skip]") == 5 and "[run]" not in second
+    # Another budget in the same directory is refused, not mistaken for this one's results.
+    with pytest.raises(SystemExit, match="another command"):
+        study.main(["--config", str(path), "--quick", "quick.model.depth=2"])
 
 
 def test_study_config_rejects_bad_variants():
