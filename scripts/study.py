@@ -112,15 +112,15 @@ def execute(argv: list[str], log) -> int:
 def run_job(job: Job, log_dir: Path, dry_run: bool) -> None:
     label = f"{job.stage}/{job.name}"
     argv = job.argv()
-    # The command is recorded next to the run: results of another budget or other data in the
-    # same directory must not be taken for this study's.
     recorded, command = job.run_dir / "study_job.json", [Path(argv[1]).name, *argv[2:]]
+    # The command is recorded next to the run: a run of another budget or other data in the
+    # same directory (finished, or interrupted and about to be resumed) must not be mixed in.
+    if recorded.is_file() and json.loads(recorded.read_text())["command"] != command:
+        sys.exit(
+            f"error: {label}: {job.run_dir} holds a run of another command (budget, model "
+            "or data changed); use another output_dir or delete that run"
+        )
     if (job.run_dir / "results.json").is_file():
-        if recorded.is_file() and json.loads(recorded.read_text())["command"] != command:
-            sys.exit(
-                f"error: {label}: {job.run_dir} holds a run of another command (budget, model "
-                "or data changed); use another output_dir or delete that run"
-            )
         print(f"[skip] {label}: {job.run_dir}/results.json exists", flush=True)
         return
     if dry_run:
