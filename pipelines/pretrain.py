@@ -150,12 +150,13 @@ def main(argv: list[str] | None = None) -> dict:
     sums = torch.zeros(8, device=acc.device)
     last_row: dict = {}
     last_log = start_step
-    step_sums = torch.zeros_like(sums)
+    step_sums, step_hist = torch.zeros_like(sums), torch.zeros_like(target_hist)
     bad_run, done, stopped = 0, start_step, False
     for step in range(start_step, tc.steps):
         lr = warmup_cosine(step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr)
         set_lr(optimizer, lr)
         step_sums.zero_()
+        step_hist.zero_()
         bad = False
         for _ in range(tc.grad_accum):
             t0 = time.perf_counter()
@@ -171,9 +172,11 @@ def main(argv: list[str] | None = None) -> dict:
                 optimizer.zero_grad(set_to_none=True)
             step_sums[0] += out.loss.detach()
             step_sums[1] += 1
-            step_sums[2] += out.correct
-            step_sums[3] += out.targets.numel()
+            if out.correct is not None:  # None: colour accuracy is not defined for the target
+                step_sums[2] += out.correct
+                step_sums[3] += out.color_targets.numel()
             step_sums[4:] += out.kind_counts()
+            step_hist += torch.bincount(out.color_targets.flatten(), minlength=NUM_COLOR_CLASSES)
         done = step + 1
         if bad:  # not applied; not counted in the logged means
             bad_run, counters["skipped_steps"] = bad_run + 1, counters["skipped_steps"] + 1
@@ -190,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             bad_run = 0
             sums += step_sums
-            target_hist += torch.bincount(out.targets, minlength=NUM_COLOR_CLASSES)
+            target_hist += step_hist
         bar.update(1)
 
         done = step + 1

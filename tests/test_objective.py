@@ -2,16 +2,31 @@
 
 import math
 
+import pytest
 import torch
+import torch.nn.functional as F
 
-from ssl_vit.config import ObjectiveConfig
+from ssl_vit.config import ConfigError, ObjectiveConfig, PretrainConfig, from_dict
 from ssl_vit.model import ViT
 from ssl_vit.objectives import MaskedPatchPrediction, mean_color_classes
+from ssl_vit.objectives.targets import (
+    cell_color_classes,
+    normalize_patches,
+    patch_pixels,
+    pixels_to_mean_color,
+)
+
+TARGETS = [
+    {"target": "mean_color"},
+    {"target": "color_4x4"},
+    {"target": "pixels_l2"},
+    {"target": "pixels_l2", "normalize_pixels": True},
+]
 
 
-def tiny_model(**kw):
+def tiny_model(image_size=16, patch_size=4, **kw):
     torch.manual_seed(0)
-    return MaskedPatchPrediction(ViT(16, 4, 32, 2, 2), ObjectiveConfig(**kw))
+    return MaskedPatchPrediction(ViT(image_size, patch_size, 32, 2, 2), ObjectiveConfig(**kw))
 
 
 def test_initial_loss_is_log512_and_logits_only_for_corrupted():
@@ -53,10 +68,13 @@ def test_loss_depends_only_on_corrupted_patches():
     assert torch.allclose(out.loss, ce[out.kind != 0].mean(), atol=1e-6)
 
 
-def test_every_parameter_gets_a_gradient_after_one_step():
-    model = tiny_model()
+@pytest.mark.parametrize("kw", TARGETS + [{"target": "color_4x4", "patch_size": 6}])
+def test_every_parameter_gets_a_gradient_after_one_step(kw):
+    kw = {"image_size": 12 if kw.get("patch_size") == 6 else 16, **kw}
+    model = tiny_model(**kw)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
+    size = kw["image_size"]
+    images = torch.randint(0, 256, (4, 3, size, size), dtype=torch.uint8)
     for i in range(2):  # step 0 only trains the zero-initialized head
         opt.zero_grad()
         model(images, torch.Generator().manual_seed(i)).loss.backward()
@@ -77,3 +95,53 @@ def test_overfits_a_fixed_batch():
         loss.backward()
         opt.step()
     assert loss.item() < 0.5 * first
+
+
+def test_color_4x4_targets_logits_and_accuracy():
+    model = tiny_model(image_size=12, patch_size=6, target="color_4x4")  # cells of 1 or 2 px
+    images = torch.randint(0, 256, (3, 3, 12, 12), dtype=torch.uint8)
+    out = model(images, torch.Generator().manual_seed(0))
+    assert math.isclose(out.loss.item(), math.log(512), rel_tol=1e-6)  # zero-init head
+    assert out.logits.shape == (3 * 2, 16, 512)  # 4 patches, 2 corrupted per image
+    expected = cell_color_classes(images, 6)[out.kind != 0]
+    assert torch.equal(out.targets, expected) and torch.equal(out.color_targets, expected)
+    with torch.no_grad():
+        model.head.weight.normal_(std=0.3)
+    out = model(images, torch.Generator().manual_seed(0))
+    hits = (out.logits.argmax(-1) == out.targets).sum()
+    assert out.correct == hits and out.color_targets.numel() == 6 * 16
+    ce = F.cross_entropy(out.logits.flatten(0, 1), out.targets.flatten())
+    assert torch.allclose(out.loss, ce, atol=1e-6)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_pixels_l2_loss_and_colour_accuracy(normalize):
+    model = tiny_model(target="pixels_l2", normalize_pixels=normalize)
+    images = torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8)
+    pixels = patch_pixels(images, 4)  # [2, 16, 48] in [0, 1]
+    out = model(images, torch.Generator().manual_seed(1))
+    target = pixels[out.kind != 0]
+    assert torch.equal(out.targets, target) and out.logits.shape == (2 * 8, 48)
+    if normalize:
+        target = normalize_patches(target)
+    assert torch.allclose(out.loss, (target**2).mean(), atol=1e-6)  # zero head predicts 0
+    with torch.no_grad():
+        model.head.bias.uniform_(0, 1)
+    out = model(images, torch.Generator().manual_seed(1))
+    assert torch.allclose(out.loss, ((out.logits - target) ** 2).mean(), atol=1e-6)
+    colours = mean_color_classes(images, 4)[out.kind != 0]
+    assert torch.equal(out.color_targets, colours)
+    if normalize:
+        assert out.correct is None  # the predicted patch mean carries no colour
+    else:
+        assert out.correct == (pixels_to_mean_color(out.logits) == colours).sum()
+
+
+def test_config_targets():
+    base = {"data": {"train_shards": "x"}, "model": {"image_size": 16, "patch_size": 2}}
+    with pytest.raises(ConfigError, match="patch_size >= 4"):
+        from_dict(PretrainConfig, {**base, "objective": {"target": "color_4x4"}})
+    with pytest.raises(ConfigError, match="objective.target"):
+        from_dict(PretrainConfig, {**base, "objective": {"target": "pixels"}})
+    cfg = from_dict(PretrainConfig, {**base, "objective": {"target": "pixels_l2"}})
+    assert cfg.objective.normalize_pixels is False

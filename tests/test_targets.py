@@ -4,7 +4,14 @@ import pytest
 import torch
 
 from ssl_vit import mean_color_classes
-from ssl_vit.objectives.targets import color_class_to_rgb
+from ssl_vit.objectives.targets import (
+    cell_bounds,
+    cell_color_classes,
+    color_class_to_rgb,
+    normalize_patches,
+    patch_pixels,
+    pixels_to_mean_color,
+)
 
 
 def solid(rgb, h=8, w=8):
@@ -75,3 +82,77 @@ def test_class_to_rgb_roundtrip():
     rgb = color_class_to_rgb(classes)
     img = rgb.view(512, 3, 1, 1).expand(512, 3, 4, 4)
     assert torch.equal(mean_color_classes(img, 4).squeeze(1), classes)
+
+
+# --- color_4x4: cells of a patch ---------------------------------------------------------
+
+
+def test_cell_bounds_cover_every_pixel_once():
+    assert cell_bounds(4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert cell_bounds(6) == [(0, 1), (1, 3), (3, 4), (4, 6)]  # floor(i * 6 / 4)
+    assert cell_bounds(16) == [(0, 4), (4, 8), (8, 12), (12, 16)]
+    for p in range(4, 33):
+        b = cell_bounds(p)
+        assert b[0][0] == 0 and b[-1][1] == p
+        assert all(e0 == s1 for (_, e0), (s1, _) in zip(b[:-1], b[1:], strict=True))  # contiguous
+        assert all(e > s for s, e in b)  # no empty cell
+    with pytest.raises(ValueError, match="smaller"):
+        cell_bounds(3)
+
+
+def test_cells_of_a_6px_patch_hand_computed():
+    # One 6x6 patch; cells along each side cover pixels [0,1) [1,3) [3,4) [4,6).
+    img = torch.zeros(1, 3, 6, 6, dtype=torch.float64)
+    img[0, 0, :, 3:] = 1.0  # red in cell columns 2 and 3
+    img[0, 1, 0, :] = 1.0  # green in cell row 0
+    img[0, 2, 1, 1] = 0.5  # blue: one of the 4 pixels of cell (1, 1) -> mean 0.125 -> 1
+    img[0, 2, 4, 4] = 0.5  # one of the 4 pixels of cell (3, 3): mean 0.125 -> level 1
+    img[0, 2, 3, 0] = 0.4  # the single pixel of cell (2, 0): 0.4 -> level 3
+    red, green = 64 * 7, 8 * 7
+    expected = [
+        [green, green, green + red, green + red],
+        [0, 1, red, red],
+        [3, 0, red, red],
+        [0, 0, red, red + 1],
+    ]
+    got = cell_color_classes(img, 6)
+    assert got.shape == (1, 1, 16)
+    assert got.view(4, 4).tolist() == expected
+
+
+def test_cells_of_8px_patches_are_2px_mean_colours():
+    # With P = 8 every cell is 2x2 pixels: the same classes as mean colours of 2px patches.
+    torch.manual_seed(1)
+    img = torch.randint(0, 256, (2, 3, 16, 24), dtype=torch.uint8)
+    cells = cell_color_classes(img, 8)  # [2, 2*3, 16]
+    small = mean_color_classes(img, 2).view(2, 2, 4, 3, 4).permute(0, 1, 3, 2, 4)
+    assert torch.equal(cells, small.reshape(2, 6, 16))
+
+
+def test_cells_uint8_matches_float_for_odd_patch():
+    torch.manual_seed(2)
+    img = torch.randint(0, 256, (2, 3, 10, 15), dtype=torch.uint8)
+    assert torch.equal(cell_color_classes(img, 5), cell_color_classes(img.double() / 255, 5))
+
+
+# --- pixels_l2 -----------------------------------------------------------------------------
+
+
+def test_patch_pixels_order_and_scale():
+    img = torch.arange(3 * 4 * 8, dtype=torch.float32).view(1, 3, 4, 8) / 255.0
+    px = patch_pixels((img * 255).round().to(torch.uint8), 4)
+    assert px.shape == (1, 2, 4 * 4 * 3)
+    # Patch 1 (columns 4..7), pixel row 2, column 1, then RGB: value = c * 32 + 2 * 8 + 5.
+    offset = (2 * 4 + 1) * 3
+    assert [round(v * 255) for v in px[0, 1, offset : offset + 3].tolist()] == [21, 53, 85]
+    assert torch.allclose(patch_pixels(img, 4), px)
+
+
+def test_normalize_patches_and_mean_colour_of_pixels():
+    torch.manual_seed(3)
+    img = torch.rand(4, 3, 8, 8)
+    px = patch_pixels(img, 4)
+    z = normalize_patches(px)
+    assert torch.allclose(z.mean(-1), torch.zeros(4, 4), atol=1e-5)
+    assert torch.allclose(z.std(-1, unbiased=False), torch.ones(4, 4), atol=1e-4)
+    assert torch.equal(pixels_to_mean_color(px), mean_color_classes(img, 4))

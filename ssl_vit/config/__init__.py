@@ -21,6 +21,7 @@ from ssl_vit.config.schema import (
     PretrainConfig,
     PretrainDataConfig,
 )
+from ssl_vit.config.study import StudyBudget, StudyConfig, StudyDataConfig, StudyVariant
 
 __all__ = [
     "ConfigError",
@@ -40,4 +41,8 @@ __all__ = [
     "OptimConfig",
     "PretrainConfig",
     "PretrainDataConfig",
+    "StudyBudget",
+    "StudyConfig",
+    "StudyDataConfig",
+    "StudyVariant",
 ]

@@ -61,9 +61,12 @@ class ModelConfig:
 
 @dataclass
 class ObjectiveConfig:
-    """Masked patch prediction (paper appendix B.1.2)."""
+    """Masked patch prediction (paper appendix B.1.2). `target`: `mean_color` (3-bit mean
+    colour, 512 classes), `color_4x4` (3-bit mean colours of 4x4 cells: 16 x 512 classes; needs
+    patch_size >= 4), `pixels_l2` (MSE on the patch's pixels in [0, 1]); see objectives.targets."""
 
-    target: Literal["mean_color"] = "mean_color"
+    target: Literal["mean_color", "color_4x4", "pixels_l2"] = "mean_color"
+    normalize_pixels: bool = False  # pixels_l2: per-patch zero mean, unit variance (as MAE)
     mask_ratio: float = 0.5
     # P(replace by [mask]), P(replace by another patch's embedding), P(keep), of corrupted patches.
     probs: tuple[float, float, float] = (0.8, 0.1, 0.1)
@@ -152,6 +155,8 @@ class PretrainConfig:
     def validate(self) -> None:
         if not self.data.train_shards:
             raise ConfigError("data.train_shards: required (a shard directory, index or pattern)")
+        if self.objective.target == "color_4x4" and (self.model.patch_size or 0) < 4:
+            raise ConfigError("objective.target color_4x4: needs model.patch_size >= 4")
 
 
 @dataclass

@@ -8,19 +8,28 @@ from ssl_vit.objectives.corruption import (
     corrupt_patches,
     num_corrupted,
 )
-from ssl_vit.objectives.masked_patch import MaskedPatchOutput, MaskedPatchPrediction
-from ssl_vit.objectives.targets import NUM_COLOR_CLASSES, color_class_to_rgb, mean_color_classes
+from ssl_vit.objectives.masked_patch import CELLS, MaskedPatchOutput, MaskedPatchPrediction
+from ssl_vit.objectives.targets import (
+    NUM_COLOR_CLASSES,
+    cell_color_classes,
+    color_class_to_rgb,
+    mean_color_classes,
+    patch_pixels,
+)
 
 __all__ = [
     "KEPT",
     "MASKED",
     "RANDOM",
     "UNTOUCHED",
+    "CELLS",
     "NUM_COLOR_CLASSES",
     "MaskedPatchOutput",
     "MaskedPatchPrediction",
+    "cell_color_classes",
     "color_class_to_rgb",
     "corrupt_patches",
     "mean_color_classes",
     "num_corrupted",
+    "patch_pixels",
 ]

@@ -1,7 +1,12 @@
-"""Masked patch prediction: corrupt patch embeddings, predict each corrupted patch's 3-bit
-mean colour from its own output token (paper section 4.6, appendix B.1.2).
+"""Masked patch prediction: corrupt patch embeddings, predict a target of each corrupted patch
+from its own output token (paper section 4.6, appendix B.1.2).
 
-Shape legend: B batch, N patches, n corrupted patches per image, D width, K = 512 classes.
+Targets (`objective.target`, see objectives.targets): `mean_color` (one 512-way class per
+patch, the paper's main choice), `color_4x4` (16 parallel 512-way classes, the 3-bit mean
+colours of a 4x4 grid of cells) and `pixels_l2` (the patch's pixels, mean squared error).
+
+Shape legend: B batch, N patches, n corrupted patches per image, M = B * n, D width,
+K = 512 colour classes, C = 4 cells per side, X = P * P * 3 pixel values of a patch.
 """
 
 from __future__ import annotations
@@ -16,28 +21,55 @@ from ssl_vit.config.schema import ObjectiveConfig
 from ssl_vit.model.pixels import normalize_pixels
 from ssl_vit.model.vit import ViT
 from ssl_vit.objectives.corruption import corrupt_patches, num_corrupted
-from ssl_vit.objectives.targets import NUM_COLOR_CLASSES, mean_color_classes
+from ssl_vit.objectives.targets import (
+    NUM_COLOR_CLASSES,
+    cell_bounds,
+    cell_color_classes,
+    mean_color_classes,
+    normalize_patches,
+    patch_pixels,
+    pixels_to_mean_color,
+)
 
-__all__ = ["MaskedPatchOutput", "MaskedPatchPrediction"]
+__all__ = ["CELLS", "MaskedPatchOutput", "MaskedPatchPrediction"]
+
+CELLS = 4  # color_4x4: cells per patch side
 
 
 @dataclass
 class MaskedPatchOutput:
     """Loss and detached statistics of one step (tensors: no host sync until logged)."""
 
-    loss: torch.Tensor  # scalar, mean cross-entropy over corrupted patches
-    logits: torch.Tensor  # [B * n, K] (detached)
-    targets: torch.Tensor  # [B * n] colour classes of the corrupted patches
+    loss: torch.Tensor  # scalar: mean cross-entropy (colour targets) or MSE (pixels_l2)
+    # Head outputs of the corrupted patches (detached): [M, K] for mean_color, [M, C*C, K]
+    # for color_4x4, predicted pixels [M, X] for pixels_l2.
+    logits: torch.Tensor
+    targets: torch.Tensor  # [M] / [M, C*C] colour classes, or [M, X] target pixels
     kind: torch.Tensor  # [B, N] corruption kinds (see objectives.corruption)
-    correct: torch.Tensor  # number of corrupted patches whose colour was predicted right
+    # Colour predictions that were right: classes (or cells) for the classifiers; for
+    # pixels_l2 the 3-bit mean colour of the predicted pixels against the patch's. None where
+    # not measurable (pixels_l2 with per-patch normalization: the predicted mean is 0).
+    correct: torch.Tensor | None
+    color_targets: torch.Tensor  # [M] or [M, C*C] colour classes the accuracy is scored on
 
     def kind_counts(self) -> torch.Tensor:
         """[4] patches per kind: untouched, masked, random, kept."""
         return torch.bincount(self.kind.flatten(), minlength=4)
 
 
+def _head_size(target: str, patch_size: int) -> int:
+    if target == "mean_color":
+        return NUM_COLOR_CLASSES
+    if target == "color_4x4":
+        cell_bounds(patch_size, CELLS)  # raises for patches smaller than the cell grid
+        return CELLS * CELLS * NUM_COLOR_CLASSES
+    if target == "pixels_l2":
+        return patch_size * patch_size * 3
+    raise ValueError(f"unknown objective target {target!r}")
+
+
 class MaskedPatchPrediction(nn.Module):
-    """Encoder + [mask] embedding + linear 512-way colour head. The head and the [mask]
+    """Encoder + [mask] embedding + linear head for the chosen target. The head and the [mask]
     embedding belong to the objective: fine-tuning drops them and keeps `encoder`."""
 
     def __init__(
@@ -51,22 +83,34 @@ class MaskedPatchPrediction(nn.Module):
         self.encoder = encoder
         self.cfg = cfg
         self.mask_embedding = nn.Parameter(torch.empty(encoder.width))
-        self.head = nn.Linear(encoder.width, NUM_COLOR_CLASSES)
+        self.head = nn.Linear(encoder.width, _head_size(cfg.target, encoder.patch_size))
         self.register_buffer("pixel_mean", torch.tensor(mean), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(std), persistent=False)
         nn.init.trunc_normal_(self.mask_embedding, std=0.02)
-        nn.init.zeros_(self.head.weight)  # uniform prediction at step 0: loss = ln 512
+        # Zero head: uniform prediction at step 0 (loss = ln 512), or black pixels for L2.
+        nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
     @property
     def num_corrupted(self) -> int:
         return num_corrupted(self.encoder.num_patches, self.cfg.mask_ratio)
 
+    def targets(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(targets, colour classes), each [B, N, ...], of every patch (see MaskedPatchOutput)."""
+        P = self.encoder.patch_size
+        if self.cfg.target == "color_4x4":
+            cells_BNc = cell_color_classes(images, P, CELLS)
+            return cells_BNc, cells_BNc
+        colors_BN = mean_color_classes(images, P)
+        if self.cfg.target == "pixels_l2":
+            return patch_pixels(images, P), colors_BN
+        return colors_BN, colors_BN
+
     def forward(
         self, images: torch.Tensor, generator: torch.Generator | None = None
     ) -> MaskedPatchOutput:
         """images: [B, 3, H, W] uint8 (or float in [0, 1]), un-normalized, already augmented."""
-        targets_BN = mean_color_classes(images, self.encoder.patch_size)
+        targets_BN, colors_BN = self.targets(images)
         x_BCHW = normalize_pixels(images, self.pixel_mean, self.pixel_std)
 
         emb_BND = self.encoder.embed_patches(x_BCHW)
@@ -79,11 +123,32 @@ class MaskedPatchPrediction(nn.Module):
         # stable sort that puts corrupted before untouched: a gather of static shape, no sync.
         n = self.num_corrupted
         idx_Bn = (kind_BN == 0).to(torch.uint8).argsort(dim=1, stable=True)[:, :n]
-        picked_BnD = out_BND.gather(1, idx_Bn.unsqueeze(-1).expand(-1, -1, out_BND.shape[-1]))
-        logits_MK = self.head(picked_BnD).flatten(0, 1)  # logits of corrupted patches only
-        targets_M = targets_BN.gather(1, idx_Bn).flatten()
+        picked_BnD = _gather(out_BND, idx_Bn)
+        preds_MX = self.head(picked_BnD).flatten(0, 1)  # head on corrupted patches only
+        targets_M = _gather(targets_BN, idx_Bn).flatten(0, 1)
+        colors_M = _gather(colors_BN, idx_Bn).flatten(0, 1)
+        loss, preds_MX, correct = self._loss(preds_MX, targets_M, colors_M)
+        return MaskedPatchOutput(loss, preds_MX, targets_M, kind_BN, correct, colors_M)
 
-        loss = F.cross_entropy(logits_MK.float(), targets_M)
-        logits_MK = logits_MK.detach()
-        correct = (logits_MK.argmax(dim=-1) == targets_M).sum()
-        return MaskedPatchOutput(loss, logits_MK, targets_M, kind_BN, correct)
+    def _loss(self, preds_MX, targets_M, colors_M):
+        """(loss, detached predictions in the output's shape, correct colour predictions)."""
+        if self.cfg.target == "pixels_l2":
+            # Regression on [0, 1] pixels (or per-patch normalized ones), in float32.
+            target_MX = normalize_patches(targets_M) if self.cfg.normalize_pixels else targets_M
+            loss = F.mse_loss(preds_MX.float(), target_MX)
+            preds_MX = preds_MX.detach()
+            correct = None
+            if not self.cfg.normalize_pixels:
+                correct = (pixels_to_mean_color(preds_MX) == colors_M).sum()
+            return loss, preds_MX, correct
+        logits = preds_MX.unflatten(-1, (-1, NUM_COLOR_CLASSES)).squeeze(-2)  # [M, K]/[M,CC,K]
+        loss = F.cross_entropy(logits.flatten(0, -2).float(), targets_M.flatten())
+        logits = logits.detach()
+        return loss, logits, (logits.argmax(dim=-1) == targets_M).sum()
+
+
+def _gather(x_BN: torch.Tensor, idx_Bn: torch.Tensor) -> torch.Tensor:
+    """x [B, N, ...] at positions idx [B, n] of each image -> [B, n, ...]."""
+    trailing = x_BN.shape[2:]
+    idx = idx_Bn.view(*idx_Bn.shape, *([1] * len(trailing))).expand(-1, -1, *trailing)
+    return x_BN.gather(1, idx)

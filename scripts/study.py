@@ -1,0 +1,277 @@
+"""The paper's pretraining study in one command (Dosovitskiy et al. 2021, section 4.6).
+
+    python scripts/study.py --config configs/study/cifar10.yaml [--quick] [--dry-run] [k=v ...]
+
+For every variant of the config (objective target, corruption ratio): pretrain -> few-shot
+evaluation of the checkpoint -> fine-tuning from it (at `finetune_image_size`, position
+embeddings interpolated); plus the same few-shot evaluation of a random-init encoder and the
+same fine-tuning from scratch. Each job is the ordinary pipeline (pipelines/*.py) in its own
+process, its output in `<output_dir>/<stage>/<name>/` and its log in `<output_dir>/logs/`.
+A job whose results.json exists is skipped and an interrupted pretraining or fine-tuning
+resumes from its newest checkpoint, so the study can be stopped and started again. At the end:
+`summary.json` and `summary.md` (the table), then `ssl-vit report` over all runs when the
+report command is installed. `--quick` picks the `quick` budget (a CPU), default `full`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ssl_vit.config import ConfigError, load_config, save_config, to_dict
+from ssl_vit.config.schema import ModelConfig, ObjectiveConfig
+from ssl_vit.config.study import StudyBudget, StudyConfig
+
+REPO = Path(__file__).resolve().parents[1]
+BASELINE = "random init"
+
+
+@dataclass
+class Job:
+    stage: str  # pretrain / fewshot / finetune
+    name: str  # variant name, or random / scratch for the random-init baselines
+    run_dir: Path
+    argv: Callable[[], list[str]]  # built when the job starts (it may need a checkpoint)
+
+
+def model_overrides(model: ModelConfig, image_size: int | None = None) -> list[str]:
+    m = to_dict(model)
+    m["image_size"] = image_size or m["image_size"]
+    keys = ("image_size", "patch_size", "width", "depth", "heads", "mlp_ratio")
+    return [f"model.{k}={m[k]}" for k in keys if m[k] is not None]
+
+
+def objective_overrides(obj: ObjectiveConfig) -> list[str]:
+    return [f"objective.{k}={json.dumps(v)}" for k, v in to_dict(obj).items()]
+
+
+def checkpoint_of(pretrain_dir: Path) -> str:
+    """The final checkpoint of a finished pretraining run (its results.json names it)."""
+    results = pretrain_dir / "results.json"
+    if not results.is_file():
+        return f"<final checkpoint of {pretrain_dir}>"  # --dry-run before pretraining
+    return str(
+        pretrain_dir / "checkpoints" / Path(json.loads(results.read_text())["checkpoint"]).name
+    )
+
+
+def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
+    """Baselines first, then per variant: pretrain, few-shot, fine-tune."""
+    d, py = cfg.data, [sys.executable]
+    pre_every = budget.pretrain_fewshot_every
+    pre_fewshot = (
+        [f"fewshot.train={d.train}", f"fewshot.eval={d.eval}", f"fewshot.every={pre_every}"]
+        if pre_every
+        else ["fewshot.train="]
+    )
+
+    def fewshot(name: str, ckpt: Callable[[], str]) -> Job:
+        run_dir = out / "fewshot" / name
+        return Job("fewshot", name, run_dir, lambda: py + [
+            str(REPO / "pipelines/fewshot.py"), "--checkpoint", ckpt(),
+            "--config", cfg.fewshot_config, f"output_dir={run_dir}",
+            f"data.train={d.train}", f"data.eval={d.eval}",
+            *model_overrides(budget.model), *budget.fewshot,
+        ])  # fmt: skip
+
+    def finetune(name: str, ckpt: Callable[[], str]) -> Job:
+        run_dir = out / "finetune" / name
+        return Job("finetune", name, run_dir, lambda: py + [
+            str(REPO / "pipelines/finetune.py"), "--resume", "--config", cfg.finetune_config,
+            f"output_dir={run_dir}", f"init.checkpoint={ckpt()}",
+            f"data.train={d.train}", f"data.eval={d.eval}",
+            *model_overrides(budget.model, budget.finetune_image_size), *budget.finetune,
+        ])  # fmt: skip
+
+    jobs = [fewshot("random", lambda: "random"), finetune("scratch", lambda: "")]
+    for v in cfg.variants:
+        pre_dir = out / "pretrain" / v.name
+        jobs.append(Job("pretrain", v.name, pre_dir, lambda v=v, pre_dir=pre_dir: py + [
+            str(REPO / "pipelines/pretrain.py"), "--resume", "--config", cfg.pretrain_config,
+            f"output_dir={pre_dir}", f"data.train_shards={d.train}", *pre_fewshot,
+            *model_overrides(budget.model), *objective_overrides(v.objective), *budget.pretrain,
+        ]))  # fmt: skip
+        ckpt = lambda pre_dir=pre_dir: checkpoint_of(pre_dir)  # noqa: E731
+        jobs += [fewshot(v.name, ckpt), finetune(v.name, ckpt)]
+    return jobs
+
+
+def execute(argv: list[str], log) -> int:
+    """Run one job in its own process (isolated memory, a crash stays in its log)."""
+    return subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT).returncode
+
+
+def run_job(job: Job, log_dir: Path, dry_run: bool) -> None:
+    label = f"{job.stage}/{job.name}"
+    argv = job.argv()
+    recorded, command = job.run_dir / "study_job.json", [Path(argv[1]).name, *argv[2:]]
+    # The command is recorded next to the run: a run of another budget or other data in the
+    # same directory (finished, or interrupted and about to be resumed) must not be mixed in.
+    if recorded.is_file() and json.loads(recorded.read_text())["command"] != command:
+        sys.exit(
+            f"error: {label}: {job.run_dir} holds a run of another command (budget, model "
+            "or data changed); use another output_dir or delete that run"
+        )
+    if (job.run_dir / "results.json").is_file():
+        print(f"[skip] {label}: {job.run_dir}/results.json exists", flush=True)
+        return
+    if dry_run:
+        print(f"[plan] {label}: {shlex.join(argv)}")
+        return
+    log = log_dir / f"{job.stage}-{job.name}.log"
+    print(f"[run]  {label} (log: {log}) ...", flush=True)
+    t0 = time.time()
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    recorded.write_text(json.dumps({"command": command}, indent=1) + "\n")
+    with open(log, "a") as f:
+        f.write(f"$ {shlex.join(argv)}\n")
+        f.flush()
+        rc = execute(argv, f)
+    if rc != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
+        sys.exit(f"{tail}\nerror: {label} failed (exit {rc}); full log: {log}")
+    print(f"[done] {label} in {(time.time() - t0) / 60:.1f} min", flush=True)
+
+
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _fewshot_table(res: dict) -> dict[str, dict]:
+    """{shot: {mean, std}} at the first l2_reg of a few-shot results.json."""
+    table = {}
+    for k, row in res.get("shots", {}).items():
+        first = next(iter(row["l2_reg"].values()))
+        table[str(k)] = {"mean": first["mean"], "std": first["std"], "per_seed": first["per_seed"]}
+    return table
+
+
+def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> dict:
+    """Collect the jobs' results.json into summary.json and a markdown table summary.md."""
+    rows = []
+    for v in [None, *cfg.variants]:
+        name = v.name if v else BASELINE
+        pre = _read(out / "pretrain" / name / "results.json") if v else {}
+        few = _read(out / "fewshot" / (name if v else "random") / "results.json")
+        ft = _read(out / "finetune" / (name if v else "scratch") / "results.json")
+        rows.append({
+            "variant": name,
+            "objective": to_dict(v.objective) if v else None,
+            "pretrain_steps": pre.get("step", 0) if v else 0,
+            "pretrain_loss": pre.get("loss"),
+            "color_acc": pre.get("color_acc"),
+            "color_acc_majority": pre.get("color_acc_majority"),
+            "fewshot": _fewshot_table(few),
+            "finetune_top1": ft.get("top1"),
+            "finetune_steps": ft.get("step"),
+            "finetune_image_size": ft.get("image_size"),
+            "wall_time_s": {
+                "pretrain": pre.get("wall_time_s"),
+                "fewshot": few.get("wall_time_s"),
+                "finetune": ft.get("wall_time_s"),
+            },
+        })  # fmt: skip
+    walls = [w for r in rows for w in r["wall_time_s"].values() if w is not None]
+    summary = {
+        "preset": preset,
+        "output_dir": str(out),
+        "jobs_wall_time_s": sum(walls),
+        "rows": rows,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "summary.md").write_text(markdown_table(rows) + "\n")
+    return summary
+
+
+def markdown_table(rows: list[dict]) -> str:
+    shots = sorted({int(k) for r in rows for k in r["fewshot"]})
+    head = ["variant", "pretraining steps", "colour acc"] + [f"{k}-shot (%)" for k in shots]
+    head += ["fine-tune top-1 (%)", "wall: pretrain / few-shot / fine-tune (min)"]
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.1f}"
+
+    lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+    for r in rows:
+        few = [r["fewshot"].get(str(k)) for k in shots]
+        cells = [
+            r["variant"],
+            str(r["pretrain_steps"]),
+            "-" if r["color_acc"] is None else f"{r['color_acc']:.3f}",
+        ]
+        cells += [f"{pct(f['mean'])} ± {pct(f['std'])}" if f else "-" for f in few]
+        cells.append(pct(r["finetune_top1"]))
+        cells.append(
+            " / ".join("-" if w is None else f"{w / 60:.1f}" for w in r["wall_time_s"].values())
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def report(run_dirs: list[Path], out: Path) -> None:
+    """`ssl-vit report` over all runs, where that command is installed; else say how."""
+    cmd = ["ssl-vit", "report", *map(str, run_dirs), "--output", str(out)]
+    if importlib.util.find_spec("ssl_vit.report") is None:
+        print(
+            f"report: this install has no `ssl-vit report`; once it does, run:\n  {shlex.join(cmd)}"
+        )
+        return
+    rc = subprocess.run([sys.executable, "-m", "ssl_vit.cli", *cmd[1:]]).returncode
+    print(f"report: {'written to ' + str(out) if rc == 0 else f'failed (exit {rc})'}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--config", required=True, help="study YAML (see configs/study/)")
+    p.add_argument("--quick", action="store_true", help="the `quick` budget (a CPU machine)")
+    p.add_argument("--dry-run", action="store_true", help="print the jobs' commands only")
+    p.add_argument(
+        "--summary", action="store_true", help="only tabulate the finished jobs (summary.*)"
+    )
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides of the study config")
+    return p.parse_intermixed_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(StudyConfig, args.config, args.overrides)
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    preset = "quick" if args.quick else "full"
+    budget = getattr(cfg, preset)
+    if not budget.output_dir:
+        sys.exit(f"error: {preset}.output_dir: required")
+    out = Path(budget.output_dir)
+    jobs = plan(cfg, budget, out)
+    if args.summary:  # e.g. while a long study runs, or after it was stopped
+        summarize(cfg, budget, out, preset)
+        print((out / "summary.md").read_text())
+        return None
+    if not args.dry_run:
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        save_config(cfg, out / "study.yaml")
+    t0 = time.time()
+    print(f"study: {len(jobs)} jobs, {preset} budget, in {out}", flush=True)
+    for job in jobs:
+        run_job(job, out / "logs", args.dry_run)
+    if args.dry_run:
+        return None
+    summary = summarize(cfg, budget, out, preset)
+    print(f"study: done in {(time.time() - t0) / 60:.1f} min this time "
+          f"({summary['jobs_wall_time_s'] / 60:.1f} min of jobs in all)\n")  # fmt: skip
+    print((out / "summary.md").read_text())
+    report([job.run_dir for job in jobs], out)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

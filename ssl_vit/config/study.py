@@ -1,0 +1,59 @@
+"""Config schema of the pretraining study (scripts/study.py): which variants, which data, which
+budget. The jobs themselves are configured by their own YAML files plus overrides; the study
+injects the data paths, the model shape and each variant's objective into them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ssl_vit.config.loader import ConfigError
+from ssl_vit.config.schema import ModelConfig, ObjectiveConfig
+
+__all__ = ["StudyBudget", "StudyConfig", "StudyDataConfig", "StudyVariant"]
+
+
+@dataclass
+class StudyDataConfig:
+    train: str = ""  # labelled: pretraining, few-shot support images and fine-tuning
+    eval: str = ""  # labelled: few-shot and fine-tuning evaluation
+
+
+@dataclass
+class StudyVariant:
+    name: str = ""  # run directory name, e.g. mean_color_50
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+
+
+@dataclass
+class StudyBudget:
+    """One preset: the model and how much each job trains (`key.sub=value` overrides)."""
+
+    output_dir: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)  # pretraining and few-shot shape
+    finetune_image_size: int = 0  # fine-tuning resolution (0: as pretraining)
+    pretrain_fewshot_every: int = 0  # also evaluate few-shot every N pretraining steps
+    pretrain: list[str] = field(default_factory=list)
+    fewshot: list[str] = field(default_factory=list)
+    finetune: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StudyConfig:
+    data: StudyDataConfig = field(default_factory=StudyDataConfig)
+    variants: list[StudyVariant] = field(default_factory=list)
+    # Base YAML of each job; the budget's overrides and the study's values go on top.
+    pretrain_config: str = ""
+    fewshot_config: str = ""
+    finetune_config: str = ""
+    full: StudyBudget = field(default_factory=StudyBudget)
+    quick: StudyBudget = field(default_factory=StudyBudget)
+
+    def validate(self) -> None:
+        if not self.data.train or not self.data.eval:
+            raise ConfigError("data.train and data.eval: both required (labelled sources)")
+        names = [v.name for v in self.variants]
+        if not names or "" in names or len(set(names)) != len(names):
+            raise ConfigError(f"variants: need unique non-empty names, got {names}")
+        if {"random", "scratch"} & set(names):
+            raise ConfigError("variants: 'random' and 'scratch' name the random-init baselines")

@@ -1,0 +1,89 @@
+"""scripts/study.py end to end on the synthetic fixture: every job runs, the summary table is
+written, and a second invocation skips every finished job."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ssl_vit.config import ConfigError, StudyConfig, from_dict
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_study():
+    spec = importlib.util.spec_from_file_location("study", REPO / "scripts/study.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["study"] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def in_process(argv, log):
+    """The study's job runner, in this process: the pipelines' main(argv), no interpreter start."""
+    script = Path(argv[1])
+    spec = importlib.util.spec_from_file_location(f"pipeline_{script.stem}", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(argv[2:])
+    return 0
+
+
+def test_study_runs_summarizes_and_skips(synthetic_shards, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "study"
+    small = ["data.num_workers=0"]
+    cfg = {
+        "data": {"train": str(synthetic_shards), "eval": str(synthetic_shards)},
+        "pretrain_config": str(REPO / "configs/pretrain/smoke.yaml"),
+        "fewshot_config": str(REPO / "configs/fewshot/smoke.yaml"),
+        "finetune_config": str(REPO / "configs/finetune/smoke.yaml"),
+        "variants": [{"name": "l2", "objective": {"target": "pixels_l2", "mask_ratio": 0.25}}],
+        "quick": {
+            "output_dir": str(out),
+            "model": {"image_size": 16, "patch_size": 4, "width": 32, "depth": 1, "heads": 2},
+            "finetune_image_size": 24,
+            "pretrain": ["train.steps=3", "train.log_every=1", "train.checkpoint_every=0"],
+            "fewshot": ["shots=[1]", "seeds=[0]", "l2_reg=[1.0]", *small],
+            "finetune": ["train.steps=2", "train.log_every=1", "train.batch_size=8", *small],
+        },
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    study = load_study()
+    monkeypatch.setattr(study, "execute", in_process)
+    summary = study.main(["--config", str(path), "--quick"])
+
+    rows = {r["variant"]: r for r in summary["rows"]}
+    assert set(rows) == {"random init", "l2"}
+    assert rows["l2"]["pretrain_steps"] == 3 and rows["random init"]["pretrain_steps"] == 0
+    assert rows["l2"]["objective"]["target"] == "pixels_l2"
+    pre = yaml.safe_load((out / "pretrain/l2/config.yaml").read_text())
+    assert pre["objective"]["mask_ratio"] == 0.25 and pre["model"]["depth"] == 1
+    ft = yaml.safe_load((out / "finetune/l2/config.yaml").read_text())
+    assert ft["model"]["image_size"] == 24 and ft["init"]["checkpoint"].endswith("step_00000003")
+    for r in rows.values():
+        assert 0.0 <= r["fewshot"]["1"]["mean"] <= 1.0 and 0.0 <= r["finetune_top1"] <= 1.0
+    assert json.loads((out / "summary.json").read_text())["rows"] == summary["rows"]
+    table = (out / "summary.md").read_text().splitlines()
+    assert len(table) == 4 and table[2].startswith("| random init | 0 | - |")
+
+    capsys.readouterr()
+    study.main(["--config", str(path), "--quick"])  # everything exists: nothing runs again
+    second = capsys.readouterr().out
+    assert second.count("[skip]") == 5 and "[run]" not in second
+    # Another budget in the same directory is refused, not mistaken for this one's results.
+    with pytest.raises(SystemExit, match="another command"):
+        study.main(["--config", str(path), "--quick", "quick.model.depth=2"])
+
+
+def test_study_config_rejects_bad_variants():
+    data = {"data": {"train": "a", "eval": "b"}}
+    with pytest.raises(ConfigError, match="unique"):
+        from_dict(StudyConfig, {**data, "variants": [{"name": "x"}, {"name": "x"}]})
+    with pytest.raises(ConfigError, match="objective.target"):
+        from_dict(StudyConfig, {**data, "variants": [{"name": "x", "objective": {"target": "y"}}]})
+    with pytest.raises(ConfigError, match="unknown config key 'quick.steps'"):
+        from_dict(StudyConfig, {**data, "variants": [{"name": "x"}], "quick": {"steps": 1}})
