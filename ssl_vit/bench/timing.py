@@ -20,6 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 __all__ = [
     "PeakRSS",
     "autocast_dtype",
+    "cpu_has_native_bf16",
     "make_train_step",
     "matmul_step",
     "median",
@@ -34,6 +35,19 @@ DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def autocast_dtype(precision: str) -> torch.dtype | None:
     """'no' -> None (full precision), 'bf16' / 'fp16' -> the autocast dtype."""
     return None if precision == "no" else DTYPES[precision]
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 matmuls natively (AVX512-BF16 or AMX; Linux flags).
+    Elsewhere oneDNN emulates bf16, which is only slower, so the bf16 contenders are skipped."""
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def sync(device: torch.device) -> None:

@@ -19,7 +19,6 @@ from ssl_vit.config import ConfigError, save_config
 __all__ = [
     "Run",
     "make_accelerator",
-    "cpu_has_native_bf16",
     "resolve_mixed_precision",
     "seed_everything",
     "setup_logging",
@@ -27,29 +26,13 @@ __all__ = [
 ]
 
 
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bf16 matmuls natively (AVX512-BF16 or AMX, Linux flags), where
-    bf16 autocast runs matmuls ~2x faster than fp32; elsewhere oneDNN only emulates it."""
-    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        return False
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def resolve_mixed_precision(setting: str, device_type: str | None = None) -> str:
-    """'auto' -> bf16 where the hardware computes it natively (a GPU that supports it; a CPU
-    with AVX512-BF16 or AMX, used only when there is no GPU), else full precision ('no')."""
+def resolve_mixed_precision(setting: str) -> str:
+    """'auto' -> bf16 on a GPU that supports it, else full precision ('no')."""
     if setting != "auto":
         return setting
-    if device_type is None:
-        device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    if device_type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "no"
-    return "bf16" if cpu_has_native_bf16() else "no"
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "no"
 
 
 def make_accelerator(mixed_precision: str, grad_accum: int = 1) -> Accelerator:
