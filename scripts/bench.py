@@ -84,16 +84,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--image-folder", help=f"same images as a folder (default {CIFAR_FOLDER})")
     p.add_argument("--synthetic", action="store_true", help="synthetic images, not CIFAR-10")
     p.add_argument("--batch-size", type=int, help="training batch for every shape")
-    p.add_argument("--rounds", type=int, help="alternating timing rounds (default 3, quick 2)")
-    p.add_argument("--steps", type=int, help="timed steps per round (default 3, quick 1)")
+    p.add_argument("--rounds", type=int, help="alternating timing rounds (default 7, quick 3)")
+    p.add_argument("--steps", type=int, help="timed steps per round (default 1)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per contender")
     p.add_argument("--workers", type=int, default=PretrainDataConfig().num_workers)
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     p.add_argument("--compile", action="store_true", help="torch.compile both models (LFL)")
     p.add_argument("--no-loader", action="store_true", help="skip the data-loading figures")
     args = p.parse_args(argv)
-    args.rounds = args.rounds or (2 if args.quick else 3)
-    args.steps = args.steps or (1 if args.quick else 3)
+    args.rounds = args.rounds or (3 if args.quick else 7)
+    args.steps = args.steps or 1
     args.models = args.model.split(",")
     if unknown := [m for m in args.models if m not in SHAPES]:
         p.error(f"unknown model shape(s) {unknown}; choose from {sorted(SHAPES)}")
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> dict:
     # Our default, train.mixed_precision=auto: bf16 on a GPU that has it, fp32 on CPU (there bf16
     # is opt-in: its loss curve ends ~0.5% above fp32's, see the README).
     default_precision = resolve_mixed_precision("auto") if device.type == "cuda" else "no"
-    shapes = []
+    shapes: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         shards, folder, data_note = find_data(args, Path(tmp))
         for name in args.models:
@@ -356,7 +356,18 @@ def main(argv: list[str] | None = None) -> dict:
                 fig |= loader_figures(name, args, shards, folder, train_ips)
                 fig |= rss_figures(name, args, shards)
             shapes.append(fig)
-    result = {
+            result = assemble(args, device, shapes, data_note)
+            if args.json:  # after every shape: a long run that is cut short keeps its figures
+                Path(args.json).write_text(json.dumps(result, indent=1))
+    print_table(result)
+    if args.json:
+        print(f"wrote {args.json}")
+    return result
+
+
+def assemble(args, device: torch.device, shapes: list[dict], data_note: str) -> dict:
+    """The JSON: the default (first) shape's figures at the top level, then every shape."""
+    return {
         "device": str(device),
         "default_model": shapes[0]["model"],
         **{k: shapes[0].get(k) for k in KEYS},
@@ -368,11 +379,6 @@ def main(argv: list[str] | None = None) -> dict:
             f"{args.warmup} warm-up steps; contenders interleaved (ABC, CBA, ...)"
         ),
     }
-    print_table(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.json}")
-    return result
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from torchvision.transforms import v2
 
 from ssl_vit.bench.timing import PeakRSS
 from ssl_vit.data import pretrain_loader, resolve_shards
-from ssl_vit.data.images import train_transform
+from ssl_vit.data.images import torchvision_train_transform
 from ssl_vit.data.shards import read_index
 from ssl_vit.data.synthetic import SYNTHETIC_LABELS, make_synthetic_shards, synthetic_shapes
 
@@ -42,9 +42,11 @@ def imagefolder_loader(
     num_workers: int,
     crop_scale: Sequence[float] = (0.08, 1.0),
 ) -> DataLoader:
-    """The usual torchvision pipeline: ImageFolder (PIL decoding), our train transforms on the
-    uint8 tensor, DataLoader with shuffling, persistent workers, pinned memory on GPU."""
-    transform = v2.Compose([v2.PILToTensor(), train_transform(image_size, crop_scale)])
+    """The usual torchvision pipeline: ImageFolder (PIL decoding), the same augmentation from
+    stock v2 transforms on the uint8 tensor, DataLoader with shuffling, persistent workers,
+    pinned memory on GPU."""
+    augment = torchvision_train_transform(image_size, crop_scale)
+    transform = v2.Compose([v2.PILToTensor(), augment])
     return DataLoader(
         datasets.ImageFolder(str(root), transform=transform),
         batch_size=batch_size,
