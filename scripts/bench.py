@@ -236,8 +236,9 @@ def loader_figures(name: str, args, shards: str, folder: str, train_ips: float) 
     if w > 1:
         loaders[f"ours_{w}"] = ours_loader(urls, batch, size, w)
         loaders[f"imagefolder_{w}"] = imagefolder_loader(folder, batch, size, w)
-    n_images = (512 if args.quick else 2048) * (32 / size) ** 2  # fewer at 224 px
-    rates = interleaved_rates(loaders, max(int(n_images), batch), args.rounds)
+    # ~1-2 s per timed stretch on one CPU worker: fewer images at 224 px, where each costs more.
+    n_images = max((512 if args.quick else 2048) * (32 / size) ** 2, 256, 8 * batch)
+    rates = interleaved_rates(loaders, int(n_images), args.rounds)
     del loaders
     gc.collect()
     med = {k: median(v) for k, v in rates.items()}
@@ -253,9 +254,8 @@ def loader_figures(name: str, args, shards: str, folder: str, train_ips: float) 
 
 def rss_figures(name: str, args, shards: str) -> dict:
     s = SHAPES[name]
-    batch, n = args.batch_size or s["batch"], 1 if args.quick else 2
-    if s["image_size"] > 64:  # upsampled CIFAR at 224 px decodes ~50x slower: stream less
-        return {"rss_mb_1x": None, "rss_mb_4x": None, "rss_note": "measured at 32 px only"}
+    # 1x = 2 shards' worth (1 with --quick or above 64 px, where each image costs more).
+    batch, n = args.batch_size or s["batch"], 1 if args.quick or s["image_size"] > 64 else 2
     one = streaming_peak_rss(shards, n, batch, s["image_size"], args.workers)
     four = streaming_peak_rss(shards, 4 * n, batch, s["image_size"], args.workers)
     return {"rss_mb_1x": one, "rss_mb_4x": four, "rss_shards_1x": n}
@@ -374,6 +374,7 @@ def assemble(args, device: torch.device, shapes: list[dict], data_note: str) -> 
         "shapes": shapes,
         "machine": machine(device),
         "data": data_note,
+        "compile": args.compile,  # True: "ours" and "timm" (not timm's defaults) are compiled
         "timing": (
             f"medians of {args.rounds} alternating rounds x {args.steps} steps after "
             f"{args.warmup} warm-up steps; contenders interleaved (ABC, CBA, ...)"
