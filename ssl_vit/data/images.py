@@ -4,6 +4,7 @@ accelerator normalizes)."""
 from __future__ import annotations
 
 import io
+import math
 import warnings
 from collections.abc import Sequence
 
@@ -13,8 +14,15 @@ from PIL import Image
 from torchvision.io import ImageReadMode
 from torchvision.io import decode_image as _tv_decode_image
 from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as TF
 
-__all__ = ["decode_image", "eval_transform", "train_transform"]
+__all__ = [
+    "RandomResizedCropFlip",
+    "decode_image",
+    "eval_transform",
+    "torchvision_train_transform",
+    "train_transform",
+]
 
 
 def decode_image(data: bytes) -> torch.Tensor:
@@ -34,10 +42,61 @@ def decode_image(data: bytes) -> torch.Tensor:
     return torch.from_numpy(pixels.copy()).permute(2, 0, 1).contiguous()
 
 
+class RandomResizedCropFlip:
+    """uint8 [3,H,W] -> uint8 [3,S,S]: torchvision v2 `RandomResizedCrop` (+ `RandomHorizontalFlip`)
+    with the same random draws and the same kernels, hence bit-identical images, without v2's
+    per-call dispatch (~1.5x faster per sample on CIFAR-sized images)."""
+
+    def __init__(
+        self,
+        size: int,
+        scale: Sequence[float] = (0.08, 1.0),
+        ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0),
+        hflip: bool = True,
+    ) -> None:
+        self.size, self.scale, self.ratio, self.hflip = [size, size], tuple(scale), ratio, hflip
+        self._log_ratio = torch.log(torch.tensor(ratio))  # as v2 computes it: float32 bounds
+
+    def crop_box(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """(top, left, h, w), drawn from the global torch RNG exactly as v2 draws it."""
+        area = height * width
+        for _ in range(10):
+            target_area = area * torch.empty(1).uniform_(self.scale[0], self.scale[1]).item()
+            log_r = torch.empty(1).uniform_(self._log_ratio[0], self._log_ratio[1])
+            aspect = torch.exp(log_r).item()
+            w = int(round(math.sqrt(target_area * aspect)))
+            h = int(round(math.sqrt(target_area / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                top = torch.randint(0, height - h + 1, size=(1,)).item()
+                left = torch.randint(0, width - w + 1, size=(1,)).item()
+                return top, left, h, w
+        in_ratio = width / height  # fallback: the central crop of the nearest allowed ratio
+        w, h = width, height
+        if in_ratio < min(self.ratio):
+            h = int(round(w / min(self.ratio)))
+        elif in_ratio > max(self.ratio):
+            w = int(round(h * max(self.ratio)))
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        top, left, h, w = self.crop_box(*image.shape[-2:])
+        out = TF.resized_crop_image(image, top, left, h, w, self.size, antialias=True)
+        if self.hflip and torch.rand(1) < 0.5:
+            out = TF.horizontal_flip_image(out)
+        return out
+
+
 def train_transform(
     image_size: int, crop_scale: Sequence[float] = (0.08, 1.0), hflip: bool = True
-) -> v2.Transform:
+) -> RandomResizedCropFlip:
     """uint8 [3,H,W] -> uint8 [3,S,S]: random resized crop (+ horizontal flip)."""
+    return RandomResizedCropFlip(image_size, crop_scale, hflip=hflip)
+
+
+def torchvision_train_transform(
+    image_size: int, crop_scale: Sequence[float] = (0.08, 1.0), hflip: bool = True
+) -> v2.Transform:
+    """The same augmentation composed from stock torchvision v2 transforms (the reference)."""
     ops: list[v2.Transform] = [
         v2.RandomResizedCrop(image_size, scale=tuple(crop_scale), antialias=True)
     ]

@@ -1,0 +1,389 @@
+"""Pretraining performance, measured side by side in one process (issue 5).
+
+    python scripts/bench.py [--device cpu|cuda] [--model small,base] [--json OUT] [--quick]
+
+Per model shape (the first is the default shape, whose figures are also the JSON's top level):
+  1. training images/s of our step (corruption, targets, forward, loss on corrupted patches,
+     backward, clipping, AdamW) vs a timm VisionTransformer of identical shape doing the same
+     masked-prediction step: like-for-like (same precision, same optimizer construction) and
+     our defaults vs timm's defaults (fp32 eager, timm's AdamW);
+  2. utilization: counted model FLOPs of our step / its time / a measured square-matmul peak
+     of the same dtype;
+  3. loader images/s (decode + augment + collate) of our WebDataset pipeline vs torchvision
+     ImageFolder + DataLoader with the same transforms on the same images, with 1 worker and
+     with the default worker count; loader / training consumption;
+  4. corruption + targets as a fraction of the step time;
+  5. peak RSS while streaming 1x and 4x as many shards, peak accelerator memory on GPU.
+Every timing is a median over repeated calls after warm-up; contenders run in alternating
+rounds (A B C, C B A, ...) so that noise from other processes hits them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ssl_vit.bench.loaders import (
+    imagefolder_loader,
+    interleaved_rates,
+    make_synthetic_data,
+    ours_loader,
+    streaming_peak_rss,
+)
+from ssl_vit.bench.timing import (
+    autocast_dtype,
+    cpu_has_native_bf16,
+    make_train_step,
+    matmul_step,
+    median,
+    step_flops,
+    time_interleaved,
+)
+from ssl_vit.bench.timm_baseline import TimmMaskedPatch, copy_weights
+from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig, PretrainDataConfig
+from ssl_vit.data import resolve_shards
+from ssl_vit.model import build_vit
+from ssl_vit.objectives import MaskedPatchPrediction, corrupt_patches, mean_color_classes
+from ssl_vit.train.optim import build_adam
+from ssl_vit.train.runtime import resolve_mixed_precision
+
+# Batch sizes chosen so one step takes ~1-3 s on 2 CPU cores; --batch-size overrides.
+SHAPES = {
+    "small": dict(image_size=32, patch_size=4, width=192, depth=12, heads=3, batch=64, gpu=256),
+    "base": dict(image_size=224, patch_size=16, width=768, depth=12, heads=12, batch=8, gpu=128),
+    "tiny": dict(image_size=16, patch_size=4, width=32, depth=2, heads=2, batch=8, gpu=8),
+}
+CIFAR_SHARDS = "/work/main/data/cifar10-train"
+CIFAR_FOLDER = "/work/shared/data/cifar10/train"
+KEYS = (
+    "ratio_vs_timm_same_precision",
+    "ratio_vs_timm_defaults",
+    "utilization",
+    "loader_vs_imagefolder",
+    "loader_vs_training",
+    "overhead_fraction",
+    "rss_mb_1x",
+    "rss_mb_4x",
+)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--model", default="small,base", help=f"comma list of {sorted(SHAPES)}")
+    p.add_argument("--json", help="write the figures here")
+    p.add_argument("--quick", action="store_true", help="fewer repeats and images (~2 min)")
+    p.add_argument("--shards", help=f"shard dir/pattern (default {CIFAR_SHARDS} if present)")
+    p.add_argument("--image-folder", help=f"same images as a folder (default {CIFAR_FOLDER})")
+    p.add_argument("--synthetic", action="store_true", help="synthetic images, not CIFAR-10")
+    p.add_argument("--batch-size", type=int, help="training batch for every shape")
+    p.add_argument("--rounds", type=int, help="alternating timing rounds (default 7, quick 3)")
+    p.add_argument("--steps", type=int, help="timed steps per round (default 1)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per contender")
+    p.add_argument("--workers", type=int, default=PretrainDataConfig().num_workers)
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--compile", action="store_true", help="torch.compile both models (LFL)")
+    p.add_argument("--no-loader", action="store_true", help="skip the data-loading figures")
+    args = p.parse_args(argv)
+    args.rounds = args.rounds or (3 if args.quick else 7)
+    args.steps = args.steps or 1
+    args.models = args.model.split(",")
+    if unknown := [m for m in args.models if m not in SHAPES]:
+        p.error(f"unknown model shape(s) {unknown}; choose from {sorted(SHAPES)}")
+    return args
+
+
+def bf16_supported(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return cpu_has_native_bf16()  # emulated bf16 would only be slower
+
+
+def machine(device: torch.device) -> dict:
+    info = {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "bf16": bf16_supported(device),
+    }
+    try:
+        import timm
+
+        info["timm"] = timm.__version__
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next(ln.split(":", 1)[1].strip() for ln in f if "model name" in ln)
+    except (OSError, StopIteration):
+        pass
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def training_figures(name: str, args, device: torch.device, default_precision: str) -> dict:
+    """Step timings of ours and timm's (like-for-like and defaults), FLOPs, utilization,
+    overhead, peak accelerator memory."""
+    s = SHAPES[name]
+    batch = args.batch_size or (s["gpu"] if device.type == "cuda" else s["batch"])
+    mcfg = ModelConfig(
+        image_size=s["image_size"],
+        patch_size=s["patch_size"],
+        width=s["width"],
+        depth=s["depth"],
+        heads=s["heads"],
+    )
+    ocfg, tcfg = ObjectiveConfig(), OptimConfig()
+    torch.manual_seed(0)
+    ours = MaskedPatchPrediction(build_vit(mcfg), ocfg).to(device)
+    timm_model = TimmMaskedPatch(
+        mcfg.image_size, mcfg.patch_size, mcfg.width, mcfg.depth, mcfg.heads, mcfg.mlp_ratio
+    ).to(device)
+    copy_weights(ours, timm_model)
+    opt_ours, opt_timm = build_adam(ours, tcfg), build_adam(timm_model, tcfg)
+    # What a timm user gets by default: timm's optimizer factory (torch AdamW, its defaults).
+    from timm.optim import create_optimizer_v2
+
+    opt_timm_default = create_optimizer_v2(
+        timm_model, "adamw", lr=tcfg.lr, weight_decay=tcfg.weight_decay
+    )
+    fwd_ours, fwd_timm = ours, timm_model
+    if args.compile:
+        fwd_ours, fwd_timm = torch.compile(ours), torch.compile(timm_model)
+
+    g = torch.Generator(device).manual_seed(0)
+    images = torch.randint(0, 256, (batch, 3, s["image_size"], s["image_size"]), generator=g,
+                           dtype=torch.uint8, device=device)  # fmt: skip
+    clip = tcfg.grad_clip
+    precisions = ["no"] + (["bf16"] if bf16_supported(device) else [])
+    fns = {}
+    for prec in precisions:
+        fns[f"ours_{prec}"] = make_train_step(fwd_ours, opt_ours, images, g, prec, clip)
+        fns[f"timm_{prec}"] = make_train_step(fwd_timm, opt_timm, images, g, prec, clip)
+    fns["timm_default"] = make_train_step(timm_model, opt_timm_default, images, g, "no", clip)
+    fns["corrupt_targets"] = overhead_step(ours, images, g, default_precision)
+    mm = 8192 if device.type == "cuda" else 2048
+    for prec in precisions:
+        fns[f"matmul_{prec}"] = matmul_step(mm, autocast_dtype(prec) or torch.float32, device)
+
+    flops = step_flops(make_train_step(ours, opt_ours, images, g, "no", clip))
+    times = time_interleaved(fns, device, args.rounds, args.steps, args.warmup)
+    peak_mem = None
+    if device.type == "cuda":  # our default step alone, after the others have freed theirs
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        fns[f"ours_{default_precision}"]()
+        torch.cuda.synchronize(device)
+        peak_mem = torch.cuda.max_memory_allocated(device) / 2**20
+    med = {k: median(v) for k, v in times.items()}
+    ips = {k: batch / med[k] for k in fns if not k.startswith(("matmul", "corrupt"))}
+    peak = {p: 2 * mm**3 / med[f"matmul_{p}"] for p in precisions}
+    d = default_precision
+    out = {
+        "model": name,
+        "shape": {k: v for k, v in s.items() if k not in ("batch", "gpu")},
+        "batch_size": batch,
+        "default_precision": d,
+        "images_per_s": ips,
+        "step_s": {k: med[k] for k in ips},
+        "ratio_vs_timm_same_precision": ips[f"ours_{d}"] / ips[f"timm_{d}"],
+        "ratio_vs_timm_fp32": ips["ours_no"] / ips["timm_no"],
+        "ratio_vs_timm_defaults": ips[f"ours_{d}"] / ips["timm_default"],
+        "step_gflop": flops / 1e9,
+        "matmul_peak_gflops": {p: v / 1e9 for p, v in peak.items()},
+        "achieved_gflops": {p: flops / med[f"ours_{p}"] / 1e9 for p in precisions},
+        "utilization": flops / med[f"ours_{d}"] / peak[d],
+        "utilization_by_precision": {p: flops / med[f"ours_{p}"] / peak[p] for p in precisions},
+        "overhead_fraction": med["corrupt_targets"] / med[f"ours_{d}"],
+        "peak_accel_mem_mb": peak_mem,  # includes the timm model's weights, still resident
+        "timing_spread": {k: [min(v), max(v)] for k, v in times.items()},
+    }
+    del fns, ours, timm_model, opt_ours, opt_timm, opt_timm_default, fwd_ours, fwd_timm
+    gc.collect()
+    return out
+
+
+def overhead_step(model: MaskedPatchPrediction, images, generator, precision: str):
+    """Corruption + targets + the corrupted-token index, as the objective computes them."""
+    dtype = autocast_dtype(precision)
+    with torch.no_grad(), torch.autocast(images.device.type, dtype=dtype, enabled=bool(dtype)):
+        emb_BND = model.encoder.embed_patches(images.float())
+    emb_BND.requires_grad_(True)  # the corruption is recorded for backward, as in training
+    p, n = model.encoder.patch_size, model.num_corrupted
+
+    def step():
+        targets_BN = mean_color_classes(images, p)
+        _, kind_BN = corrupt_patches(
+            emb_BND, model.mask_embedding, model.cfg.mask_ratio, model.cfg.probs, generator
+        )
+        idx_Bn = (kind_BN == 0).to(torch.uint8).argsort(dim=1, stable=True)[:, :n]
+        return targets_BN.gather(1, idx_Bn)
+
+    return step
+
+
+def loader_figures(name: str, args, shards: str, folder: str, train_ips: float) -> dict:
+    s = SHAPES[name]
+    batch, size = args.batch_size or s["batch"], s["image_size"]
+    urls, w = resolve_shards(shards), args.workers
+    loaders = {
+        "ours_1": ours_loader(urls, batch, size, 1),
+        "imagefolder_1": imagefolder_loader(folder, batch, size, 1),
+    }
+    if w > 1:
+        loaders[f"ours_{w}"] = ours_loader(urls, batch, size, w)
+        loaders[f"imagefolder_{w}"] = imagefolder_loader(folder, batch, size, w)
+    # ~1-2 s per timed stretch on one CPU worker: fewer images at 224 px, where each costs more.
+    n_images = max((512 if args.quick else 2048) * (32 / size) ** 2, 256, 8 * batch)
+    rates = interleaved_rates(loaders, int(n_images), args.rounds)
+    del loaders
+    gc.collect()
+    med = {k: median(v) for k, v in rates.items()}
+    k = max(w, 1)
+    return {
+        "loader_images_per_s": med,
+        "loader_workers": w,
+        "loader_vs_imagefolder": med["ours_1"] / med["imagefolder_1"],
+        "loader_vs_imagefolder_all_workers": med[f"ours_{k}"] / med[f"imagefolder_{k}"],
+        "loader_vs_training": med[f"ours_{k}"] / train_ips,
+    }
+
+
+def rss_figures(name: str, args, shards: str) -> dict:
+    s = SHAPES[name]
+    # 1x = 2 shards' worth (1 with --quick or above 64 px, where each image costs more).
+    batch, n = args.batch_size or s["batch"], 1 if args.quick or s["image_size"] > 64 else 2
+    one = streaming_peak_rss(shards, n, batch, s["image_size"], args.workers)
+    four = streaming_peak_rss(shards, 4 * n, batch, s["image_size"], args.workers)
+    return {"rss_mb_1x": one, "rss_mb_4x": four, "rss_shards_1x": n}
+
+
+def find_data(args, tmp: Path) -> tuple[str, str, str]:
+    """(shards, image folder, description): the given paths, else CIFAR-10 where this project
+    keeps it, else (or with --synthetic) a small synthetic set written to `tmp`, the same
+    images in both forms."""
+    if not args.synthetic:
+        shards = args.shards or (CIFAR_SHARDS if Path(CIFAR_SHARDS).is_dir() else None)
+        folder = args.image_folder or (CIFAR_FOLDER if Path(CIFAR_FOLDER).is_dir() else None)
+        if shards and folder:
+            try:
+                resolve_shards(shards)
+            except FileNotFoundError as e:
+                sys.exit(f"error: --shards: {e}")
+            if not Path(folder).is_dir():
+                sys.exit(f"error: --image-folder: {folder} is not a directory")
+            return shards, folder, f"shards {shards} vs image folder {folder}"
+        if args.shards or args.image_folder:
+            sys.exit("error: give both --shards and --image-folder (the same images, two forms)")
+    s, f = make_synthetic_data(tmp, n=400 if args.quick else 4000)
+    return str(s), str(f), "synthetic shapes, 32 px PNG (same images as shards and folder)"
+
+
+TABLE = [  # (label, key, sub-key); {d} = default precision, {w} = default worker count
+    ("train img/s ours (default precision)", "images_per_s", "ours_{d}"),
+    ("train img/s timm (same precision)", "images_per_s", "timm_{d}"),
+    ("train img/s ours fp32", "images_per_s", "ours_no"),
+    ("train img/s timm fp32", "images_per_s", "timm_no"),
+    ("train img/s ours bf16 autocast", "images_per_s", "ours_bf16"),
+    ("train img/s timm bf16 autocast", "images_per_s", "timm_bf16"),
+    ("train img/s timm defaults (fp32, its AdamW)", "images_per_s", "timm_default"),
+    ("ratio ours/timm same precision", "ratio_vs_timm_same_precision", None),
+    ("ratio ours/timm fp32", "ratio_vs_timm_fp32", None),
+    ("ratio ours-default/timm-default", "ratio_vs_timm_defaults", None),
+    ("step GFLOP (counted)", "step_gflop", None),
+    ("achieved GFLOP/s (default precision)", "achieved_gflops", "{d}"),
+    ("matmul peak GFLOP/s (same dtype)", "matmul_peak_gflops", "{d}"),
+    ("utilization (fraction of that peak)", "utilization", None),
+    ("utilization fp32", "utilization_by_precision", "no"),
+    ("utilization bf16", "utilization_by_precision", "bf16"),
+    ("corruption+targets / step", "overhead_fraction", None),
+    ("loader img/s ours, 1 worker", "loader_images_per_s", "ours_1"),
+    ("loader img/s ImageFolder, 1 worker", "loader_images_per_s", "imagefolder_1"),
+    ("loader img/s ours, all workers", "loader_images_per_s", "ours_{w}"),
+    ("loader img/s ImageFolder, all workers", "loader_images_per_s", "imagefolder_{w}"),
+    ("loader ours/ImageFolder per worker", "loader_vs_imagefolder", None),
+    ("loader (all workers) / training", "loader_vs_training", None),
+    ("peak RSS MB streaming 1x shards", "rss_mb_1x", None),
+    ("peak RSS MB streaming 4x shards", "rss_mb_4x", None),
+    ("peak accelerator memory MB", "peak_accel_mem_mb", None),
+]
+
+
+def _cell(fig: dict, key: str, sub: str | None) -> str:
+    v = fig.get(key)
+    if sub is not None and isinstance(v, dict):
+        v = v.get(sub.format(d=fig["default_precision"], w=fig.get("loader_workers", 1)))
+    if not isinstance(v, int | float):
+        return "-"
+    return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+
+
+def print_table(result: dict) -> None:
+    shapes = result["shapes"]
+    print(f"\n{'':46s}" + "".join(f"{s['model']:>14s}" for s in shapes))
+    for label, key, sub in TABLE:
+        print(f"{label:46s}" + "".join(f"{_cell(s, key, sub):>14s}" for s in shapes))
+    m = result["machine"]
+    where = f"{result['device']}, {m.get('gpu', m['cpu'])}, {m['threads']} threads"
+    print(f"\ndevice {where}, torch {m['torch']}, timm {m.get('timm')}; data: {result['data']}")
+    print(result["timing"])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)  # as pipelines do (ssl_vit.train.runtime)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    # Our default, train.mixed_precision=auto: bf16 on a GPU that has it, fp32 on CPU (there bf16
+    # is opt-in: its loss curve ends ~0.5% above fp32's, see the README).
+    default_precision = resolve_mixed_precision("auto") if device.type == "cuda" else "no"
+    shapes: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        shards, folder, data_note = find_data(args, Path(tmp))
+        for name in args.models:
+            print(f"[bench] {name}: training steps ...", file=sys.stderr, flush=True)
+            fig = training_figures(name, args, device, default_precision)
+            if not args.no_loader:
+                print(f"[bench] {name}: loaders ...", file=sys.stderr, flush=True)
+                train_ips = fig["images_per_s"][f"ours_{default_precision}"]
+                fig |= loader_figures(name, args, shards, folder, train_ips)
+                fig |= rss_figures(name, args, shards)
+            shapes.append(fig)
+            result = assemble(args, device, shapes, data_note)
+            if args.json:  # after every shape: a long run that is cut short keeps its figures
+                Path(args.json).write_text(json.dumps(result, indent=1))
+    print_table(result)
+    if args.json:
+        print(f"wrote {args.json}")
+    return result
+
+
+def assemble(args, device: torch.device, shapes: list[dict], data_note: str) -> dict:
+    """The JSON: the default (first) shape's figures at the top level, then every shape."""
+    return {
+        "device": str(device),
+        "default_model": shapes[0]["model"],
+        **{k: shapes[0].get(k) for k in KEYS},
+        "shapes": shapes,
+        "machine": machine(device),
+        "data": data_note,
+        "compile": args.compile,  # True: "ours" and "timm" (not timm's defaults) are compiled
+        "timing": (
+            f"medians of {args.rounds} alternating rounds x {args.steps} steps after "
+            f"{args.warmup} warm-up steps; contenders interleaved (ABC, CBA, ...)"
+        ),
+    }
+
+
+if __name__ == "__main__":
+    main()

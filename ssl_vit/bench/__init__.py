@@ -1,0 +1,1 @@
+"""Benchmark machinery of scripts/bench.py (timm is needed only here)."""
