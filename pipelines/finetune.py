@@ -87,16 +87,17 @@ def main(argv: list[str] | None = None) -> dict:
         if cfg.data.eval and open_source(cfg.data.eval).label_names != label_names:
             raise ConfigError("data.eval: its label names differ from data.train's")
         # --- Model: pretrained encoder (position embeddings resized) or random init ----------
-        if cfg.init.checkpoint:
+        encoder = None
+        if cfg.init.checkpoint:  # loaded before start_run: a bad checkpoint creates no run dir
             encoder, _ = encoder_from_checkpoint(
                 cfg.init.checkpoint, cfg.model, cfg.init.pos_interp, cfg.init.format
             )
-        else:
-            encoder = build_vit(cfg.model)
         run = start_run(cfg)  # Accelerator, run directory with config.yaml, seeds
     except (ConfigError, FileNotFoundError, CheckpointError, ValueError) as e:
         sys.exit(f"error: {e}")
     tc, acc, run_dir, ckpt_dir = cfg.train, run.acc, run.run_dir, run.ckpt_dir
+    if encoder is None:  # built after the seeds are set, so a from-scratch run is reproducible
+        encoder = build_vit(cfg.model)
 
     model = Classifier(encoder, len(label_names), cfg.pool).to(acc.device)
     optimizer = build_sgd(model, tc)

@@ -60,8 +60,11 @@ SHAPES = {
     "base": dict(image_size=224, patch_size=16, width=768, depth=12, heads=12, batch=8, gpu=128),
     "tiny": dict(image_size=16, patch_size=4, width=32, depth=2, heads=2, batch=8, gpu=8),
 }
-CIFAR_SHARDS = "/work/main/data/cifar10-train"
-CIFAR_FOLDER = "/work/shared/data/cifar10/train"
+# Where the README's data steps put CIFAR-10 (relative to the repo root): the shards made by
+# `ssl-vit make-shards` and the PNG folder they were made from.
+ROOT = Path(__file__).resolve().parent.parent
+CIFAR_SHARDS = str(ROOT / "data/cifar10-train")
+CIFAR_FOLDER = str(ROOT / "../shared/data/cifar10/train")
 KEYS = (
     "ratio_vs_timm_same_precision",
     "ratio_vs_timm_defaults",

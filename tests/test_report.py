@@ -13,6 +13,7 @@ pytest.importorskip("matplotlib")
 
 from ssl_vit.cli import main as cli_main  # noqa: E402
 from ssl_vit.objectives.corruption import KEPT, MASKED, UNTOUCHED  # noqa: E402
+from ssl_vit.objectives.targets import color_class_to_rgb, patch_pixels  # noqa: E402
 from ssl_vit.report.examples import _paste, target_pixels  # noqa: E402
 from ssl_vit.report.learned import filter_components, position_similarity  # noqa: E402
 from ssl_vit.report.runs import link_runs, load_runs  # noqa: E402
@@ -200,3 +201,31 @@ def test_mean_color_pixels_and_paste():
     out = _paste(img, kind != 0, tgt[1:])
     assert torch.allclose(out[0, :, :2, 2:], tgt[1]) and torch.allclose(out[0, :, 2:, :2], tgt[2])
     assert out[0, :, :2, :2].abs().sum() == 0 and out[0, :, 2:, 2:].abs().sum() == 0
+
+
+def test_color_4x4_pixels_follow_the_cell_bounds():
+    # P = 6: cells span pixels [0,1), [1,3), [3,4), [4,6) along each side.
+    targets = torch.arange(16).unsqueeze(0) * 7  # one patch, cell c has class 7c = (0, 0, 7)..
+    logits = torch.zeros(1, 16, 512)
+    logits[0, :, 511] = 1.0  # every cell predicted white
+    tgt, pred = target_pixels("color_4x4", targets, logits, patch_size=6)
+    assert tgt.shape == pred.shape == (1, 3, 6, 6)
+    rgb = color_class_to_rgb(targets[0])  # [16, 3]
+    rows_of_cell = [[0], [1, 2], [3], [4, 5]]
+    for ci, rows in enumerate(rows_of_cell):
+        for cj, cols in enumerate(rows_of_cell):
+            for r in rows:
+                for c in cols:
+                    assert torch.equal(tgt[0, :, r, c], rgb[4 * ci + cj])
+    assert torch.allclose(pred, torch.full_like(pred, 15 / 16))
+
+
+def test_pixels_l2_pixels_unpatchify_and_clip():
+    images = torch.rand(1, 3, 4, 4)
+    targets = patch_pixels(images, 2)[0]  # [4 patches, 12]
+    preds = targets * 3 - 1  # out of range: clipped for display
+    tgt, pred = target_pixels("pixels_l2", targets, preds, patch_size=2)
+    assert torch.allclose(tgt[1], images[0, :, :2, 2:])  # patch 1: rows 0-1, columns 2-3
+    assert torch.allclose(tgt[2], images[0, :, 2:, :2])
+    assert pred.min() >= 0 and pred.max() <= 1
+    assert torch.allclose(pred[3], (images[0, :, 2:, 2:] * 3 - 1).clamp(0, 1))

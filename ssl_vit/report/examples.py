@@ -2,9 +2,11 @@
 asked for and what the pretrained model predicted, for a few images of the run's data.
 
 The only objective-specific code is `target_pixels`: it turns the objective's targets and
-outputs for the corrupted patches into pixels. To support a new `objective.target`, write one
-function `(targets, logits, patch_size) -> (target [M, 3, P, P], predicted [M, 3, P, P])` in
-[0, 1] and register it in `PATCH_PIXELS` under the target's name.
+outputs for the corrupted patches into pixels, for each `objective.target` (mean_color: the
+patch in its colour; color_4x4: each cell in its colour; pixels_l2: the pixels). To support a
+new target, write one function
+`(targets, logits, patch_size) -> (target [M, 3, P, P], predicted [M, 3, P, P])` in [0, 1]
+and register it in `PATCH_PIXELS` under the target's name.
 
 Shape legend: B images, N patches, M corrupted patches in all, K classes, P patch size.
 """
@@ -22,7 +24,7 @@ from ssl_vit.config import PretrainConfig, load_config
 from ssl_vit.data import eval_loader
 from ssl_vit.model import build_vit
 from ssl_vit.objectives import MaskedPatchPrediction
-from ssl_vit.objectives.targets import color_class_to_rgb
+from ssl_vit.objectives.targets import cell_bounds, color_class_to_rgb
 from ssl_vit.report.runs import Run
 from ssl_vit.train.checkpoint import load_checkpoint
 
@@ -43,10 +45,43 @@ def _mean_color_pixels(
     return fill(targets_M), fill(logits_MK.argmax(dim=-1))
 
 
+def _cell_color_pixels(
+    targets_MC: torch.Tensor, logits_MCK: torch.Tensor, patch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """color_4x4: each of the patch's c x c cells filled with its colour class's bin centre,
+    with the cell boundaries of the targets (objectives.targets.cell_bounds)."""
+    cells = round(targets_MC.shape[-1] ** 0.5)
+    # Which cell every pixel row / column belongs to: [P] indices into the c cells.
+    side_P = torch.empty(patch_size, dtype=torch.long)
+    for i, (start, end) in enumerate(cell_bounds(patch_size, cells)):
+        side_P[start:end] = i
+    cell_PP = side_P[:, None] * cells + side_P[None, :]  # [P, P] cell of each pixel
+
+    def fill(classes_MC: torch.Tensor) -> torch.Tensor:
+        rgb_MC3 = color_class_to_rgb(classes_MC)
+        return rgb_MC3[:, cell_PP].permute(0, 3, 1, 2)  # [M, 3, P, P]
+
+    return fill(targets_MC), fill(logits_MCK.argmax(dim=-1))
+
+
+def _pixels(
+    targets_MX: torch.Tensor, preds_MX: torch.Tensor, patch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """pixels_l2: the patch pixels (objectives.targets.patch_pixels order: rows, columns,
+    RGB), predictions clipped to [0, 1]. Per-patch normalized predictions are mapped back
+    with the target patch's own mean and std by `run_examples` before this."""
+
+    def unpatch(x_MX: torch.Tensor) -> torch.Tensor:
+        return x_MX.reshape(-1, patch_size, patch_size, 3).permute(0, 3, 1, 2).clamp(0, 1)
+
+    return unpatch(targets_MX), unpatch(preds_MX)
+
+
 # objective.target -> (targets, logits, patch_size) -> (target pixels, predicted pixels).
-# color_4x4 and pixels_l2 go here (see the module docstring).
 PATCH_PIXELS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
     "mean_color": _mean_color_pixels,
+    "color_4x4": _cell_color_pixels,
+    "pixels_l2": _pixels,
 }
 
 
@@ -126,7 +161,13 @@ def run_examples(run: Run, num: int = 8, seed: int = 0) -> Examples | str:
     images = batch.images[:num]
     out = model(images, torch.Generator().manual_seed(seed))
     P = model.encoder.patch_size
-    tgt, pred = target_pixels(cfg.objective.target, out.targets, out.logits, P)
+    preds = out.logits
+    if cfg.objective.target == "pixels_l2" and cfg.objective.normalize_pixels:
+        # Predictions are per-patch standardized pixels: show them in the target's own range.
+        mean = out.targets.mean(dim=-1, keepdim=True)
+        std = out.targets.var(dim=-1, keepdim=True, unbiased=False).add(1e-6).sqrt()
+        preds = preds * std + mean
+    tgt, pred = target_pixels(cfg.objective.target, out.targets, preds, P)
     x = images.float() / 255
     chosen = out.kind != 0
     return Examples(x, out.kind, _paste(x, chosen, tgt), _paste(x, chosen, pred), P, ckpts[-1])
