@@ -141,7 +141,7 @@ class PeakRSS:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _sample(self) -> float:
+    def sample_mb(self) -> float:
         total = 0
         for p in [self._proc, *self._proc.children(recursive=True)]:
             try:
@@ -152,7 +152,7 @@ class PeakRSS:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak_mb = max(self.peak_mb, self._sample())
+            self.peak_mb = max(self.peak_mb, self.sample_mb())
             self._stop.wait(self._interval)
 
     def __enter__(self) -> PeakRSS:
@@ -162,4 +162,4 @@ class PeakRSS:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak_mb = max(self.peak_mb, self._sample())
+        self.peak_mb = max(self.peak_mb, self.sample_mb())
