@@ -153,7 +153,7 @@ def run_examples(run: Run, num: int = 8, seed: int = 0) -> Examples | str:
     source = find_data(cfg.data.train_shards, run)
     if source is None:
         return f"the run's data ({cfg.data.train_shards}) is not present here"
-    state = load_checkpoint(ckpts[-1])
+    state = load_checkpoint(ckpts[-1], rng=False)
     model = MaskedPatchPrediction(build_vit(cfg.model), cfg.objective, cfg.data.mean, cfg.data.std)
     model.load_state_dict(state["model"])
     model.eval()

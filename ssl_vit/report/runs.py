@@ -86,9 +86,18 @@ def load_run(path: str | Path) -> Run:
     return Run(path, kind, config, _read_rows(path / "metrics.jsonl"), results)
 
 
+def _run_dirs(folder: Path) -> list[Path]:
+    """Run directories at any depth below `folder` (a run's own subdirectories are not
+    searched), sorted by path: a study's `pretrain/x`, `fewshot/x`, ... included."""
+    found: list[Path] = []
+    for q in sorted(d for d in folder.iterdir() if d.is_dir()):
+        found.extend([q] if (q / "config.yaml").is_file() else _run_dirs(q))
+    return found
+
+
 def load_runs(paths: list[str | Path]) -> list[Run]:
     """Runs in the order given; a directory holding run directories (not a run itself) is
-    expanded to its runs, sorted by name."""
+    expanded to the runs below it, at any depth, sorted by path."""
     runs: list[Run] = []
     for p in map(Path, paths):
         if not p.is_dir():
@@ -96,7 +105,7 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
         if (p / "config.yaml").is_file():
             runs.append(load_run(p))
         else:
-            subs = sorted(q for q in p.iterdir() if (q / "config.yaml").is_file())
+            subs = _run_dirs(p)
             if not subs:
                 raise ValueError(f"{p}: neither a run directory nor a folder of runs")
             runs.extend(load_run(q) for q in subs)

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -191,16 +192,25 @@ def verify_checkpoint(path: Path) -> None:
             raise CheckpointError(f"{path}: {name} is truncated or corrupted (checksum mismatch)")
 
 
-def load_checkpoint(path: str | Path, rank: int = 0) -> dict[str, Any]:
-    """Verified training state of checkpoint `path`, with this rank's RNG state under 'rng'."""
+def load_checkpoint(path: str | Path, rank: int = 0, rng: bool = True) -> dict[str, Any]:
+    """Verified training state of checkpoint `path`, with this rank's RNG state under 'rng'
+    (`rng=False`: without it, e.g. to look at the weights only)."""
     path = Path(path)
     verify_checkpoint(path)
     # weights_only: tensors and plain containers only, nothing unpickled as arbitrary objects.
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    if not rng:
+        return state
     rng_file = path / f"rng_rank{rank}.pt"
     if not rng_file.is_file():  # resumed on more ranks than saved: fall back to rank 0's state
         rng_file = path / "rng_rank0.pt"
-    state["rng"] = torch.load(rng_file, map_location="cpu", weights_only=True)
+    try:
+        state["rng"] = torch.load(rng_file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # e.g. NumPy arrays, as ssl-vit wrote before 0.2
+        raise CheckpointError(
+            f"{rng_file}: RNG state holds objects weights_only loading refuses "
+            f"({str(e).splitlines()[0][:120]}); it cannot be resumed exactly"
+        ) from None
     return state
 
 
