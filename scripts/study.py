@@ -9,14 +9,13 @@ same fine-tuning from scratch. Each job is the ordinary pipeline (pipelines/*.py
 process, its output in `<output_dir>/<stage>/<name>/` and its log in `<output_dir>/logs/`.
 A job whose results.json exists is skipped and an interrupted pretraining or fine-tuning
 resumes from its newest checkpoint, so the study can be stopped and started again. At the end:
-`summary.json` and `summary.md` (the table), then `ssl-vit report` over all runs when the
-report command is installed. `--quick` picks the `quick` budget (a CPU), default `full`.
+`summary.json` and `summary.md` (the table), then `ssl-vit report` over all runs.
+`--quick` picks the `quick` budget (a CPU), default `full`.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shlex
 import subprocess
@@ -217,14 +216,9 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def report(run_dirs: list[Path], out: Path) -> None:
-    """`ssl-vit report` over all runs, where that command is installed; else say how."""
-    cmd = ["ssl-vit", "report", *map(str, run_dirs), "--output", str(out)]
-    if importlib.util.find_spec("ssl_vit.report") is None:
-        print(
-            f"report: this install has no `ssl-vit report`; once it does, run:\n  {shlex.join(cmd)}"
-        )
-        return
-    rc = subprocess.run([sys.executable, "-m", "ssl_vit.cli", *cmd[1:]]).returncode
+    """`ssl-vit report` over all runs (its figures need the `report` extra, matplotlib)."""
+    cmd = ["report", *map(str, run_dirs), "--output", str(out)]
+    rc = subprocess.run([sys.executable, "-m", "ssl_vit.cli", *cmd]).returncode
     print(f"report: {'written to ' + str(out) if rc == 0 else f'failed (exit {rc})'}")
 
 
