@@ -94,18 +94,10 @@ def mlp_ratio_for(hidden: int, width: int) -> float:
 
 def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Key -> shape of our encoder's state dict for a model config (built on the meta device)."""
-    from ssl_vit.model.vit import ViT
+    from ssl_vit.model.vit import vit_from_config
 
     with torch.device("meta"):
-        vit = ViT(
-            cfg["image_size"],
-            cfg["patch_size"],
-            cfg["width"],
-            cfg["depth"],
-            cfg["heads"],
-            cfg["mlp_ratio"],
-            cfg.get("norm_eps", 1e-6),
-        )
+        vit = vit_from_config(cfg)
     return {k: tuple(v.shape) for k, v in vit.state_dict().items()}
 
 

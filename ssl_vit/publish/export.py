@@ -99,19 +99,11 @@ def import_weights(
     """timm / transformers ViT weights -> an ssl-vit encoder directory (encoder.safetensors
     with its model config), usable as `init.checkpoint` and by `fewshot.py --checkpoint`."""
     from ssl_vit.interop import detect_format
-    from ssl_vit.model.vit import ViT
+    from ssl_vit.model.vit import vit_from_config
 
     fmt = detect_format(source) if fmt == "auto" else fmt
     state, cfg = load_any_encoder(source, fmt, heads)
-    encoder = ViT(
-        cfg["image_size"],
-        cfg["patch_size"],
-        cfg["width"],
-        cfg["depth"],
-        cfg["heads"],
-        cfg["mlp_ratio"],
-        cfg.get("norm_eps", 1e-6),
-    )
+    encoder = vit_from_config(cfg)
     encoder.load_state_dict(state, strict=True)  # keys and shapes were checked on reading
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)

@@ -253,7 +253,7 @@ def encoder_from_checkpoint(
     taken from it, as is the LayerNorm epsilon. Returns (encoder, the checkpoint's model
     config)."""
     from ssl_vit.model.pos_embed import interpolate_pos_embed
-    from ssl_vit.model.vit import ViT
+    from ssl_vit.model.vit import vit_from_config
 
     # A bare timm state dict does not say its number of heads: model.heads does.
     state, saved = load_any_encoder(path, fmt, heads=getattr(model_cfg, "heads", None))
@@ -267,14 +267,8 @@ def encoder_from_checkpoint(
     for k in SHAPE_KEYS:
         setattr(model_cfg, k, saved[k])
     model_cfg.norm_eps = saved.get("norm_eps", 1e-6)  # checkpoints before norm_eps: 1e-6
-    encoder = ViT(
-        model_cfg.image_size,
-        saved["patch_size"],
-        saved["width"],
-        saved["depth"],
-        saved["heads"],
-        saved["mlp_ratio"],
-        model_cfg.norm_eps,
+    encoder = vit_from_config(
+        {**saved, "image_size": model_cfg.image_size, "norm_eps": model_cfg.norm_eps}
     )
     old = saved["image_size"] // saved["patch_size"]
     if state["pos_embed"].shape != encoder.pos_embed.shape:
