@@ -4,7 +4,8 @@
         --config configs/fewshot/cifar10.yaml [key=value ...]
     python pipelines/fewshot.py --checkpoint random ...   # a random-init encoder of model.*
 
-config -> encoder -> features (once) -> closed-form solves for every shot/seed/l2 -> results.
+config -> checks -> encoder -> features (once) -> closed-form solves for every shot/seed/l2
+-> results. Exit status: 0 done, 1 failed (or stopped by a signal: nothing to resume).
 """
 
 from __future__ import annotations
@@ -12,16 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from ssl_vit.config import ConfigError, FewshotConfig, load_config, save_config
+from ssl_vit.config import FewshotConfig, load_config, save_config
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.model import build_vit
-from ssl_vit.train.checkpoint import CheckpointError, encoder_from_checkpoint
+from ssl_vit.train import preflight
+from ssl_vit.train.guard import one_line_errors, run_job
 from ssl_vit.train.metrics import MetricsWriter
 from ssl_vit.train.runtime import seed_everything, setup_logging
 
@@ -45,17 +46,18 @@ def main(argv: list[str] | None = None) -> dict:
     t_start = time.time()
     args = parse_args(argv)
     setup_logging(True)
-    try:
+    with one_line_errors():
         cfg = load_config(FewshotConfig, args.config, args.overrides)
+        preflight.check_labelled_source("data.train", cfg.data.train)
+        preflight.check_labelled_source("data.eval", cfg.data.eval)
         seed_everything(cfg.seed)
         if args.checkpoint == "random":
             encoder = build_vit(cfg.model)
         else:
-            encoder, _ = encoder_from_checkpoint(
-                args.checkpoint, cfg.model, cfg.pos_interp, cfg.checkpoint_format
+            encoder, _ = preflight.load_init_encoder(
+                "--checkpoint", args.checkpoint, cfg.model, cfg.pos_interp, cfg.checkpoint_format
             )
-    except (ConfigError, CheckpointError, ValueError) as e:
-        sys.exit(f"error: {e}")
+        preflight.check_writable("output_dir", cfg.output_dir)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     run_dir = Path(cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -63,25 +65,22 @@ def main(argv: list[str] | None = None) -> dict:
     metrics = MetricsWriter(run_dir, tensorboard=cfg.tensorboard)
 
     d = cfg.data
-    try:
-        res = fewshot_evaluate(
-            encoder.to(device),
-            d.train,
-            d.eval,
-            image_size=cfg.model.image_size,
-            mean=d.mean,
-            std=d.std,
-            shots=cfg.shots,
-            seeds=cfg.seeds,
-            l2_regs=cfg.l2_reg,
-            batch_size=d.batch_size,
-            num_workers=d.num_workers,
-            max_eval=d.max_eval,
-            device=device,
-            pool=cfg.pool,
-        )
-    except FileNotFoundError as e:
-        sys.exit(f"error: {e}")
+    res = fewshot_evaluate(
+        encoder.to(device),
+        d.train,
+        d.eval,
+        image_size=cfg.model.image_size,
+        mean=d.mean,
+        std=d.std,
+        shots=cfg.shots,
+        seeds=cfg.seeds,
+        l2_regs=cfg.l2_reg,
+        batch_size=d.batch_size,
+        num_workers=d.num_workers,
+        max_eval=d.max_eval,
+        device=device,
+        pool=cfg.pool,
+    )
     res.update(
         checkpoint=args.checkpoint,
         image_size=cfg.model.image_size,
@@ -102,4 +101,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_job(main)

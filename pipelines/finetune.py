@@ -1,11 +1,12 @@
 """Fine-tune a pretrained encoder (or a random one) as a classifier (paper section 3.2, B.1.1).
 
-    accelerate launch pipelines/finetune.py --config configs/finetune/smoke.yaml [key=value ...]
-    python pipelines/finetune.py ...  [--resume]
+    accelerate launch --multi_gpu pipelines/finetune.py --config configs/finetune/smoke.yaml
+    python pipelines/finetune.py --config ... [key=value ...] [--resume]   # one process
 
 The pretraining head is dropped; a zero-initialized D x K linear layer is attached; the
 position embeddings are 2D-interpolated when `model.image_size` differs from pretraining.
-config -> Accelerator -> data -> model -> optimizer -> resume -> loop -> final eval and save.
+config -> checks -> Accelerator -> model -> optimizer -> resume -> data -> loop -> final save
+and evaluation. Exit status: 0 done or preempted (checkpoint written), 1 failed.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 
 import torch
@@ -22,20 +22,22 @@ from safetensors.torch import save_file
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from ssl_vit.config import ConfigError, FinetuneConfig, load_config, to_dict
-from ssl_vit.data import StreamTracker, eval_loader, open_source, train_loader
+from ssl_vit.data import StreamTracker, eval_loader, train_loader
 from ssl_vit.model import Classifier, build_vit, normalize_pixels
-from ssl_vit.train.checkpoint import (
-    CheckpointError,
-    encoder_from_checkpoint,
-    latest_valid_checkpoint,
-    load_checkpoint,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
+from ssl_vit.train import preflight
+from ssl_vit.train.checkpoint import rng_state, set_rng_state
+from ssl_vit.train.guard import StopRequest, one_line_errors, run_job
+from ssl_vit.train.loop import (
+    BadSteps,
+    Batches,
+    Checkpointer,
+    StepStats,
+    new_counters,
+    resume_state,
 )
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
 from ssl_vit.train.optim import apply_step, build_sgd
-from ssl_vit.train.runtime import StopRequest, start_run
+from ssl_vit.train.runtime import start_run
 from ssl_vit.train.schedules import set_lr, warmup_cosine
 
 log = logging.getLogger("finetune")
@@ -48,6 +50,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     return p.parse_intermixed_args(argv)
+
+
+def check(cfg: FinetuneConfig):
+    """Everything the job will touch, before any compute: sources with labels, the init
+    checkpoint (loaded: its shape must fit), the output directory. -> (label names, encoder)"""
+    label_names = preflight.check_labelled_source("data.train", cfg.data.train)
+    if cfg.data.eval:
+        eval_names = preflight.check_labelled_source("data.eval", cfg.data.eval)
+        if eval_names and eval_names != label_names:
+            raise ConfigError(f"data.eval={cfg.data.eval!r}: label names differ from data.train's")
+    encoder = None
+    if not cfg.init.scratch:
+        i = cfg.init
+        encoder, _ = preflight.load_init_encoder(
+            "init.checkpoint", i.checkpoint, cfg.model, i.pos_interp, i.format
+        )
+    preflight.check_writable("output_dir", cfg.output_dir)
+    return label_names, encoder
 
 
 @torch.no_grad()
@@ -78,24 +98,11 @@ def evaluate(model, source: str, cfg: FinetuneConfig, acc) -> float:
 def main(argv: list[str] | None = None) -> dict:
     t_start = time.time()
     args = parse_args(argv)
-    try:
+    with one_line_errors():
         cfg = load_config(FinetuneConfig, args.config, args.overrides)
-        train_src = open_source(cfg.data.train)
-        label_names = train_src.label_names
-        if not label_names:
-            raise ConfigError(f"data.train: {cfg.data.train} has no labels")
-        if cfg.data.eval and open_source(cfg.data.eval).label_names != label_names:
-            raise ConfigError("data.eval: its label names differ from data.train's")
-        # --- Model: pretrained encoder (position embeddings resized) or random init ----------
-        encoder = None
-        if cfg.init.checkpoint:  # loaded before start_run: a bad checkpoint creates no run dir
-            encoder, _ = encoder_from_checkpoint(
-                cfg.init.checkpoint, cfg.model, cfg.init.pos_interp, cfg.init.format
-            )
+        label_names, encoder = check(cfg)  # loaded before start_run: a bad one makes no run dir
         run = start_run(cfg)  # Accelerator, run directory with config.yaml, seeds
-    except (ConfigError, FileNotFoundError, CheckpointError, ValueError) as e:
-        sys.exit(f"error: {e}")
-    tc, acc, run_dir, ckpt_dir = cfg.train, run.acc, run.run_dir, run.ckpt_dir
+    tc, acc = cfg.train, run.acc
     if encoder is None:  # built after the seeds are set, so a from-scratch run is reproducible
         encoder = build_vit(cfg.model)
 
@@ -103,181 +110,166 @@ def main(argv: list[str] | None = None) -> dict:
     optimizer = build_sgd(model, tc)
     ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema)) if cfg.ema else None
 
-    start_step, stream_state = 0, None
-    if args.resume and (path := latest_valid_checkpoint(ckpt_dir)) is not None:
-        state = load_checkpoint(path, rank=acc.process_index)
+    start_step, stream_state, counters = 0, None, new_counters()
+    if state := resume_state(run, args.resume):
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         if ema is not None:
             ema.load_state_dict(state["ema"])
         set_rng_state(state["rng"])
         start_step, stream_state = state["step"], state["rng"].get("stream")
-        log.info("resumed from %s at step %d", path, start_step)
-    metrics = MetricsWriter(run_dir, enabled=acc.is_main_process, tensorboard=tc.tensorboard)
+        counters.update(state.get("counters", {}))  # (checkpoints before counters: zeros)
+    metrics = MetricsWriter(run.run_dir, enabled=acc.is_main_process, tensorboard=tc.tensorboard)
     metrics.truncate_after(start_step)
     model, optimizer = acc.prepare(model, optimizer)
     raw = acc.unwrap_model(model)
 
-    batches = iter(
-        train_loader(
-            cfg.data.train,
-            run.local_batch,
-            cfg.model.image_size,
-            crop_scale=cfg.data.crop_scale,
-            hflip=cfg.data.hflip,
-            num_workers=cfg.data.num_workers,
-            shuffle_buffer=cfg.data.shuffle_buffer,
-            seed=cfg.seed,
-            rank=acc.process_index,
-            world_size=acc.num_processes,
-            resampled=cfg.data.resampled,
-            resume=stream_state,  # exactly where the consumed batches ended
-        )
+    loader = train_loader(
+        cfg.data.train,
+        run.local_batch,
+        cfg.model.image_size,
+        crop_scale=cfg.data.crop_scale,
+        hflip=cfg.data.hflip,
+        num_workers=cfg.data.num_workers,
+        shuffle_buffer=cfg.data.shuffle_buffer,
+        seed=cfg.seed,
+        rank=acc.process_index,
+        world_size=acc.num_processes,
+        resampled=cfg.data.resampled,
+        resume=stream_state,  # exactly where the consumed batches ended
     )
     tracker = StreamTracker(acc.num_processes, cfg.data.num_workers, stream_state)
-    stop = StopRequest(acc.num_processes)
+    ckpt = Checkpointer(
+        run,
+        tc.keep_checkpoints,
+        raw.encoder,
+        to_dict(cfg.model),
+        state=lambda: {
+            "model": raw.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "ema": ema.state_dict() if ema is not None else None,
+            "counters": counters,
+            "config": to_dict(cfg),
+            "label_names": label_names,
+        },
+        rng=lambda: {**rng_state(), "stream": tracker.state_dict()},
+    )
 
-    def checkpoint(step: int) -> None:
-        save_checkpoint(
-            ckpt_dir,
-            step,
-            encoder=raw.encoder,
-            model_config=to_dict(cfg.model),
-            state={
-                "model": raw.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "ema": ema.state_dict() if ema is not None else None,
-                "config": to_dict(cfg),
-                "label_names": label_names,
-            },
-            rng={**rng_state(), "stream": tracker.state_dict()},
-            rank=acc.process_index,
-            is_main=acc.is_main_process,
-            barrier=acc.wait_for_everyone,
-            keep=tc.keep_checkpoints,
-        )
-
-    def run_eval(row: dict) -> None:
+    def run_eval(row: dict) -> dict:
         if cfg.data.eval:
             row["top1"] = evaluate(model, cfg.data.eval, cfg, acc)
             if ema is not None:
                 row["top1_ema"] = evaluate(ema.module, cfg.data.eval, cfg, acc)
+        return row
 
     log.info(
         "fine-tuning %d classes at %d px for %d steps, global batch %d, from %s",
-        len(label_names),
-        cfg.model.image_size,
-        tc.steps,
-        tc.batch_size,
-        cfg.init.checkpoint or "random init",
+        *(len(label_names), cfg.model.image_size, tc.steps, tc.batch_size),
+        "random init" if cfg.init.scratch else cfg.init.checkpoint,
     )
+    watch = Stopwatch()
+    stats = StepStats({"loss": 1, "micro": 1, "correct": 1, "seen": 1}, acc.device)
+    bad = BadSteps(tc.max_bad_steps, run.ckpt_dir, counters)
+    bar = progress_bar(tc.steps, start_step, acc.is_main_process)
     model.train()
-    watch, bar = Stopwatch(), progress_bar(tc.steps, start_step, acc.is_main_process)
-    sums = torch.zeros(4, device=acc.device)  # loss, micro-steps, correct, seen
-    last_log, row, bad_run, done, stopped = start_step, {}, 0, start_step, False
-    for step in range(start_step, tc.steps):
-        lr = warmup_cosine(step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr)
-        set_lr(optimizer, lr)
-        for _ in range(tc.grad_accum):
-            t0 = time.perf_counter()
-            batch = next(batches)
-            tracker.update(batch)  # consumed batches only: the resume position
-            watch.add("data", time.perf_counter() - t0)
-            x = normalize_pixels(
-                batch.images.to(acc.device, non_blocking=True), cfg.data.mean, cfg.data.std
-            )
-            y = batch.labels.to(acc.device, non_blocking=True)
-            with acc.accumulate(model):
-                logits = model(x)
-                loss = F.cross_entropy(logits.float(), y)
-                acc.backward(loss)
-                if acc.sync_gradients:  # a non-finite gradient norm: the step is skipped
-                    bad_run = 0 if apply_step(acc, model, optimizer, tc.grad_clip) else bad_run + 1
-                optimizer.zero_grad(set_to_none=True)
-            sums += torch.stack(
-                [
-                    loss.detach(),
-                    torch.ones((), device=acc.device),
-                    (logits.argmax(-1) == y).sum(),
-                    torch.tensor(len(y)).to(y),
-                ]
-            )
-        if bad_run >= tc.max_bad_steps:
-            stop.close()
-            sys.exit(
-                f"error: {bad_run} steps in a row with a non-finite loss or gradient; stopping. "
-                f"Last good checkpoint: {latest_valid_checkpoint(ckpt_dir)}"
-            )
-        if ema is not None and not bad_run:
-            ema.update_parameters(raw)
-        bar.update(1)
-        done = step + 1
-        if done % tc.log_every == 0 or done == tc.steps:
-            elapsed, waits = watch.lap()
-            loss_sum, n, correct, seen = acc.reduce(sums, reduction="sum").tolist()
-            row = {
-                "step": done,
-                "loss": loss_sum / n,
-                "train_acc": correct / seen,
-                "lr": lr,
-                "img_per_s": (done - last_log) * tc.batch_size / elapsed,
-                "data_wait": waits.get("data", 0.0) / elapsed,
-            }
-            if cfg.eval_every and done % cfg.eval_every == 0 or done == tc.steps:
-                with watch.paused():
-                    run_eval(row)
-            row = metrics.log(row)
-            bar.write(format_metrics(row, SHOWN))
-            sums.zero_()
-            last_log = done
-        if stop.agreed():  # preemption: every rank stops after the same step
-            stopped = True
-            break
-        if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != tc.steps:
-            if not bad_run:
-                with watch.paused():
-                    checkpoint(done)
-    bar.close()
-    stop.close()
-    if stopped:
-        checkpoint(done)
-        log.info(
-            "stopped by a signal after step %d; checkpoint written, resume with --resume", done
-        )
-        metrics.write_results({"step": done, "preempted": True})
-        acc.end_training()
-        return {"step": done, "preempted": True}
+    done, last_log, row = start_step, start_step, {}
+    with (
+        Batches(loader, tracker, counters, acc.num_processes, watch) as batches,
+        StopRequest(acc.num_processes, tc.stop_timeout_s) as stop,
+    ):
+        for step in range(start_step, tc.steps):
+            lr = warmup_cosine(step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr)
+            set_lr(optimizer, lr)
+            applied = True
+            for _ in range(tc.grad_accum):
+                batch = batches.next()
+                x = batch.images.to(acc.device, non_blocking=True)
+                x = normalize_pixels(x, cfg.data.mean, cfg.data.std)
+                y = batch.labels.to(acc.device, non_blocking=True)
+                with acc.accumulate(model):
+                    logits = model(x)
+                    loss = F.cross_entropy(logits.float(), y)
+                    acc.backward(loss)
+                    if acc.sync_gradients:  # a non-finite gradient norm: the step is skipped
+                        applied = apply_step(acc, model, optimizer, tc.grad_clip)
+                    optimizer.zero_grad(set_to_none=True)
+                stats.add(loss=loss, micro=1, correct=(logits.argmax(-1) == y).sum(), seen=len(y))
+            done = step + 1
+            stats.end_step(applied)  # a skipped step counts in no logged mean
+            bad.update(applied, done)
+            if ema is not None and applied:
+                ema.update_parameters(raw)
+            bar.update(1)
+            if done % tc.log_every == 0 or done == tc.steps:
+                elapsed, waits = watch.lap()
+                sums = stats.reduce(acc)
+                row = {
+                    "step": done,
+                    "loss": sums["loss"] / sums["micro"] if sums["micro"] else float("nan"),
+                    "train_acc": sums["correct"] / sums["seen"] if sums["seen"] else float("nan"),
+                    "lr": lr,
+                    "img_per_s": (done - last_log) * tc.batch_size / elapsed,
+                    "data_wait": waits.get("data", 0.0) / elapsed,
+                    "skipped_steps": counters["skipped_steps"],
+                }
+                last_log = done
+                if cfg.eval_every and done % cfg.eval_every == 0 and done != tc.steps:
+                    with watch.paused():
+                        run_eval(row)
+                if done != tc.steps:  # the last row waits for the final evaluation
+                    bar.write(format_metrics(metrics.log(row), SHOWN))
+            if stop.agreed():  # preemption: every rank stops after the same step
+                break
+            if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != tc.steps:
+                if not bad.in_a_row:
+                    with watch.paused():
+                        ckpt.save(done)
+        bar.close()
 
-    # --- Final save: the fine-tuned classifier (safetensors) with its label names ---------
-    checkpoint(tc.steps)
+        ckpt.save(done)
+        if done < tc.steps:
+            log.info("stopped by a signal after step %d; checkpoint written: --resume", done)
+            metrics.write_results({"step": done, "preempted": True})
+            acc.end_training()
+            return {"step": done, "preempted": True}
+        # --- Final evaluation and save (a signal from here on ends the job at once) ----------
+        stop.finish_loop()
+        row = metrics.log(run_eval({**row, "step": tc.steps}))
+        bar.write(format_metrics(row, SHOWN))
     results = {
         "step": tc.steps,
         "top1": row.get("top1"),
         "top1_ema": row.get("top1_ema"),
         "train_loss": row.get("loss"),
-        "init": cfg.init.checkpoint or "random",
+        "skipped_steps": counters["skipped_steps"],
+        "init": "random" if cfg.init.scratch else cfg.init.checkpoint,
         "image_size": cfg.model.image_size,
         "wall_time_s": time.time() - t_start,
     }
     if acc.is_main_process:
-        final = ema.module if ema is not None else raw
-        tensors = {k: v.detach().contiguous().cpu() for k, v in final.state_dict().items()}
-        save_file(
-            tensors,
-            str(run_dir / "model.safetensors"),
-            metadata={
-                "model_config": json.dumps(to_dict(cfg.model)),
-                "pool": cfg.pool,
-                "label_names": json.dumps(label_names),
-            },
-        )
-        (run_dir / "labels.json").write_text(json.dumps(label_names, indent=1) + "\n")
+        save_classifier(ema.module if ema is not None else raw, cfg, label_names)
     metrics.write_results(results)
-    if acc.is_main_process:
-        log.info("done: %s", format_metrics(results, ("top1", "top1_ema", "wall_time_s")))
+    log.info("done: %s", format_metrics(results, ("top1", "top1_ema", "wall_time_s")))
     acc.end_training()
     return results
 
 
+def save_classifier(model, cfg: FinetuneConfig, label_names: list[str]) -> None:
+    """The fine-tuned classifier (safetensors, with its shape and labels) and labels.json."""
+    run_dir = cfg.output_dir
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(
+        tensors,
+        f"{run_dir}/model.safetensors",
+        metadata={
+            "model_config": json.dumps(to_dict(cfg.model)),
+            "pool": cfg.pool,
+            "label_names": json.dumps(label_names),
+        },
+    )
+    with open(f"{run_dir}/labels.json", "w") as f:
+        f.write(json.dumps(label_names, indent=1) + "\n")
+
+
 if __name__ == "__main__":
-    main()
+    run_job(main)

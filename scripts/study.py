@@ -7,9 +7,10 @@ evaluation of the checkpoint -> fine-tuning from it (at `finetune_image_size`, p
 embeddings interpolated); plus the same few-shot evaluation of a random-init encoder and the
 same fine-tuning from scratch. Each job is the ordinary pipeline (pipelines/*.py) in its own
 process, its output in `<output_dir>/<stage>/<name>/` and its log in `<output_dir>/logs/`.
-A job whose results.json exists is skipped and an interrupted pretraining or fine-tuning
-resumes from its newest checkpoint, so the study can be stopped and started again. At the end:
-`summary.json` and `summary.md` (the table), then `ssl-vit report` over all runs.
+A finished job (results.json) is skipped and an interrupted pretraining or fine-tuning resumes
+from its newest checkpoint, so the study can be stopped (SIGTERM, Ctrl-C: the running job
+checkpoints, then the study exits 0) and started again; a failed job stops it with exit 1.
+At the end: `summary.json` and `summary.md` (the table), then `ssl-vit report` over all runs.
 `--quick` picks the `quick` budget (a CPU), default `full`.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -90,7 +92,7 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
             *model_overrides(budget.model, budget.finetune_image_size), *budget.finetune,
         ])  # fmt: skip
 
-    jobs = [fewshot("random", lambda: "random"), finetune("scratch", lambda: "")]
+    jobs = [fewshot("random", lambda: "random"), finetune("scratch", lambda: "none")]
     for v in cfg.variants:
         pre_dir = out / "pretrain" / v.name
         jobs.append(Job("pretrain", v.name, pre_dir, lambda v=v, pre_dir=pre_dir: py + [
@@ -103,9 +105,33 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
     return jobs
 
 
-def execute(argv: list[str], log) -> int:
-    """Run one job in its own process (isolated memory, a crash stays in its log)."""
-    return subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT).returncode
+def execute(argv: list[str], log) -> tuple[int, str | None]:
+    """Run one job in its own process (isolated memory, a crash stays in its log).
+
+    -> (exit status, the stop signal's name if the study got one). The job runs in its own
+    session, so a signal sent to the study's process group reaches the job exactly once:
+    forwarded here (a second SIGTERM would make the job skip its checkpoint)."""
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    stopped: list[str] = []
+
+    def forward(signum: int, _frame) -> None:
+        if not stopped:
+            stopped.append(signal.Signals(signum).name)
+            proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        rc = proc.wait()  # bounded: every job ends on its own after a signal (guard.py)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return rc, (stopped[0] if stopped else None)
+
+
+def finished(run_dir: Path) -> bool:
+    """A job ran to its end (a preempted one writes results.json with `preempted`)."""
+    results = _read(run_dir / "results.json")
+    return bool(results) and not results.get("preempted", False)
 
 
 def run_job(job: Job, log_dir: Path, dry_run: bool) -> None:
@@ -119,7 +145,7 @@ def run_job(job: Job, log_dir: Path, dry_run: bool) -> None:
             f"error: {label}: {job.run_dir} holds a run of another command (budget, model "
             "or data changed); use another output_dir or delete that run"
         )
-    if (job.run_dir / "results.json").is_file():
+    if finished(job.run_dir):
         print(f"[skip] {label}: {job.run_dir}/results.json exists", flush=True)
         return
     if dry_run:
@@ -133,10 +159,13 @@ def run_job(job: Job, log_dir: Path, dry_run: bool) -> None:
     with open(log, "a") as f:
         f.write(f"$ {shlex.join(argv)}\n")
         f.flush()
-        rc = execute(argv, f)
+        rc, stopped = execute(argv, f)
     if rc != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
         sys.exit(f"{tail}\nerror: {label} failed (exit {rc}); full log: {log}")
+    if stopped:  # the job checkpointed and exited 0: the same command resumes it
+        print(f"[stop] {label}: {stopped}; run the same command again to resume", flush=True)
+        sys.exit(0)
     print(f"[done] {label} in {(time.time() - t0) / 60:.1f} min", flush=True)
 
 

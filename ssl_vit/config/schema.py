@@ -118,6 +118,11 @@ class OptimConfig:
     keep_checkpoints: int = 3
     # Steps with a non-finite gradient norm are skipped; this many in a row stop the job.
     max_bad_steps: int = 10
+    # A collective (all-reduce, barrier) waiting this long for another rank fails the job.
+    dist_timeout_s: float = 1800.0
+    # After SIGTERM / SIGINT the job checkpoints and exits; if that takes longer (a rank gone),
+    # it exits 1 without a new checkpoint.
+    stop_timeout_s: float = 300.0
 
     def validate(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "log_every", "max_bad_steps"):
@@ -125,6 +130,9 @@ class OptimConfig:
                 raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
         if self.warmup_steps < 0 or self.checkpoint_every < 0 or self.keep_checkpoints < 1:
             raise ConfigError("train.warmup_steps/checkpoint_every must be >= 0, keep >= 1")
+        for name in ("dist_timeout_s", "stop_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"train.{name}: must be > 0, got {getattr(self, name)}")
 
 
 @dataclass
@@ -175,10 +183,24 @@ class FinetuneDataConfig:
 
 @dataclass
 class InitConfig:
-    checkpoint: str = ""  # pretraining checkpoint (dir or encoder.safetensors); empty: random
+    # A pretraining run directory or checkpoint (its newest valid one is used), an
+    # encoder.safetensors, timm / transformers weights; `none`: random init (from scratch).
+    checkpoint: str = "none"
     pos_interp: Literal["bilinear", "bicubic"] = "bicubic"
     # auto: an ssl-vit checkpoint, timm ViT weights or a transformers ViT directory, detected
     format: Literal["auto", "ssl_vit", "timm", "hf"] = "auto"
+
+    def validate(self) -> None:
+        if not self.checkpoint.strip():
+            # An empty value is what a failed shell substitution gives: never "from scratch".
+            raise ConfigError(
+                "init.checkpoint: empty; give a checkpoint or run directory, or `none` to "
+                "fine-tune from random init"
+            )
+
+    @property
+    def scratch(self) -> bool:
+        return self.checkpoint.strip().lower() == "none"
 
 
 @dataclass

@@ -54,7 +54,11 @@ class MaskedPatchOutput:
 
     def kind_counts(self) -> torch.Tensor:
         """[4] patches per kind: untouched, masked, random, kept."""
-        return torch.bincount(self.kind.flatten(), minlength=4)
+        # index_add_, not bincount: bincount reads its output size on the host (a sync on GPU).
+        kind = self.kind.flatten()
+        return torch.zeros(4, dtype=torch.long, device=kind.device).index_add_(
+            0, kind, torch.ones_like(kind)
+        )
 
 
 def _head_size(target: str, patch_size: int) -> int:

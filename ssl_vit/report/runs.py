@@ -120,7 +120,7 @@ def source_checkpoint(run: Run) -> str | None:
         ckpt = run.results.get("checkpoint") or ""
     else:
         return None
-    return None if ckpt in ("", "random") else str(ckpt)
+    return None if ckpt in ("", "random", "none") else str(ckpt)
 
 
 def _step_of(checkpoint: str) -> int | None:

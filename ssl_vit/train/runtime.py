@@ -5,18 +5,19 @@ from __future__ import annotations
 import logging
 import os
 import random
-import signal
 import sys
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
-from signal import SIGINT, SIGTERM
 from typing import Any
 
 import numpy as np
 import torch
 from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs
 
 from ssl_vit.config import ConfigError, save_config
+from ssl_vit.train.guard import StopRequest
 
 __all__ = [
     "Run",
@@ -39,7 +40,9 @@ def resolve_mixed_precision(setting: str) -> str:
     return "no"
 
 
-def make_accelerator(mixed_precision: str, grad_accum: int = 1) -> Accelerator:
+def make_accelerator(
+    mixed_precision: str, grad_accum: int = 1, dist_timeout_s: float = 1800.0
+) -> Accelerator:
     # Launched as several processes on a machine without a GPU (`accelerate launch --multi_gpu`
     # on CPU): Accelerate only uses its gloo CPU backend when asked for the CPU explicitly;
     # otherwise every process would silently train alone.
@@ -48,6 +51,9 @@ def make_accelerator(mixed_precision: str, grad_accum: int = 1) -> Accelerator:
         cpu=multi_process and not torch.cuda.is_available(),
         mixed_precision=resolve_mixed_precision(mixed_precision),
         gradient_accumulation_steps=grad_accum,
+        # Every collective (gradient all-reduce, barrier, stop flag) fails after this long
+        # instead of waiting forever for a rank that died.
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=dist_timeout_s))],
     )
     # Denormal floats (tiny gradients and Adam moments late in training) make CPU matmuls
     # up to 10x slower; flushing them to zero changes nothing measurable in training.
@@ -57,6 +63,20 @@ def make_accelerator(mixed_precision: str, grad_accum: int = 1) -> Accelerator:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     return acc
+
+
+def warn_if_launcher_returns_early() -> None:
+    """`accelerate launch` with one process runs the job under a plain subprocess launcher
+    that exits at once on SIGTERM / Ctrl-C, while the job is still writing its checkpoint;
+    a script that goes on when the launcher returns would miss it. torchrun (several
+    processes) and running the script directly both wait."""
+    simple_launcher = "ACCELERATE_USE_CPU" in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ
+    if simple_launcher and "LOCAL_RANK" not in os.environ:
+        logging.getLogger(__name__).warning(
+            "launched by `accelerate launch` with one process: on SIGTERM / Ctrl-C that launcher "
+            "returns before the checkpoint is written. For one process run the script directly "
+            "(`python pipelines/...` or `ssl-vit ...`): it returns only when the job has ended."
+        )
 
 
 def seed_everything(seed: int) -> None:
@@ -92,8 +112,9 @@ def start_run(cfg: Any) -> Run:
 
     `cfg.train.batch_size` is global: it must divide into processes x accumulation steps."""
     tc = cfg.train
-    acc = make_accelerator(tc.mixed_precision, tc.grad_accum)
+    acc = make_accelerator(tc.mixed_precision, tc.grad_accum, tc.dist_timeout_s)
     setup_logging(acc.is_main_process)
+    warn_if_launcher_returns_early()
     per_step = acc.num_processes * tc.grad_accum
     if tc.batch_size % per_step:
         raise ConfigError(
@@ -106,50 +127,6 @@ def start_run(cfg: Any) -> Run:
         save_config(cfg, run_dir / "config.yaml")
     seed_everything(cfg.seed + acc.process_index)
     return Run(acc, tc.batch_size // per_step, run_dir, run_dir / "checkpoints")
-
-
-class StopRequest:
-    """SIGTERM / SIGINT (preemption, Ctrl-C) -> a flag; `agreed()` tells every rank at once.
-
-    The handler only sets the flag: the loop finishes its step, then all ranks agree on the
-    OR of their flags (one tiny all-reduce per step, on a CPU gloo group so the GPU stream is
-    never synchronized), write a checkpoint and exit 0. A second signal exits at once.
-    """
-
-    def __init__(self, world_size: int) -> None:
-        self.flag = 0
-        self.group = None
-        if world_size > 1:
-            import torch.distributed as dist
-
-            # Every rank creates the group at the same point (a collective).
-            is_gloo = dist.get_backend() == "gloo"
-            self.group = dist.group.WORLD if is_gloo else dist.new_group(backend="gloo")
-        self.previous = {sig: signal.signal(sig, self._handle) for sig in (SIGTERM, SIGINT)}
-
-    def close(self) -> None:
-        """Restore the handlers that were there before (the job may run inside a bigger one)."""
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        if self.flag:
-            raise SystemExit(f"second {signal.Signals(signum).name}: exiting without checkpoint")
-        self.flag = 1
-        logging.getLogger(__name__).warning(
-            "%s received: stopping after this step (checkpoint, exit 0)",
-            signal.Signals(signum).name,
-        )
-
-    def agreed(self) -> bool:
-        """Whether any rank was asked to stop (all ranks call this at the same step)."""
-        if self.group is None:
-            return bool(self.flag)
-        import torch.distributed as dist
-
-        flag = torch.tensor([self.flag], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(flag.item())
 
 
 def replica_checksum(model: torch.nn.Module, acc: Accelerator) -> list[float]:

@@ -1,0 +1,211 @@
+"""Every way out of a job ends the process, in bounded time, with a status that says how.
+
+A job that hangs burns its allocation and never reports failure, so the entry points run their
+`main` under `run_job`, and the training loops take stop signals through `StopRequest`:
+
+- An exception, anywhere (a missing source, a dead loader worker, a failed rank, a bug), prints
+  one line `error: ...` naming the last good checkpoint, and the process exits 1.
+- SIGTERM / SIGINT during training: the step finishes, every rank agrees, a checkpoint is
+  written and the job exits 0 with `"preempted": true` in results.json (resume with --resume).
+  During the final evaluation (the final checkpoint already written): exit 0 at once, without
+  results.json; --resume repeats only the evaluation. A second signal exits 1 at once.
+- A graceful stop that has not ended `stop_timeout_s` after the signal (a rank gone, a stuck
+  collective) is cut short: exit 1, the last complete checkpoint stays the resume point.
+
+Why the teardown kills the loader workers: they ignore SIGTERM / SIGINT (a preemption signal
+sent to the process group must not kill them before the main process has checkpointed), so
+multiprocessing's exit handler, which terminates daemonic children with SIGTERM and then joins
+them, would wait forever when the loader iterator was not shut down first (an exception keeps
+it alive in the traceback). That was the hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+
+from ssl_vit.train.checkpoint import CheckpointError, latest_valid_checkpoint
+
+__all__ = [
+    "Preempted",
+    "StopRequest",
+    "kill_children",
+    "note_checkpoints",
+    "one_line_errors",
+    "run_job",
+]
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_ERROR = 0, 1
+# Errors of the user's making: one line, no traceback.
+USER_ERRORS = (FileNotFoundError, NotADirectoryError, PermissionError, ValueError, CheckpointError)
+
+_checkpoint_root: Path | None = None
+
+
+class Preempted(BaseException):
+    """A stop signal outside the training loop (the final evaluation): the final checkpoint is
+    complete, so the job ends now and --resume repeats only what came after it."""
+
+
+def note_checkpoints(root: str | Path) -> None:
+    """Where this job's checkpoints go: named in the error line if the job fails."""
+    global _checkpoint_root
+    _checkpoint_root = Path(root)
+
+
+def _last_good_checkpoint() -> str:
+    if _checkpoint_root is None:
+        return ""
+    try:
+        path = latest_valid_checkpoint(_checkpoint_root)
+    except OSError:
+        path = None
+    return f" (last good checkpoint: {path or 'none'})"
+
+
+@contextmanager
+def one_line_errors() -> Iterator[None]:
+    """Errors of the user's making (a bad key, a missing path, a checkpoint of another shape)
+    as `SystemExit("error: ...")`: one line, no traceback, for in-process callers too."""
+    try:
+        yield
+    except USER_ERRORS as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def kill_children(timeout: float = 10.0) -> None:
+    """SIGKILL this process's multiprocessing children (loader workers) and reap them."""
+    children = multiprocessing.active_children()
+    for p in children:
+        p.kill()
+    for p in children:
+        p.join(timeout)
+
+
+def _exit(code: int) -> NoReturn:
+    """Leave now: children killed, logs flushed, no exit handler that could wait on anything."""
+    kill_children()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _status(e: SystemExit) -> int:
+    if e.code is None or isinstance(e.code, int):
+        return e.code or EXIT_OK
+    print(e.code, file=sys.stderr)  # sys.exit("error: ...") carries its own line
+    return EXIT_ERROR
+
+
+def run_job(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> NoReturn:
+    """Run a job's `main(argv)` and end the process on every path (see the module docstring)."""
+    try:
+        main(argv)
+        code = EXIT_OK
+    except SystemExit as e:
+        code = _status(e)
+    except Preempted as e:
+        log.warning("%s; the final checkpoint is complete: --resume finishes the job", e)
+        code = EXIT_OK
+    except KeyboardInterrupt:
+        print(f"error: interrupted{_last_good_checkpoint()}", file=sys.stderr)
+        code = EXIT_ERROR
+    except BaseException as e:  # noqa: BLE001 - every failure must end the process
+        if not isinstance(e, USER_ERRORS):
+            traceback.print_exc()
+        message = str(e).splitlines()[0] if str(e) else ""
+        print(f"error: {type(e).__name__}: {message}{_last_good_checkpoint()}", file=sys.stderr)
+        code = EXIT_ERROR
+    _exit(code)
+
+
+class StopRequest:
+    """SIGTERM / SIGINT (preemption, Ctrl-C) -> a flag; `agreed()` tells every rank at once.
+
+    During the loop (`graceful`, the default) the handler only sets the flag: the loop finishes
+    its step, then all ranks agree on the OR of their flags (one tiny all-reduce per step, on a
+    CPU gloo group so the GPU stream is never synchronized), write a checkpoint and exit 0.
+    After `finish_loop()` a signal raises `Preempted` where the job is. A second signal exits at
+    once; a graceful stop still running `timeout_s` after the signal is cut short (exit 1).
+    """
+
+    def __init__(self, world_size: int, timeout_s: float = 300.0) -> None:
+        self.flag = 0
+        self.graceful = True
+        self.timeout_s = timeout_s
+        self.group = None
+        if world_size > 1:
+            import torch.distributed as dist
+
+            # Every rank creates the group at the same point (a collective).
+            is_gloo = dist.get_backend() == "gloo"
+            self.group = dist.group.WORLD if is_gloo else dist.new_group(backend="gloo")
+        self.watchdog: threading.Timer | None = None
+        stop_signals = (signal.SIGTERM, signal.SIGINT)
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in stop_signals}
+
+    def __enter__(self) -> StopRequest:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Restore the handlers that were there before (the job may run inside a bigger one)."""
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def finish_loop(self) -> None:
+        """From here on (the final evaluation) a stop signal ends the job where it is."""
+        self.graceful = False
+        if self.flag:
+            raise Preempted(f"{signal.Signals(self.flag).name} received after the last step")
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self.flag:
+            raise SystemExit(f"error: second {name}: exiting without checkpoint")
+        self.flag = signum
+        self.watchdog = threading.Timer(self.timeout_s, self._overdue, args=(name,))
+        self.watchdog.daemon = True
+        self.watchdog.start()
+        if not self.graceful:
+            raise Preempted(f"{name} received during the final evaluation")
+        log.warning("%s received: stopping after this step (checkpoint, exit 0)", name)
+
+    def _overdue(self, name: str) -> None:
+        print(
+            f"error: the job did not stop within {self.timeout_s:.0f}s of {name} (a rank gone or "
+            f"a stuck collective?); exiting{_last_good_checkpoint()}",
+            file=sys.stderr,
+        )
+        _exit(EXIT_ERROR)
+
+    def agreed(self) -> bool:
+        """Whether any rank was asked to stop (all ranks call this at the same step)."""
+        if self.group is None:
+            return bool(self.flag)
+        import torch.distributed as dist
+
+        flag = torch.tensor([self.flag], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flag.item())

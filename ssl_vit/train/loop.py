@@ -1,0 +1,205 @@
+"""What the pretraining and fine-tuning loops share, written once: the batch stream with its
+counters, named step statistics, the bad-step guard, checkpoints and resume.
+
+Each pipeline keeps its own step and evaluation and calls these; there is no trainer class.
+Statistics stay on the device between log steps: no host sync inside a step for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from ssl_vit.data import Batch, StreamTracker
+from ssl_vit.train.checkpoint import (
+    latest_valid_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from ssl_vit.train.guard import note_checkpoints
+from ssl_vit.train.metrics import Stopwatch
+from ssl_vit.train.runtime import Run
+
+__all__ = ["BadSteps", "Batches", "Checkpointer", "StepStats", "new_counters", "resume_state"]
+
+log = logging.getLogger(__name__)
+
+
+def new_counters() -> dict[str, int]:
+    """Run totals kept in every checkpoint (images over all ranks)."""
+    return {"skipped_samples": 0, "skipped_shards": 0, "skipped_steps": 0, "images": 0}
+
+
+class Batches:
+    """The training stream as a loop sees it: `next()` gives the next non-empty batch, adds
+    its loader's skips and the global image count to `counters`, records its stream position
+    (consumed batches only; prefetched ones do not count) and the time spent waiting for it.
+
+    `close()` (or leaving the `with` block) shuts the loader workers down on every exit path."""
+
+    def __init__(
+        self,
+        loader: DataLoader,
+        tracker: StreamTracker,
+        counters: dict[str, int],
+        world_size: int,
+        watch: Stopwatch,
+        keys_file: Path | None = None,
+    ) -> None:
+        self.it: Iterator[Batch] = iter(loader)
+        self.tracker, self.counters, self.world_size = tracker, counters, world_size
+        self.watch, self.keys_file = watch, keys_file
+
+    def __enter__(self) -> Batches:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def next(self) -> Batch:
+        t0 = time.perf_counter()
+        while True:
+            batch = next(self.it)
+            self.counters["skipped_samples"] += batch.skipped
+            self.counters["skipped_shards"] += batch.skipped_shards
+            self.tracker.update(batch)
+            if self.keys_file is not None:
+                with open(self.keys_file, "a") as f:
+                    f.write("".join(k + "\n" for k in batch.keys))
+            if len(batch.images):  # an empty batch only reports a worker's skipped samples
+                break
+        self.counters["images"] += len(batch.images) * self.world_size
+        self.watch.add("data", time.perf_counter() - t0)
+        return batch
+
+    def close(self) -> None:
+        # The same call DataLoader's own finalizer makes; done here because an exception's
+        # traceback keeps the iterator (and its workers) alive past the loop.
+        shutdown = getattr(self.it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+
+class StepStats:
+    """Sums of named per-step values, on the device until a log step.
+
+    `add(name=value)` adds to the current step (device tensors or Python numbers; entries may be
+    vectors, e.g. 4 counts); `end_step(applied)` keeps the step's values only if the optimizer
+    applied it, so skipped steps never enter the logged means; `reduce(acc)` sums the lap over
+    ranks (one all-reduce, one host sync) and starts a new lap."""
+
+    def __init__(self, sizes: dict[str, int], device: torch.device) -> None:
+        self.slices: dict[str, slice] = {}
+        n = 0
+        for name, size in sizes.items():
+            self.slices[name] = slice(n, n + size)
+            n += size
+        self.step_dev, self.lap_dev = torch.zeros(n, device=device), torch.zeros(n, device=device)
+        self.step_host, self.lap_host = [0.0] * n, [0.0] * n
+
+    def add(self, **values: torch.Tensor | float) -> None:
+        for name, value in values.items():
+            where = self.slices[name]
+            if isinstance(value, torch.Tensor):
+                self.step_dev[where] += value.detach()
+            else:
+                self.step_host[where.start] += value
+
+    def end_step(self, applied: bool) -> None:
+        if applied:
+            self.lap_dev += self.step_dev
+            self.lap_host = [a + b for a, b in zip(self.lap_host, self.step_host, strict=True)]
+        self.step_dev.zero_()
+        self.step_host = [0.0] * len(self.step_host)
+
+    def reduce(self, acc: Any) -> dict[str, Any]:
+        """{name: float, or a list for vector entries}, summed over ranks; resets the lap."""
+        lap = self.lap_dev + torch.tensor(self.lap_host, device=self.lap_dev.device)
+        totals = acc.reduce(lap, reduction="sum").tolist()
+        self.lap_dev.zero_()
+        self.lap_host = [0.0] * len(self.lap_host)
+        return {
+            name: totals[s.start] if s.stop - s.start == 1 else totals[s]
+            for name, s in self.slices.items()
+        }
+
+
+class BadSteps:
+    """Steps with a non-finite gradient norm are not applied (`apply_step`); they are counted
+    in `counters["skipped_steps"]`, and `max_in_a_row` of them in a row stop the job with an
+    error naming the last good checkpoint (none is written during such a run)."""
+
+    def __init__(self, max_in_a_row: int, ckpt_dir: Path, counters: dict[str, int]) -> None:
+        self.max_in_a_row, self.ckpt_dir, self.counters = max_in_a_row, ckpt_dir, counters
+        self.in_a_row = 0
+
+    def update(self, applied: bool, step: int) -> None:
+        if applied:
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        self.counters["skipped_steps"] += 1
+        log.warning(
+            "step %d: non-finite gradient norm, step skipped (%d in a row)", step, self.in_a_row
+        )
+        if self.in_a_row >= self.max_in_a_row:
+            raise SystemExit(
+                f"error: {self.in_a_row} steps in a row with a non-finite loss or gradient "
+                f"(last: step {step}); stopping. Last good checkpoint: "
+                f"{latest_valid_checkpoint(self.ckpt_dir)}"
+            )
+
+
+class Checkpointer:
+    """Writes the run's checkpoints: every rank calls `save(step)` at the same step.
+
+    `state()` returns the pipeline's training state (main process), `rng()` this rank's random
+    state (every rank); the encoder goes alongside as encoder.safetensors for downstream use."""
+
+    def __init__(
+        self,
+        run: Run,
+        keep: int,
+        encoder: torch.nn.Module,
+        model_config: dict[str, Any],
+        state: Callable[[], dict[str, Any]],
+        rng: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.run, self.keep, self.encoder, self.model_config = run, keep, encoder, model_config
+        self.state, self.rng = state, rng
+        note_checkpoints(run.ckpt_dir)
+
+    def save(self, step: int) -> Path:
+        acc = self.run.acc
+        return save_checkpoint(
+            self.run.ckpt_dir,
+            step,
+            encoder=self.encoder,
+            model_config=self.model_config,
+            state=self.state(),
+            rng=self.rng(),
+            rank=acc.process_index,
+            is_main=acc.is_main_process,
+            barrier=acc.wait_for_everyone,
+            keep=self.keep,
+        )
+
+
+def resume_state(run: Run, resume: bool) -> dict[str, Any] | None:
+    """With --resume, this rank's view of the newest valid checkpoint (None: start afresh)."""
+    note_checkpoints(run.ckpt_dir)
+    if not resume:
+        return None
+    path = latest_valid_checkpoint(run.ckpt_dir)
+    if path is None:
+        log.info("--resume: no valid checkpoint in %s, starting from scratch", run.ckpt_dir)
+        return None
+    state = load_checkpoint(path, rank=run.acc.process_index)
+    log.info("resumed from %s at step %d", path, state["step"])
+    return state
