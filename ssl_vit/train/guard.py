@@ -88,6 +88,8 @@ def one_line_errors() -> Iterator[None]:
 
 def kill_children(timeout: float = 10.0) -> None:
     """SIGKILL this process's multiprocessing children (loader workers) and reap them."""
+    # DataLoader's SIGCHLD handler would raise for every worker killed here.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     children = multiprocessing.active_children()
     for p in children:
         p.kill()
@@ -107,33 +109,36 @@ def _exit(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _status(e: SystemExit) -> int:
-    if e.code is None or isinstance(e.code, int):
-        return e.code or EXIT_OK
-    print(e.code, file=sys.stderr)  # sys.exit("error: ...") carries its own line
-    return EXIT_ERROR
-
-
 def run_job(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> NoReturn:
     """Run a job's `main(argv)` and end the process on every path (see the module docstring)."""
     try:
         main(argv)
-        code = EXIT_OK
-    except SystemExit as e:
-        code = _status(e)
-    except Preempted as e:
-        log.warning("%s; the final checkpoint is complete: --resume finishes the job", e)
-        code = EXIT_OK
-    except KeyboardInterrupt:
-        print(f"error: interrupted{_last_good_checkpoint()}", file=sys.stderr)
-        code = EXIT_ERROR
     except BaseException as e:  # noqa: BLE001 - every failure must end the process
-        if not isinstance(e, USER_ERRORS):
-            traceback.print_exc()
-        message = str(e).splitlines()[0] if str(e) else ""
-        print(f"error: {type(e).__name__}: {message}{_last_good_checkpoint()}", file=sys.stderr)
-        code = EXIT_ERROR
-    _exit(code)
+        # First: the traceback keeps loader iterators alive, and their finalizers would wait
+        # (5 s a worker, then a SIGTERM the workers ignore) for workers that may be blocked.
+        kill_children()
+        _exit(_report(e))
+    _exit(EXIT_OK)
+
+
+def _report(e: BaseException) -> int:
+    """Print what ended the job (one line last) and return the exit status."""
+    if isinstance(e, SystemExit):
+        if e.code is None or isinstance(e.code, int):
+            return e.code or EXIT_OK
+        print(e.code, file=sys.stderr)  # sys.exit("error: ...") carries its own line
+        return EXIT_ERROR
+    if isinstance(e, Preempted):
+        log.warning("%s; the final checkpoint is complete: --resume finishes the job", e)
+        return EXIT_OK
+    if isinstance(e, KeyboardInterrupt):
+        print(f"error: interrupted{_last_good_checkpoint()}", file=sys.stderr)
+        return EXIT_ERROR
+    if not isinstance(e, USER_ERRORS):
+        traceback.print_exception(e)
+    message = str(e).splitlines()[0] if str(e) else ""
+    print(f"error: {type(e).__name__}: {message}{_last_good_checkpoint()}", file=sys.stderr)
+    return EXIT_ERROR
 
 
 class StopRequest:

@@ -1,0 +1,198 @@
+"""No job ever hangs: real subprocesses hit by real faults must exit, non-zero where they
+failed, within a bound, leaving no process behind; bad inputs stop them before step 1."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_pipelines import ROOT, pretrain_args
+
+from ssl_vit.train.checkpoint import latest_valid_checkpoint
+
+BOUND_S = 60  # the issue's bound for a dead loader worker; every fault here must meet it
+
+
+def _launch(argv: list[str], out: Path, env: dict | None = None) -> subprocess.Popen:
+    # Output to files, not pipes: a grandchild left running must not keep the test waiting.
+    log = open(out.parent / f"{out.name}.log", "wb")  # noqa: SIM115 - closed by the process end
+    return subprocess.Popen(
+        argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+    )
+
+
+def _log(out: Path) -> str:
+    return (out.parent / f"{out.name}.log").read_text(errors="replace")
+
+
+def _pipeline(name: str, *args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "pipelines" / f"{name}.py"), *args]
+
+
+def _finetune_args(shards: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--config",
+        str(ROOT / "configs/finetune/smoke.yaml"),
+        f"data.train={shards}",
+        f"data.eval={shards}",
+        f"output_dir={out}",
+        *extra,
+    ]
+
+
+def _wait_until(cond, proc: subprocess.Popen, out: Path, timeout: float = 120) -> None:
+    end = time.time() + timeout
+    while not cond():
+        assert proc.poll() is None, _log(out)[-3000:]
+        assert time.time() < end, "timed out waiting: " + _log(out)[-3000:]
+        time.sleep(0.05)
+
+
+def _exit_within(proc: subprocess.Popen, out: Path, bound: float = BOUND_S) -> tuple[int, float]:
+    t0 = time.time()
+    try:
+        rc = proc.wait(timeout=bound)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"still running {bound}s after the fault (a hang): {_log(out)[-3000:]}")
+    return rc, time.time() - t0
+
+
+def _alive(marker: str) -> list[int]:
+    """Pids of processes whose command line mentions `marker` (a run's unique directory)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if marker in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode():
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
+def _children(pid: int) -> list[int]:
+    kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(k) for k in kids]
+
+
+def _steps_logged(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+@pytest.mark.parametrize("job", ["pretrain", "finetune"])
+def test_killed_loader_worker_ends_the_job(job, synthetic_shards, tmp_path):
+    out = tmp_path / "run"
+    common = ["train.steps=100000", "train.log_every=1", "data.num_workers=2"]
+    if job == "pretrain":
+        argv = _pipeline(job, *pretrain_args(synthetic_shards, out, *common))
+    else:
+        argv = _pipeline(job, *_finetune_args(synthetic_shards, out, *common, "eval_every=0"))
+    proc = _launch(argv, out)
+    _wait_until(lambda: _steps_logged(out) >= 2, proc, out)
+    workers = _children(proc.pid)
+    assert len(workers) == 2, workers
+    os.kill(workers[0], signal.SIGKILL)  # as the OOM killer would
+    rc, seconds = _exit_within(proc, out)
+    log = _log(out)
+    assert rc == 1, log[-3000:]
+    assert f"DataLoader worker (pid(s) {workers[0]}) exited unexpectedly" in log or (
+        f"DataLoader worker (pid {workers[0]}) is killed by signal" in log
+    ), log[-3000:]
+    assert log.rstrip().splitlines()[-1].startswith("error: RuntimeError: DataLoader worker")
+    assert not _alive(str(out)), "a process of the run is still alive"
+    print(f"{job}: killed worker -> exit {rc} in {seconds:.1f}s")
+
+
+def test_exception_after_the_last_step_exits_with_checkpoint_named(synthetic_shards, tmp_path):
+    out = tmp_path / "run"
+    (out / "results.json").mkdir(parents=True)  # writing the results fails after the last step
+    args = pretrain_args(synthetic_shards, out, "train.steps=6", "data.num_workers=2")
+    t0 = time.time()
+    proc = _launch(_pipeline("pretrain", *args), out)
+    rc, _ = _exit_within(proc, out, 120)
+    last = _log(out).rstrip().splitlines()[-1]
+    assert rc == 1
+    assert last.startswith("error: IsADirectoryError:") and "step_00000006" in last, last
+    assert not _alive(str(out))
+    print(f"exception after the last step -> exit {rc} in {time.time() - t0:.1f}s in all")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_failing_rank_ends_every_rank(synthetic_shards, tmp_path):
+    out = tmp_path / "run"
+    (out / "keys_rank1.txt").mkdir(parents=True)  # rank 1 fails at its first batch, rank 0 not
+    argv = [
+        *("accelerate", "launch", "--multi_gpu", "--num_processes", "2"),
+        *("--main_process_port", str(_free_port()), "--mixed_precision", "no"),
+        str(ROOT / "pipelines/pretrain.py"),
+        *pretrain_args(synthetic_shards, out, "train.steps=1000", "data.record_keys=true"),
+    ]
+    t0 = time.time()
+    proc = _launch(argv, out)
+    rc, _ = _exit_within(proc, out, 120)
+    seconds = time.time() - t0
+    assert rc != 0
+    assert "IsADirectoryError" in _log(out)
+    assert not _alive(str(out)), "a rank is still alive"
+    print(f"one rank raising -> launcher exit {rc} in {seconds:.1f}s from the start")
+
+
+def test_sigterm_during_final_evaluation(synthetic_shards, tmp_path):
+    out = tmp_path / "run"
+    shard = sorted(synthetic_shards.glob("*.tar"))[0]
+    # An evaluation split that takes 30 s to arrive: the signal surely lands inside it.
+    slow_eval = f"pipe:sleep 30; cat {shard}"
+    few = [f"fewshot.train={synthetic_shards}", f"fewshot.eval={slow_eval}", "fewshot.shots=[1]"]
+    args = pretrain_args(synthetic_shards, out, "train.steps=4", *few)
+    proc = _launch(_pipeline("pretrain", *args), out)
+    _wait_until(lambda: "pretraining" in _log(out) and _final(out), proc, out)
+    time.sleep(1.0)  # into the evaluation
+    os.killpg(proc.pid, signal.SIGTERM)  # the whole process group, as a scheduler does
+    rc, seconds = _exit_within(proc, out, 30)
+    assert rc == 0, _log(out)[-3000:]  # preempted after the final checkpoint: resumable
+    assert "SIGTERM received" in _log(out) and not (out / "results.json").exists()
+    assert latest_valid_checkpoint(out / "checkpoints").name == "step_00000004"
+    print(f"SIGTERM during the final evaluation -> exit {rc} in {seconds:.1f}s")
+    # --resume repeats only the final evaluation (now with a fast eval split).
+    fast = [f"fewshot.eval={synthetic_shards}", "--resume"]
+    proc = _launch(_pipeline("pretrain", *args, *fast), out)
+    rc, _ = _exit_within(proc, out, 120)
+    results = json.loads((out / "results.json").read_text())
+    assert rc == 0 and results["step"] == 4 and "1shot" in results["fewshot"]["summary"]
+
+
+def _final(out: Path) -> bool:
+    return (out / "checkpoints/step_00000004/manifest.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "job, key",
+    [("pretrain", "fewshot.train"), ("pretrain", "fewshot.eval"), ("finetune", "data.eval")],
+)
+def test_missing_source_stops_before_step_one(job, key, synthetic_shards, tmp_path):
+    out, missing = tmp_path / "run", str(tmp_path / "nowhere")
+    if job == "pretrain":
+        few = [f"fewshot.train={synthetic_shards}", f"fewshot.eval={synthetic_shards}"]
+        args = pretrain_args(synthetic_shards, out, *few, f"{key}={missing}")
+    else:
+        args = _finetune_args(synthetic_shards, out, f"{key}={missing}")
+    t0 = time.time()
+    proc = _launch(_pipeline(job, *args), out)
+    rc, _ = _exit_within(proc, out, 60)
+    lines = _log(out).strip().splitlines()
+    assert rc == 1
+    assert lines[-1] == f"error: {key}={missing!r}: image source not found: {missing}", lines
+    assert not (out / "metrics.jsonl").exists()  # no step was taken
+    print(f"{job} {key} missing -> exit {rc} in {time.time() - t0:.1f}s")
