@@ -176,8 +176,8 @@ class Checkpointer:
         note_checkpoints(run.ckpt_dir)
 
     def save(self, step: int) -> Path:
-        acc = self.run.acc
-        return save_checkpoint(
+        acc, t0 = self.run.acc, time.perf_counter()
+        path = save_checkpoint(
             self.run.ckpt_dir,
             step,
             encoder=self.encoder,
@@ -189,6 +189,8 @@ class Checkpointer:
             barrier=acc.wait_for_everyone,
             keep=self.keep,
         )
+        log.info("checkpoint step %d written in %.1fs: %s", step, time.perf_counter() - t0, path)
+        return path
 
 
 def resume_state(run: Run, resume: bool) -> dict[str, Any] | None:
