@@ -42,17 +42,17 @@ from torch.utils.data import DataLoader, get_worker_info
 from ssl_vit.data.images import train_transform
 from ssl_vit.data.shards import is_shard_spec, read_index, resolve_shards
 from ssl_vit.data.sources import open_source
-from ssl_vit.data.stream import (
+from ssl_vit.data.stages import (
     Batch,
-    _collate,
-    _decode_stage,
-    _Sample,
-    _ShardErrorHandler,
-    _Stats,
-    _Stream,
-    _to_sample,
+    Sample,
+    ShardErrorHandler,
+    Stats,
+    StreamDataset,
+    collate,
+    decode_stage,
     make_loader,
     seed_of,
+    to_sample,
 )
 
 __all__ = ["StreamTracker", "pretrain_loader", "train_loader"]
@@ -71,20 +71,20 @@ def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
 
 
 @dataclass(eq=False)
-class _ResumableStream(_Stream):
+class _ResumableStream(StreamDataset):
     """Base of the training streams: visits -> samples -> decode + augment -> full batches."""
 
     shuffle_buffer: int = 0
     start: dict[int, tuple[int, int]] = field(default_factory=dict)  # role -> position
     role_offset: int = 0  # worker i plays role (role_offset + i) % num_workers
 
-    def _visit(self, unit: int, units: int, v: int, stats: _Stats) -> Iterator[_Sample]:
+    def _visit(self, unit: int, units: int, v: int, stats: Stats) -> Iterator[Sample]:
         """The samples of visit `v` in stored order (shuffling happens in `_positions`)."""
         raise NotImplementedError
 
     def _positions(
-        self, unit: int, units: int, first: int, skip: int, stats: _Stats
-    ) -> Iterator[tuple[_Sample, int | None, tuple[int, int]]]:
+        self, unit: int, units: int, first: int, skip: int, stats: Stats
+    ) -> Iterator[tuple[Sample, int | None, tuple[int, int]]]:
         """(sample, augmentation seed, position after it), from position (first, skip) on.
 
         Raises after `max_consecutive_failures` visits in a row without a sample (all shards
@@ -115,14 +115,14 @@ class _ResumableStream(_Stream):
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         role = (self.role_offset + worker) % num_workers
         unit, units = self.rank * num_workers + role, self.world_size * num_workers
-        stats = _Stats()
+        stats = Stats()
         v, skip = self.start.get(role, (0, 0))
         samples = self._positions(unit, units, v, skip, stats)
-        items = _decode_stage(samples, self.transform, stats, self.max_consecutive_failures)
+        items = decode_stage(samples, self.transform, stats, self.max_consecutive_failures)
         # Each batch is sent as soon as it is full: its position then covers exactly the samples
         # it holds and the skips it reports, so nothing is counted twice after a resume.
         for chunk in _chunks(items, self.batch_size):
-            batch = _collate(chunk, self.image_size)
+            batch = collate(chunk, self.image_size)
             yield batch._replace(
                 skipped=stats.skipped,
                 skipped_shards=stats.skipped_shards,
@@ -139,7 +139,7 @@ class _ShardTrainStream(_ResumableStream):
     urls: list[str] = field(default_factory=list)
     resampled: bool = False
 
-    def _visit(self, unit: int, units: int, v: int, stats: _Stats) -> Iterator[_Sample]:
+    def _visit(self, unit: int, units: int, v: int, stats: Stats) -> Iterator[Sample]:
         n = len(self.urls)
         keep, of = 0, 1  # keep the samples i with i % of == keep
         if self.resampled:
@@ -154,11 +154,11 @@ class _ShardTrainStream(_ResumableStream):
                 j = unit % n
                 url, keep, of = self.urls[perm[j]], unit // n, len(range(j, units, n))
         # A shard shared by several units reports its errors once (from the unit keeping 0).
-        handler = _ShardErrorHandler(stats, count=keep == 0)
+        handler = ShardErrorHandler(stats, count=keep == 0)
         raw = wds.tarfile_samples(iter([{"url": url}]), handler=handler)
         for i, sample in enumerate(raw):
             if i % of == keep:
-                yield _to_sample(sample, self.require_labels)
+                yield to_sample(sample, self.require_labels)
 
 
 @dataclass(eq=False)
@@ -169,13 +169,13 @@ class _IndexedTrainStream(_ResumableStream):
     spec: str = ""
     split: str | None = None
 
-    def _visit(self, unit: int, units: int, v: int, stats: _Stats) -> Iterator[_Sample]:
+    def _visit(self, unit: int, units: int, v: int, stats: Stats) -> Iterator[Sample]:
         source = open_source(self.spec, self.split)  # opened per worker: pickles as a path
         order = np.random.default_rng(seed_of(self.seed, v, _EPOCH)).permutation(len(source))
         for i in order[unit::units].tolist():  # (iter_records would read them in sorted order)
             rec = source[i]
             label = None if self.require_labels and rec.label < 0 else rec.label
-            yield _Sample(rec.key, self.spec, rec.data or None, label)
+            yield Sample(rec.key, self.spec, rec.data or None, label)
 
 
 class StreamTracker:
