@@ -120,17 +120,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     batches = iter(
         train_loader(
-            cfg.data.train,
-            run.local_batch,
-            cfg.model.image_size,
-            crop_scale=cfg.data.crop_scale,
-            hflip=cfg.data.hflip,
-            num_workers=cfg.data.num_workers,
-            shuffle_buffer=cfg.data.shuffle_buffer,
+            cfg.data,
+            batch_size=run.local_batch,
+            image_size=cfg.model.image_size,
             seed=cfg.seed,
             rank=acc.process_index,
             world_size=acc.num_processes,
-            resampled=cfg.data.resampled,
             resume=stream_state,  # exactly where the consumed batches ended
         )
     )

@@ -39,6 +39,7 @@ import numpy as np
 import webdataset as wds
 from torch.utils.data import DataLoader, get_worker_info
 
+from ssl_vit.config.schema import FinetuneDataConfig, PretrainDataConfig
 from ssl_vit.data.images import train_transform
 from ssl_vit.data.shards import is_shard_spec, read_index, resolve_shards
 from ssl_vit.data.sources import open_source
@@ -223,28 +224,30 @@ def _resume_fields(resume: dict | None, world_size: int, num_workers: int) -> di
     return {"start": start, "role_offset": int(resume["next_role"])}
 
 
+# The fields of the data configs the loaders read (both job configs name them alike).
+DataConfig = PretrainDataConfig | FinetuneDataConfig
+
+
 def _train_fields(
+    data: DataConfig,
     *,
     batch_size: int,
     image_size: int,
-    crop_scale: Sequence[float],
-    hflip: bool,
     seed: int,
     rank: int,
     world_size: int,
+    resume: dict | None,
     require_labels: bool,
     max_consecutive_failures: int,
-    num_workers: int,
-    resume: dict | None,
 ) -> dict[str, Any]:
     """The `_ResumableStream` fields shared by the training streams."""
-    fields = _resume_fields(resume, world_size, num_workers)
+    fields = _resume_fields(resume, world_size, data.num_workers)
     if fields.pop("reseed", False):  # a stream unlike the one before (same seed: same order)
         seed = seed_of(seed, sum(p[0] for p in resume["positions"].values()), _RESEED)
     return dict(
         batch_size=batch_size,
         image_size=image_size,
-        transform=train_transform(image_size, crop_scale, hflip),
+        transform=train_transform(image_size, data.crop_scale, data.hflip),
         seed=seed,
         rank=rank,
         world_size=world_size,
@@ -254,33 +257,12 @@ def _train_fields(
     )
 
 
-def pretrain_loader(
-    urls: str | Sequence[str],
-    batch_size: int,
-    image_size: int,
-    *,
-    crop_scale: Sequence[float] = (0.08, 1.0),
-    hflip: bool = True,
-    num_workers: int = 2,
-    shuffle_buffer: int = 1000,
-    seed: int = 0,
-    rank: int = 0,
-    world_size: int = 1,
-    labelled: bool = False,
-    resampled: bool = False,
-    resume: dict | None = None,
-    prefetch_factor: int = 2,
-    max_consecutive_failures: int = 1000,
+def _shard_loader(
+    urls: list[str], data: DataConfig, prefetch_factor: int, **stream: Any
 ) -> DataLoader:
-    """Endless augmented batches of `batch_size` (per process) from shards (a spec or URLs).
-
-    Non-resampled: epochs, each sample once per epoch across all ranks and workers; resampled:
-    shards drawn with replacement. Labels come from `.cls` when present (-1 otherwise); with
-    `labelled=True` a sample without one is skipped. `resume`: a `StreamTracker.state_dict()`.
-    """
-    urls = resolve_shards(urls) if isinstance(urls, str) else list(urls)
-    units = world_size * max(num_workers, 1)
-    if not resampled and len(urls) < units:
+    """The resumable stream over `urls`; `stream`: the `_train_fields` arguments."""
+    units = stream["world_size"] * max(data.num_workers, 1)
+    if not data.resampled and len(urls) < units:
         log.warning(
             "%d shards < %d ranks x workers: each shard is read by up to %d of them, each "
             "keeping its share of the samples (more reading); more, smaller shards avoid this",
@@ -290,90 +272,91 @@ def pretrain_loader(
         )
     dataset = _ShardTrainStream(
         urls=urls,
-        resampled=resampled,
-        shuffle_buffer=shuffle_buffer,
-        **_train_fields(
-            batch_size=batch_size,
-            image_size=image_size,
-            crop_scale=crop_scale,
-            hflip=hflip,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-            require_labels=labelled,
-            max_consecutive_failures=max_consecutive_failures,
-            num_workers=num_workers,
-            resume=resume,
-        ),
+        resampled=data.resampled,
+        shuffle_buffer=data.shuffle_buffer,
+        **_train_fields(data, **stream),
     )
-    return make_loader(dataset, num_workers, persistent=True, prefetch=prefetch_factor)
+    return make_loader(dataset, data.num_workers, persistent=True, prefetch=prefetch_factor)
 
 
-def train_loader(
-    source: str,
+def pretrain_loader(
+    data: PretrainDataConfig,
+    *,
     batch_size: int,
     image_size: int,
-    *,
-    crop_scale: Sequence[float] = (0.08, 1.0),
-    hflip: bool = True,
-    num_workers: int = 2,
-    shuffle_buffer: int = 1000,
     seed: int = 0,
     rank: int = 0,
     world_size: int = 1,
-    split: str | None = None,
-    resampled: bool = False,
     resume: dict | None = None,
+    urls: Sequence[str] | None = None,
+    labelled: bool = False,
     prefetch_factor: int = 2,
     max_consecutive_failures: int = 1000,
 ) -> DataLoader:
-    """Endless augmented labelled batches for fine-tuning, resumable like `pretrain_loader`.
+    """Endless augmented batches of `batch_size` (per process) from the shards of
+    `data.train_shards` (or `urls`, shards already resolved), with `data`'s workers, shuffle
+    buffer, crop scale, flip and resampling.
 
-    Shards: `pretrain_loader(..., labelled=True)`. An image folder or HF dataset: per epoch a
+    Non-resampled: epochs, each sample once per epoch across all ranks and workers; resampled:
+    shards drawn with replacement. Labels come from `.cls` when present (-1 otherwise); with
+    `labelled=True` a sample without one is skipped. `resume`: a `StreamTracker.state_dict()`.
+    """
+    urls = resolve_shards(data.train_shards) if urls is None else list(urls)
+    return _shard_loader(
+        urls,
+        data,
+        prefetch_factor,
+        batch_size=batch_size,
+        image_size=image_size,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        resume=resume,
+        require_labels=labelled,
+        max_consecutive_failures=max_consecutive_failures,
+    )
+
+
+def train_loader(
+    data: FinetuneDataConfig,
+    *,
+    batch_size: int,
+    image_size: int,
+    seed: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    resume: dict | None = None,
+    split: str | None = None,
+    prefetch_factor: int = 2,
+    max_consecutive_failures: int = 1000,
+) -> DataLoader:
+    """Endless augmented labelled batches of `data.train` for fine-tuning, resumable like
+    `pretrain_loader`.
+
+    Shards: as `pretrain_loader(..., labelled=True)`. An image folder or HF dataset: per epoch a
     permutation seeded by (seed, epoch), split by rank and worker (`shuffle_buffer` unused).
     """
+    source = data.train
+    stream: dict[str, Any] = dict(
+        batch_size=batch_size,
+        image_size=image_size,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        resume=resume,
+        require_labels=True,
+        max_consecutive_failures=max_consecutive_failures,
+    )
     if is_shard_spec(source):
         index = read_index(source)
         if index is not None and not index["label_names"]:
             raise ValueError(f"{source}: shards have no labels (index.json label_names is empty)")
-        return pretrain_loader(
-            source,
-            batch_size,
-            image_size,
-            crop_scale=crop_scale,
-            hflip=hflip,
-            num_workers=num_workers,
-            shuffle_buffer=shuffle_buffer,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-            labelled=True,
-            resampled=resampled,
-            resume=resume,
-            prefetch_factor=prefetch_factor,
-            max_consecutive_failures=max_consecutive_failures,
-        )
+        return _shard_loader(resolve_shards(source), data, prefetch_factor, **stream)
     source_obj = open_source(source, split)
     if not source_obj.label_names:
         raise ValueError(f"{source}: source has no labels")
-    units = world_size * max(num_workers, 1)
+    units = world_size * max(data.num_workers, 1)
     if len(source_obj) < units:
         raise ValueError(f"{source}: {len(source_obj)} samples < {units} ranks x workers")
-    dataset = _IndexedTrainStream(
-        spec=source,
-        split=split,
-        **_train_fields(
-            batch_size=batch_size,
-            image_size=image_size,
-            crop_scale=crop_scale,
-            hflip=hflip,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-            require_labels=True,
-            max_consecutive_failures=max_consecutive_failures,
-            num_workers=num_workers,
-            resume=resume,
-        ),
-    )
-    return make_loader(dataset, num_workers, persistent=True, prefetch=prefetch_factor)
+    dataset = _IndexedTrainStream(spec=source, split=split, **_train_fields(data, **stream))
+    return make_loader(dataset, data.num_workers, persistent=True, prefetch=prefetch_factor)
