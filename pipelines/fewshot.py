@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
         if args.checkpoint == "random":
             encoder = build_vit(cfg.model)
         else:
-            encoder, _ = encoder_from_checkpoint(
+            encoder, cfg.model, _ = encoder_from_checkpoint(
                 args.checkpoint, cfg.model, cfg.pos_interp, cfg.checkpoint_format
             )
     except (ConfigError, CheckpointError, ValueError) as e:

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
         # --- Model: pretrained encoder (position embeddings resized) or random init ----------
         encoder = None
         if cfg.init.checkpoint:  # loaded before start_run: a bad checkpoint creates no run dir
-            encoder, _ = encoder_from_checkpoint(
+            encoder, cfg.model, _ = encoder_from_checkpoint(
                 cfg.init.checkpoint, cfg.model, cfg.init.pos_interp, cfg.init.format
             )
         run = start_run(cfg)  # Accelerator, run directory with config.yaml, seeds

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from ssl_vit.config.schema import ModelConfig
 from ssl_vit.interop import hf_config, hf_preprocessor, timm_config, to_hf, to_timm
 from ssl_vit.publish.model_card import model_card, run_config
 from ssl_vit.train.checkpoint import (
@@ -99,11 +100,11 @@ def import_weights(
     """timm / transformers ViT weights -> an ssl-vit encoder directory (encoder.safetensors
     with its model config), usable as `init.checkpoint` and by `fewshot.py --checkpoint`."""
     from ssl_vit.interop import detect_format
-    from ssl_vit.model.vit import vit_from_config
+    from ssl_vit.model.vit import build_vit
 
     fmt = detect_format(source) if fmt == "auto" else fmt
     state, cfg = load_any_encoder(source, fmt, heads)
-    encoder = vit_from_config(cfg)
+    encoder = build_vit(ModelConfig.from_saved(cfg))
     encoder.load_state_dict(state, strict=True)  # keys and shapes were checked on reading
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
