@@ -18,7 +18,6 @@ import time
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from ssl_vit.config import ConfigError, FinetuneConfig, load_config, to_dict
@@ -31,6 +30,7 @@ from ssl_vit.train.checkpoint import (
     load_checkpoint,
     rng_state,
     save_checkpoint,
+    save_classifier,
     set_rng_state,
 )
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
@@ -256,15 +256,12 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if acc.is_main_process:
         final = ema.module if ema is not None else raw
-        tensors = {k: v.detach().contiguous().cpu() for k, v in final.state_dict().items()}
-        save_file(
-            tensors,
-            str(run_dir / "model.safetensors"),
-            metadata={
-                "model_config": json.dumps(to_dict(cfg.model)),
-                "pool": cfg.pool,
-                "label_names": json.dumps(label_names),
-            },
+        save_classifier(
+            final,
+            run_dir / "model.safetensors",
+            model_config=to_dict(cfg.model),
+            pool=cfg.pool,
+            label_names=label_names,
         )
         (run_dir / "labels.json").write_text(json.dumps(label_names, indent=1) + "\n")
     metrics.write_results(results)

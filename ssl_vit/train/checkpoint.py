@@ -22,6 +22,7 @@ import os
 import pickle
 import random
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -40,8 +41,11 @@ __all__ = [
     "latest_valid_checkpoint",
     "rng_state",
     "set_rng_state",
+    "save_weights",
     "save_encoder",
+    "save_classifier",
     "load_encoder",
+    "load_head",
     "load_any_encoder",
     "encoder_from_checkpoint",
     "LoadedEncoder",
@@ -97,10 +101,35 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = Non
         generator.set_state(state["generator"])
 
 
+def save_weights(
+    tensors: Mapping[str, torch.Tensor], path: str | Path, metadata: dict[str, str]
+) -> None:
+    """Tensors as one safetensors file (detached, contiguous, on the CPU), string metadata."""
+    cpu = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    save_file(cpu, str(path), metadata=metadata)
+
+
 def save_encoder(encoder: nn.Module, path: Path, model_config: dict[str, Any]) -> None:
     """Encoder weights as safetensors; the model shape travels in the metadata."""
-    tensors = {k: v.detach().contiguous().cpu() for k, v in encoder.state_dict().items()}
-    save_file(tensors, str(path), metadata={"model_config": json.dumps(model_config)})
+    save_weights(encoder.state_dict(), path, {"model_config": json.dumps(model_config)})
+
+
+def save_classifier(
+    model: nn.Module,
+    path: str | Path,
+    *,
+    model_config: dict[str, Any],
+    pool: str,
+    label_names: list[str],
+) -> None:
+    """A fine-tuned classifier (encoder and head) as safetensors, with what it takes to use it
+    in the metadata: the encoder shape, the pooling and the class names in label order."""
+    metadata = {
+        "model_config": json.dumps(model_config),
+        "pool": pool,
+        "label_names": json.dumps(label_names),
+    }
+    save_weights(model.state_dict(), path, metadata)
 
 
 def load_encoder(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -216,6 +245,20 @@ def load_checkpoint(path: str | Path, rank: int = 0, rng: bool = True) -> dict[s
             f"({str(e).splitlines()[0][:120]}); it cannot be resumed exactly"
         ) from None
     return state
+
+
+def load_head(checkpoint: str | Path) -> dict[str, torch.Tensor]:
+    """The objective's own parameters ([mask] embedding, colour head) from the training state of
+    a checkpoint (its directory, or a file in it such as its encoder.safetensors)."""
+    path = Path(checkpoint)
+    state_file = (path if path.is_dir() else path.parent) / STATE_FILE
+    if not state_file.is_file():
+        raise CheckpointError(f"{state_file}: not found, so there is no masked-prediction head")
+    model = torch.load(state_file, map_location="cpu", weights_only=True)["model"]
+    head = {k: v for k, v in model.items() if not k.startswith("encoder.")}
+    if not head:
+        raise CheckpointError(f"{state_file}: holds no head weights")
+    return head
 
 
 def latest_valid_checkpoint(root: str | Path) -> Path | None:
