@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
         if args.checkpoint == "random":
             encoder = build_vit(cfg.model)
         else:
-            encoder, _ = preflight.load_init_encoder(
+            encoder, cfg.model, _ = preflight.load_init_encoder(
                 "--checkpoint", args.checkpoint, cfg.model, cfg.pos_interp, cfg.checkpoint_format
             )
         preflight.check_writable("output_dir", cfg.output_dir)

@@ -18,14 +18,13 @@ import time
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from ssl_vit.config import ConfigError, FinetuneConfig, load_config, to_dict
 from ssl_vit.data import StreamTracker, eval_loader, train_loader
 from ssl_vit.model import Classifier, build_vit, normalize_pixels
 from ssl_vit.train import preflight
-from ssl_vit.train.checkpoint import rng_state, set_rng_state
+from ssl_vit.train.checkpoint import rng_state, save_classifier, set_rng_state
 from ssl_vit.train.guard import StopRequest, one_line_errors, run_job
 from ssl_vit.train.loop import (
     BadSteps,
@@ -54,20 +53,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def check(cfg: FinetuneConfig):
     """Everything the job will touch, before any compute: sources with labels, the init
-    checkpoint (loaded: its shape must fit), the output directory. -> (label names, encoder)"""
+    checkpoint (loaded: its shape must fit), the output directory.
+    -> (label names, the loaded encoder or None for random init)"""
     label_names = preflight.check_labelled_source("data.train", cfg.data.train)
     if cfg.data.eval:
         eval_names = preflight.check_labelled_source("data.eval", cfg.data.eval)
         if eval_names and eval_names != label_names:
             raise ConfigError(f"data.eval={cfg.data.eval!r}: label names differ from data.train's")
-    encoder = None
+    loaded = None
     if not cfg.init.scratch:
         i = cfg.init
-        encoder, _ = preflight.load_init_encoder(
+        loaded = preflight.load_init_encoder(
             "init.checkpoint", i.checkpoint, cfg.model, i.pos_interp, i.format
         )
     preflight.check_writable("output_dir", cfg.output_dir)
-    return label_names, encoder
+    return label_names, loaded
 
 
 @torch.no_grad()
@@ -100,11 +100,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     with one_line_errors():
         cfg = load_config(FinetuneConfig, args.config, args.overrides)
-        label_names, encoder = check(cfg)  # loaded before start_run: a bad one makes no run dir
+        label_names, loaded = check(cfg)  # loaded before start_run: a bad one makes no run dir
+        if loaded is not None:
+            cfg.model = loaded.model_config  # the checkpoint's shape, at this image size
         run = start_run(cfg)  # Accelerator, run directory with config.yaml, seeds
     tc, acc = cfg.train, run.acc
-    if encoder is None:  # built after the seeds are set, so a from-scratch run is reproducible
-        encoder = build_vit(cfg.model)
+    # Random init is built after the seeds are set, so a from-scratch run is reproducible.
+    encoder = build_vit(cfg.model) if loaded is None else loaded.encoder
 
     model = Classifier(encoder, len(label_names), cfg.pool).to(acc.device)
     optimizer = build_sgd(model, tc)
@@ -125,17 +127,12 @@ def main(argv: list[str] | None = None) -> dict:
     raw = acc.unwrap_model(model)
 
     loader = train_loader(
-        cfg.data.train,
-        run.local_batch,
-        cfg.model.image_size,
-        crop_scale=cfg.data.crop_scale,
-        hflip=cfg.data.hflip,
-        num_workers=cfg.data.num_workers,
-        shuffle_buffer=cfg.data.shuffle_buffer,
+        cfg.data,
+        batch_size=run.local_batch,
+        image_size=cfg.model.image_size,
         seed=cfg.seed,
         rank=acc.process_index,
         world_size=acc.num_processes,
-        resampled=cfg.data.resampled,
         resume=stream_state,  # exactly where the consumed batches ended
     )
     tracker = StreamTracker(acc.num_processes, cfg.data.num_workers, stream_state)
@@ -247,28 +244,18 @@ def main(argv: list[str] | None = None) -> dict:
         "wall_time_s": time.time() - t_start,
     }
     if acc.is_main_process:
-        save_classifier(ema.module if ema is not None else raw, cfg, label_names)
+        save_classifier(
+            ema.module if ema is not None else raw,
+            run.run_dir / "model.safetensors",
+            model_config=to_dict(cfg.model),
+            pool=cfg.pool,
+            label_names=label_names,
+        )
+        (run.run_dir / "labels.json").write_text(json.dumps(label_names, indent=1) + "\n")
     metrics.write_results(results)
     log.info("done: %s", format_metrics(results, ("top1", "top1_ema", "wall_time_s")))
     acc.end_training()
     return results
-
-
-def save_classifier(model, cfg: FinetuneConfig, label_names: list[str]) -> None:
-    """The fine-tuned classifier (safetensors, with its shape and labels) and labels.json."""
-    run_dir = cfg.output_dir
-    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(
-        tensors,
-        f"{run_dir}/model.safetensors",
-        metadata={
-            "model_config": json.dumps(to_dict(cfg.model)),
-            "pool": cfg.pool,
-            "label_names": json.dumps(label_names),
-        },
-    )
-    with open(f"{run_dir}/labels.json", "w") as f:
-        f.write(json.dumps(label_names, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -100,18 +100,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     # --- Data: every rank streams its own shards (never dispatched from rank 0) -----------
     loader = pretrain_loader(
-        urls,
-        run.local_batch,
-        cfg.model.image_size,
-        crop_scale=cfg.data.crop_scale,
-        hflip=cfg.data.hflip,
-        num_workers=cfg.data.num_workers,
-        shuffle_buffer=cfg.data.shuffle_buffer,
+        cfg.data,
+        batch_size=run.local_batch,
+        image_size=cfg.model.image_size,
         seed=cfg.seed,
         rank=acc.process_index,
         world_size=acc.num_processes,
-        resampled=cfg.data.resampled,
         resume=stream_state,  # exactly where the consumed batches ended
+        urls=urls,
     )
     tracker = StreamTracker(acc.num_processes, cfg.data.num_workers, stream_state)
     keys_file = run.run_dir / f"keys_rank{acc.process_index}.txt" if cfg.data.record_keys else None

@@ -30,6 +30,7 @@ from pathlib import Path
 from ssl_vit.config import ConfigError, load_config, save_config, to_dict
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig
 from ssl_vit.config.study import StudyBudget, StudyConfig
+from ssl_vit.report.runs import fewshot_table, read_results
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = "random init"
@@ -56,12 +57,10 @@ def objective_overrides(obj: ObjectiveConfig) -> list[str]:
 
 def checkpoint_of(pretrain_dir: Path) -> str:
     """The final checkpoint of a finished pretraining run (its results.json names it)."""
-    results = pretrain_dir / "results.json"
-    if not results.is_file():
+    results = read_results(pretrain_dir)
+    if not results:
         return f"<final checkpoint of {pretrain_dir}>"  # --dry-run before pretraining
-    return str(
-        pretrain_dir / "checkpoints" / Path(json.loads(results.read_text())["checkpoint"]).name
-    )
+    return str(pretrain_dir / "checkpoints" / Path(results["checkpoint"]).name)
 
 
 def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
@@ -130,7 +129,7 @@ def execute(argv: list[str], log) -> tuple[int, str | None]:
 
 def finished(run_dir: Path) -> bool:
     """A job ran to its end (a preempted one writes results.json with `preempted`)."""
-    results = _read(run_dir / "results.json")
+    results = read_results(run_dir)
     return bool(results) and not results.get("preempted", False)
 
 
@@ -169,27 +168,14 @@ def run_job(job: Job, log_dir: Path, dry_run: bool) -> None:
     print(f"[done] {label} in {(time.time() - t0) / 60:.1f} min", flush=True)
 
 
-def _read(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _fewshot_table(res: dict) -> dict[str, dict]:
-    """{shot: {mean, std}} at the first l2_reg of a few-shot results.json."""
-    table = {}
-    for k, row in res.get("shots", {}).items():
-        first = next(iter(row["l2_reg"].values()))
-        table[str(k)] = {"mean": first["mean"], "std": first["std"], "per_seed": first["per_seed"]}
-    return table
-
-
 def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> dict:
     """Collect the jobs' results.json into summary.json and a markdown table summary.md."""
     rows = []
     for v in [None, *cfg.variants]:
         name = v.name if v else BASELINE
-        pre = _read(out / "pretrain" / name / "results.json") if v else {}
-        few = _read(out / "fewshot" / (name if v else "random") / "results.json")
-        ft = _read(out / "finetune" / (name if v else "scratch") / "results.json")
+        pre = read_results(out / "pretrain" / name) if v else {}
+        few = read_results(out / "fewshot" / (name if v else "random"))
+        ft = read_results(out / "finetune" / (name if v else "scratch"))
         rows.append({
             "variant": name,
             "objective": to_dict(v.objective) if v else None,
@@ -197,7 +183,8 @@ def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> 
             "pretrain_loss": pre.get("loss"),
             "color_acc": pre.get("color_acc"),
             "color_acc_majority": pre.get("color_acc_majority"),
-            "fewshot": _fewshot_table(few),
+            # string keys, as they read back from summary.json
+            "fewshot": {str(k): t for k, t in fewshot_table(few).items()},
             "finetune_top1": ft.get("top1"),
             "finetune_steps": ft.get("step"),
             "finetune_image_size": ft.get("image_size"),

@@ -29,7 +29,7 @@ __all__ = [
 
 def cmd_make_shards(args: argparse.Namespace) -> int:
     """`ssl-vit make-shards`: image folder / HF dataset -> WebDataset shards + index.json."""
-    from ssl_vit.data.shards import make_shards
+    from ssl_vit.data.convert import make_shards
 
     start = time.perf_counter()
     index = make_shards(

@@ -35,12 +35,12 @@ def _saved(tmp_path, image_size=16):
 def test_encoder_at_higher_resolution_interpolates_positions(tmp_path):
     vit = _saved(tmp_path)
     cfg = ModelConfig(image_size=24)  # shape fields unset: taken from the checkpoint
-    enc, saved = encoder_from_checkpoint(tmp_path, cfg, "bilinear")
+    enc, cfg, saved = encoder_from_checkpoint(tmp_path, cfg, "bilinear")
     assert enc.grid == (6, 6) and enc.pos_embed.shape == (1, 37, 32)
     assert (cfg.width, cfg.patch_size) == (32, 4) and saved["image_size"] == 16
     assert torch.equal(enc.pos_embed[:, 0], vit.pos_embed[:, 0])  # [class] position kept
     assert torch.equal(enc.patch_embed.weight, vit.patch_embed.weight)
-    same, _ = encoder_from_checkpoint(tmp_path, ModelConfig(image_size=16))
+    same, _, _ = encoder_from_checkpoint(tmp_path, ModelConfig(image_size=16))
     assert torch.equal(same.pos_embed, vit.pos_embed)
 
 

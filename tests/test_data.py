@@ -13,6 +13,7 @@ import webdataset as wds
 from PIL import Image
 
 from ssl_vit.cli import main
+from ssl_vit.config import FinetuneDataConfig, PretrainDataConfig
 from ssl_vit.data import (
     SYNTHETIC_LABELS,
     decode_image,
@@ -25,6 +26,11 @@ from ssl_vit.data import (
     synthetic_shapes,
     train_loader,
 )
+
+
+def _data(train_shards: str = "", shuffle_buffer: int = 1000, **kw) -> PretrainDataConfig:
+    """The data config of a loader (shuffle_buffer: the loaders' default before they took one)."""
+    return PretrainDataConfig(train_shards=train_shards, shuffle_buffer=shuffle_buffer, **kw)
 
 
 def _image_bytes(seed: int, fmt: str = "PNG", size: int = 16) -> bytes:
@@ -214,7 +220,11 @@ def test_truncated_and_broken_shards(tmp_path, synthetic_shards):
     assert sum(b.skipped_shards for b in batches) == 2  # the cut, and the file that is no tar
 
     urls = [str(synthetic_shards / "shard-000001.tar"), str(tmp_path / "missing.tar")]
-    it = iter(pretrain_loader(urls, 16, 32, num_workers=0, shuffle_buffer=0))
+    it = iter(
+        pretrain_loader(
+            _data(num_workers=0, shuffle_buffer=0), batch_size=16, image_size=32, urls=urls
+        )
+    )
     batches = [next(it) for _ in range(12)]
     assert sum(b.skipped_shards for b in batches) > 0
     assert all(len(b.keys) == 16 for b in batches)
@@ -225,12 +235,17 @@ def test_stream_fails_loudly_instead_of_spinning(tmp_path):
         for i in range(20):
             w.write({"__key__": f"k{i}", "png": b"not a png"})
     loader = pretrain_loader(
-        str(tmp_path / "bad.tar"), 4, 16, num_workers=0, max_consecutive_failures=10
+        _data(str(tmp_path / "bad.tar"), num_workers=0),
+        batch_size=4,
+        image_size=16,
+        max_consecutive_failures=10,
     )
     with pytest.raises(RuntimeError, match="10 samples in a row failed to decode"):
         next(iter(loader))
     missing = [str(tmp_path / "gone.tar")]
-    loader = pretrain_loader(missing, 4, 16, num_workers=0, max_consecutive_failures=10)
+    loader = pretrain_loader(
+        _data(num_workers=0), batch_size=4, image_size=16, urls=missing, max_consecutive_failures=10
+    )
     with pytest.raises(RuntimeError, match="no samples from the last 10 shards"):
         next(iter(loader))
 
@@ -265,7 +280,10 @@ def test_eval_loader_indices_and_limit(synthetic_shards):
 def test_pretrain_loader_batches(synthetic_shards):
     rng_before = torch.get_rng_state()
     loaders = [
-        pretrain_loader(str(synthetic_shards), 8, 24, num_workers=0, seed=s) for s in (0, 0, 1)
+        pretrain_loader(
+            _data(str(synthetic_shards), num_workers=0), batch_size=8, image_size=24, seed=s
+        )
+        for s in (0, 0, 1)
     ]
     first = [next(iter(loader)) for loader in loaders]
     assert torch.equal(torch.get_rng_state(), rng_before)  # augmentation uses its own RNG
@@ -276,14 +294,27 @@ def test_pretrain_loader_batches(synthetic_shards):
     assert torch.equal(first[0].images, first[1].images)  # same seed, same stream
     assert not torch.equal(first[0].images, first[2].images)
 
-    it = iter(pretrain_loader(str(synthetic_shards), 16, 32, num_workers=2, shuffle_buffer=20))
+    it = iter(
+        pretrain_loader(
+            _data(str(synthetic_shards), num_workers=2, shuffle_buffer=20),
+            batch_size=16,
+            image_size=32,
+        )
+    )
     batches = [next(it) for _ in range(8)]  # 128 > 96 samples: the stream does not end
     assert all(b.images.shape == (16, 3, 32, 32) for b in batches)
 
 
 def test_train_loader_from_folder(tmp_path):
     _write_files(tmp_path / "src", [f"{c}/{i}.png" for c in ("a", "b") for i in range(5)])
-    it = iter(train_loader(str(tmp_path / "src"), 4, 8, num_workers=0, seed=3))
+    it = iter(
+        train_loader(
+            FinetuneDataConfig(train=str(tmp_path / "src"), num_workers=0),
+            batch_size=4,
+            image_size=8,
+            seed=3,
+        )
+    )
     batches = [next(it) for _ in range(5)]  # 20 samples: two epochs
     assert all(b.images.shape == (4, 3, 8, 8) for b in batches)
     keys = [k for b in batches for k in b.keys]
@@ -291,7 +322,11 @@ def test_train_loader_from_folder(tmp_path):
     assert [int(k[0] == "b") for k in keys] == torch.cat([b.labels for b in batches]).tolist()
     with pytest.raises(ValueError, match="no labels"):
         _write_files(tmp_path / "flat", ["a.png"])
-        train_loader(str(tmp_path / "flat"), 4, 8, num_workers=0)
+        train_loader(
+            FinetuneDataConfig(train=str(tmp_path / "flat"), num_workers=0),
+            batch_size=4,
+            image_size=8,
+        )
 
 
 def test_decode_image_formats():
@@ -389,7 +424,11 @@ def test_training_epoch_sees_every_sample_once(synthetic_shards, world_size):
     keys = []
     for rank in range(world_size):
         loader = pretrain_loader(
-            str(synthetic_shards), 8, 16, num_workers=0, rank=rank, world_size=world_size
+            _data(str(synthetic_shards), num_workers=0),
+            batch_size=8,
+            image_size=16,
+            rank=rank,
+            world_size=world_size,
         )
         # Epoch 0 of this rank: its shard (96 // 2 = 48 samples) or its share of a shared one.
         share = 96 if world_size == 1 else 48 // len(range(rank % 2, world_size, 2))
@@ -401,14 +440,13 @@ def test_training_epoch_sees_every_sample_once(synthetic_shards, world_size):
 def test_training_stream_resumes_exactly(synthetic_shards, resampled):
     from ssl_vit.data import StreamTracker
 
-    kw = dict(num_workers=2, shuffle_buffer=10, seed=4, resampled=resampled)
-    full = _take(pretrain_loader(str(synthetic_shards), 8, 16, **kw), 9)
+    data = _data(str(synthetic_shards), num_workers=2, shuffle_buffer=10, resampled=resampled)
+    kw = dict(batch_size=8, image_size=16, seed=4)
+    full = _take(pretrain_loader(data, **kw), 9)
     tracker = StreamTracker(1, 2)
     for b in full[:5]:  # batch 5 came from worker 0: worker 1 is next
         tracker.update(b)
-    resumed = _take(
-        pretrain_loader(str(synthetic_shards), 8, 16, resume=tracker.state_dict(), **kw), 4
-    )
+    resumed = _take(pretrain_loader(data, resume=tracker.state_dict(), **kw), 4)
     for a, b in zip(full[5:], resumed, strict=True):
         assert a.keys == b.keys and torch.equal(a.images, b.images)
 
@@ -431,7 +469,12 @@ def test_training_stream_counts_bad_samples_and_shards(tmp_path, synthetic_shard
         str(tmp_path / "missing.tar"),
         str(tmp_path / "directory.tar"),
     ]
-    batches = _take(pretrain_loader(urls, 6, 16, num_workers=0, shuffle_buffer=0), 9)
+    batches = _take(
+        pretrain_loader(
+            _data(num_workers=0, shuffle_buffer=0), batch_size=6, image_size=16, urls=urls
+        ),
+        9,
+    )
     keys = [k for b in batches for k in b.keys]  # one epoch: 48 + 6 good samples
     assert sorted(keys) == sorted(
         [k for k, _, _ in synthetic_shapes(48)] + [f"g{i}" for i in range(6)]

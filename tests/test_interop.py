@@ -111,7 +111,7 @@ def test_interpolated_encoder_exports_and_matches_hf_interpolation(ckpt, exporte
     features in timm and transformers; transformers' own interpolate_pos_encoding=True uses
     the same bicubic resize as ours, so it matches too. (timm's img_size= resampling is
     antialiased bicubic: a different algorithm, measured in scripts/check_export.py.)"""
-    enc24, _ = encoder_from_checkpoint(ckpt[0], ModelConfig(image_size=24))
+    enc24, _, _ = encoder_from_checkpoint(ckpt[0], ModelConfig(image_size=24))
     x = images(24)
     ours = enc24.eval().forward_features(x)
     save_encoder(enc24, tmp_path / "encoder.safetensors", {**CFG, "image_size": 24})
@@ -137,7 +137,7 @@ def test_import_timm_gives_the_same_features(tmp_path):
     torch.save(model.state_dict(), tmp_path / "vit.pth")
     with pytest.raises(InteropError, match="heads"):
         encoder_from_checkpoint(tmp_path / "vit.pth", ModelConfig(image_size=16))
-    enc, _ = encoder_from_checkpoint(
+    enc, _, _ = encoder_from_checkpoint(
         tmp_path / "vit.pth", ModelConfig(image_size=16, heads=2, mlp_ratio=3.0)
     )
     assert_same(enc.eval().forward_features(images(16)), model.forward_features(images(16)))
@@ -149,7 +149,7 @@ def test_import_timm_gives_the_same_features(tmp_path):
         json.dumps({"architecture": "vit_base_patch16_224", "model_args": args})
     )
     import_weights(d, "auto", tmp_path / "imported")
-    back, cfg = encoder_from_checkpoint(
+    back, _, cfg = encoder_from_checkpoint(
         tmp_path / "imported", ModelConfig(image_size=16, mlp_ratio=3.0)
     )
     assert cfg["heads"] == 2 and cfg["mlp_ratio"] == 3.0
@@ -171,11 +171,15 @@ def test_import_hf_gives_the_same_features_also_interpolated(tmp_path):
     )
     model = perturb(ViTModel(config))
     model.save_pretrained(tmp_path / "hf")
-    enc, cfg = encoder_from_checkpoint(tmp_path / "hf", ModelConfig(image_size=16, mlp_ratio=2.5))
+    enc, _, cfg = encoder_from_checkpoint(
+        tmp_path / "hf", ModelConfig(image_size=16, mlp_ratio=2.5)
+    )
     assert cfg["norm_eps"] == 1e-12 and enc.norm.eps == 1e-12 and cfg["mlp_ratio"] == 2.5
     x = images(16)
     assert_same(enc.eval().forward_features(x), model(pixel_values=x).last_hidden_state)
-    enc24, _ = encoder_from_checkpoint(tmp_path / "hf", ModelConfig(image_size=24, mlp_ratio=2.5))
+    enc24, _, _ = encoder_from_checkpoint(
+        tmp_path / "hf", ModelConfig(image_size=24, mlp_ratio=2.5)
+    )
     x = images(24)
     theirs = model(pixel_values=x, interpolate_pos_encoding=True).last_hidden_state
     assert_same(enc24.eval().forward_features(x), theirs)

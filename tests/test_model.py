@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from ssl_vit.config import ModelConfig
+from ssl_vit.config.variants import VARIANTS
 from ssl_vit.model import ViT, build_vit
-from ssl_vit.model.variants import VARIANTS
 
 
 def test_shapes_and_split_equals_full_forward():

@@ -15,6 +15,7 @@ from torchvision import datasets
 from torchvision.transforms import v2
 
 from ssl_vit.bench.timing import PeakRSS
+from ssl_vit.config.schema import PretrainDataConfig
 from ssl_vit.data import pretrain_loader, resolve_shards
 from ssl_vit.data.images import torchvision_train_transform
 from ssl_vit.data.shards import read_index
@@ -30,9 +31,10 @@ __all__ = [
 ]
 
 
-def ours_loader(urls: Sequence[str], batch_size: int, image_size: int, num_workers: int, **kw):
+def ours_loader(urls: Sequence[str], batch_size: int, image_size: int, num_workers: int):
     """Our pretraining loader exactly as pipelines/pretrain.py builds it (default options)."""
-    return pretrain_loader(list(urls), batch_size, image_size, num_workers=num_workers, **kw)
+    data = PretrainDataConfig(num_workers=num_workers)
+    return pretrain_loader(data, batch_size=batch_size, image_size=image_size, urls=urls)
 
 
 def imagefolder_loader(

@@ -7,10 +7,12 @@ holds the fully resolved values.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-from ssl_vit.config.loader import ConfigError
+from ssl_vit.config.loader import ConfigError, from_dict
+from ssl_vit.config.variants import resolve_variant
 
 __all__ = [
     "ModelConfig",
@@ -45,8 +47,6 @@ class ModelConfig:
 
     def validate(self) -> None:
         if self.variant:
-            from ssl_vit.model.variants import resolve_variant
-
             shape = resolve_variant(self.variant)
             self.patch_size = shape.pop("patch_size", self.patch_size)
             for key, value in shape.items():  # explicit values override the variant
@@ -57,6 +57,13 @@ class ModelConfig:
                 f"model.image_size ({self.image_size}) must be a multiple of "
                 f"model.patch_size ({self.patch_size})"
             )
+
+    @classmethod
+    def from_saved(cls, saved: Mapping[str, Any]) -> ModelConfig:
+        """The config of a saved model-config dict (checkpoint and export metadata, imported
+        weights), checked like a YAML one. Checkpoints written before `norm_eps` existed
+        used 1e-6, its default."""
+        return from_dict(cls, dict(saved), prefix="model_config.")
 
 
 @dataclass

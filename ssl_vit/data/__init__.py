@@ -1,12 +1,13 @@
 """Data layer: shards (writing, finding), image sources, the synthetic dataset, the loaders."""
 
+from ssl_vit.data.convert import make_shards
+from ssl_vit.data.eval_stream import eval_loader
 from ssl_vit.data.images import decode_image, eval_transform, train_transform
 from ssl_vit.data.shards import (
     IMAGE_EXTENSIONS,
     SHARD_FORMAT,
     ShardWriter,
     is_shard_spec,
-    make_shards,
     read_index,
     resolve_shards,
 )
@@ -18,7 +19,7 @@ from ssl_vit.data.sources import (
     ShardSource,
     open_source,
 )
-from ssl_vit.data.stream import Batch, eval_loader
+from ssl_vit.data.stages import Batch
 from ssl_vit.data.synthetic import SYNTHETIC_LABELS, make_synthetic_shards, synthetic_shapes
 from ssl_vit.data.train_stream import StreamTracker, pretrain_loader, train_loader
 

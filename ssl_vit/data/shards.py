@@ -1,4 +1,6 @@
-"""WebDataset shards: writing them from image collections, and finding them again.
+"""WebDataset shards: the format, writing it, finding shards and reading them member by member.
+
+(`ssl_vit.data.convert.make_shards` fills a `ShardWriter` from an image folder or HF dataset.)
 
 Shard format ("ssl-vit-shards/1"): `shard-000000.tar`, `shard-000001.tar`, ... in one directory,
 each a plain tar holding per sample `{key}.{ext}` (the ORIGINAL encoded image bytes, never
@@ -12,7 +14,6 @@ before the first dot. `index.json`, written last, holds
 from __future__ import annotations
 
 import glob
-import io
 import json
 import logging
 import os
@@ -24,10 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import braceexpand
-import numpy as np
 import webdataset as wds
-from PIL import Image
-from tqdm import tqdm
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -35,9 +33,9 @@ __all__ = [
     "SHARD_FORMAT",
     "ShardWriter",
     "is_shard_spec",
-    "make_shards",
     "read_index",
     "resolve_shards",
+    "sample_fields",
     "tar_members",
 ]
 
@@ -137,78 +135,6 @@ class ShardWriter:
             self._tar.close()
             self._tar = None
             self._tmp_path().unlink(missing_ok=True)
-
-
-def image_error(data: bytes) -> str | None:
-    """Cheap validity check of encoded image bytes: None if PIL can parse them, else why not.
-
-    `Image.verify()` checks headers and chunk checksums without decoding pixels (~15 us for a
-    32x32 PNG), so it catches empty, non-image and most corrupt files at sharding time.
-    """
-    if not data:
-        return "empty file"
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.verify()
-    except Exception as e:  # PIL raises many types for bad data
-        return f"{type(e).__name__}: {e}"
-    return None
-
-
-def make_shards(
-    source: str | os.PathLike,
-    output: str | os.PathLike,
-    shard_size: int = 10000,
-    verify: bool = True,
-    *,
-    split: str = "train",
-    source_format: str = "auto",
-    shuffle_seed: int | None = 0,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Copy an image folder or Hugging Face dataset into shards in `output`; return the index.
-
-    `source_format`: "auto" (an HF `save_to_disk` directory if it has dataset_info.json,
-    state.json or dataset_dict.json, else an image folder), "folder", "hf" (`load_from_disk`)
-    or "hf-imagefolder" (`datasets.load_dataset("imagefolder")`). An image folder with class
-    sub-folders is labelled (sorted names -> 0..K-1), else its top-level images are unlabelled.
-    `split` picks the split of a DatasetDict. Images are copied byte for byte; with `verify`,
-    files PIL cannot parse (including empty files) are skipped, logged and counted in
-    `num_skipped`.
-
-    Files are listed in sorted order, then written in the order of a permutation seeded by
-    `shuffle_seed` (None: sorted order): a class-sorted stream would put one class in each
-    shard, which shard resampling and a small shuffle buffer cannot mix back.
-    """
-    # sources.py builds on resolve_shards() from this module; importing it here at call time
-    # keeps the import graph acyclic.
-    from ssl_vit.data.sources import open_raw_source
-
-    src = open_raw_source(str(source), split=split, source_format=source_format)
-    if len(src) == 0:
-        raise ValueError(f"no images found in {source}")
-    order = range(len(src))
-    if shuffle_seed is not None:
-        order = np.random.default_rng(shuffle_seed).permutation(len(src)).tolist()
-    labelled = bool(src.label_names)
-    skipped = 0
-    with ShardWriter(output, shard_size) as writer:
-        for i in tqdm(order, unit="img", disable=not progress):
-            rec = src[i]
-            error = image_error(rec.data) if verify else None
-            if error is not None:
-                skipped += 1
-                log.warning("skipping %s: %s", src.describe(i), error)
-                continue
-            writer.write(rec.key, rec.ext or "png", rec.data, rec.label if labelled else None)
-        if skipped == len(src):
-            raise ValueError(f"all {skipped} images in {source} failed verification")
-        return writer.close(
-            label_names=src.label_names,
-            source=os.path.abspath(source),
-            num_skipped=skipped,
-            shuffle_seed=shuffle_seed,
-        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,6 +251,19 @@ def is_shard_spec(spec: str) -> bool:
 
 # --------------------------------------------------------------------------------------------
 # Reading shards member by member
+
+
+def sample_fields(sample: dict[str, Any]) -> tuple[str | None, int | None]:
+    """(image extension, label) of one sample's members `{suffix: bytes}`, as WebDataset groups
+    them: the first of IMAGE_EXTENSIONS present (None: no image member) and the integer in
+    `.cls` (None: missing or not an integer). The one reading of a sample, for the streams and
+    for `ShardSource` alike."""
+    ext = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
+    try:
+        label: int | None = int(sample["cls"])
+    except (KeyError, ValueError):
+        label = None
+    return ext, label
 
 
 def _read_at(f: IO[bytes], offset: int, size: int) -> bytes:

@@ -4,7 +4,7 @@ Downstream jobs (few-shot features, evaluation) need labels without decoding ima
 encoded bytes of a few chosen samples out of many. An `ImageSource` gives exactly that:
 `labels()` reads labels only (folder paths, the HF label column, `.cls` tar members) and
 `iter_samples(indices)` reads only the chosen samples' bytes. Decoding happens elsewhere
-(`ssl_vit.data.stream.decode_image`).
+(`ssl_vit.data.images.decode_image`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from ssl_vit.data.shards import (
     is_shard_spec,
     read_index,
     resolve_shards,
+    sample_fields,
     tar_members,
 )
 
@@ -364,12 +365,9 @@ def _tar_groups(
     last = max(wanted, default=-1) if wanted is not None else None
 
     def emit(g: dict[str, Any]) -> tuple[int, str, str, bytes, int]:
-        ext = next((e for e in IMAGE_EXTENSIONS if e in g), "")
-        try:
-            label = int(g["cls"])
-        except (KeyError, ValueError):
-            label = -1
-        return i, g["__key__"], ext, g.get(ext, b""), label
+        ext, label = sample_fields(g)
+        data = g[ext] if ext is not None else b""
+        return i, g["__key__"], ext or "", data, -1 if label is None else label
 
     for name, read in tar_members(url):
         key, suffix = base_plus_ext(name)

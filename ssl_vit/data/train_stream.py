@@ -39,20 +39,21 @@ import numpy as np
 import webdataset as wds
 from torch.utils.data import DataLoader, get_worker_info
 
+from ssl_vit.config.schema import FinetuneDataConfig, PretrainDataConfig
 from ssl_vit.data.images import train_transform
 from ssl_vit.data.shards import is_shard_spec, read_index, resolve_shards
 from ssl_vit.data.sources import open_source
-from ssl_vit.data.stream import (
+from ssl_vit.data.stages import (
     Batch,
-    _collate,
-    _decode_stage,
-    _Sample,
-    _ShardErrorHandler,
-    _Stats,
-    _Stream,
-    _to_sample,
+    Sample,
+    ShardErrorHandler,
+    Stats,
+    StreamDataset,
+    collate,
+    decode_stage,
     make_loader,
     seed_of,
+    to_sample,
 )
 
 __all__ = ["StreamTracker", "pretrain_loader", "train_loader"]
@@ -71,20 +72,20 @@ def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
 
 
 @dataclass(eq=False)
-class _ResumableStream(_Stream):
+class _ResumableStream(StreamDataset):
     """Base of the training streams: visits -> samples -> decode + augment -> full batches."""
 
     shuffle_buffer: int = 0
     start: dict[int, tuple[int, int]] = field(default_factory=dict)  # role -> position
     role_offset: int = 0  # worker i plays role (role_offset + i) % num_workers
 
-    def _visit(self, unit: int, units: int, v: int, stats: _Stats) -> Iterator[_Sample]:
+    def _visit(self, unit: int, units: int, v: int, stats: Stats) -> Iterator[Sample]:
         """The samples of visit `v` in stored order (shuffling happens in `_positions`)."""
         raise NotImplementedError
 
     def _positions(
-        self, unit: int, units: int, first: int, skip: int, stats: _Stats
-    ) -> Iterator[tuple[_Sample, int | None, tuple[int, int]]]:
+        self, unit: int, units: int, first: int, skip: int, stats: Stats
+    ) -> Iterator[tuple[Sample, int | None, tuple[int, int]]]:
         """(sample, augmentation seed, position after it), from position (first, skip) on.
 
         Raises after `max_consecutive_failures` visits in a row without a sample (all shards
@@ -115,14 +116,14 @@ class _ResumableStream(_Stream):
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         role = (self.role_offset + worker) % num_workers
         unit, units = self.rank * num_workers + role, self.world_size * num_workers
-        stats = _Stats()
+        stats = Stats()
         v, skip = self.start.get(role, (0, 0))
         samples = self._positions(unit, units, v, skip, stats)
-        items = _decode_stage(samples, self.transform, stats, self.max_consecutive_failures)
+        items = decode_stage(samples, self.transform, stats, self.max_consecutive_failures)
         # Each batch is sent as soon as it is full: its position then covers exactly the samples
         # it holds and the skips it reports, so nothing is counted twice after a resume.
         for chunk in _chunks(items, self.batch_size):
-            batch = _collate(chunk, self.image_size)
+            batch = collate(chunk, self.image_size)
             yield batch._replace(
                 skipped=stats.skipped,
                 skipped_shards=stats.skipped_shards,
@@ -139,7 +140,7 @@ class _ShardTrainStream(_ResumableStream):
     urls: list[str] = field(default_factory=list)
     resampled: bool = False
 
-    def _visit(self, unit: int, units: int, v: int, stats: _Stats) -> Iterator[_Sample]:
+    def _visit(self, unit: int, units: int, v: int, stats: Stats) -> Iterator[Sample]:
         n = len(self.urls)
         keep, of = 0, 1  # keep the samples i with i % of == keep
         if self.resampled:
@@ -154,11 +155,11 @@ class _ShardTrainStream(_ResumableStream):
                 j = unit % n
                 url, keep, of = self.urls[perm[j]], unit // n, len(range(j, units, n))
         # A shard shared by several units reports its errors once (from the unit keeping 0).
-        handler = _ShardErrorHandler(stats, count=keep == 0)
+        handler = ShardErrorHandler(stats, count=keep == 0)
         raw = wds.tarfile_samples(iter([{"url": url}]), handler=handler)
         for i, sample in enumerate(raw):
             if i % of == keep:
-                yield _to_sample(sample, self.require_labels)
+                yield to_sample(sample, self.require_labels)
 
 
 @dataclass(eq=False)
@@ -169,13 +170,13 @@ class _IndexedTrainStream(_ResumableStream):
     spec: str = ""
     split: str | None = None
 
-    def _visit(self, unit: int, units: int, v: int, stats: _Stats) -> Iterator[_Sample]:
+    def _visit(self, unit: int, units: int, v: int, stats: Stats) -> Iterator[Sample]:
         source = open_source(self.spec, self.split)  # opened per worker: pickles as a path
         order = np.random.default_rng(seed_of(self.seed, v, _EPOCH)).permutation(len(source))
         for i in order[unit::units].tolist():  # (iter_records would read them in sorted order)
             rec = source[i]
             label = None if self.require_labels and rec.label < 0 else rec.label
-            yield _Sample(rec.key, self.spec, rec.data or None, label)
+            yield Sample(rec.key, self.spec, rec.data or None, label)
 
 
 class StreamTracker:
@@ -223,28 +224,30 @@ def _resume_fields(resume: dict | None, world_size: int, num_workers: int) -> di
     return {"start": start, "role_offset": int(resume["next_role"])}
 
 
+# The fields of the data configs the loaders read (both job configs name them alike).
+DataConfig = PretrainDataConfig | FinetuneDataConfig
+
+
 def _train_fields(
+    data: DataConfig,
     *,
     batch_size: int,
     image_size: int,
-    crop_scale: Sequence[float],
-    hflip: bool,
     seed: int,
     rank: int,
     world_size: int,
+    resume: dict | None,
     require_labels: bool,
     max_consecutive_failures: int,
-    num_workers: int,
-    resume: dict | None,
 ) -> dict[str, Any]:
     """The `_ResumableStream` fields shared by the training streams."""
-    fields = _resume_fields(resume, world_size, num_workers)
+    fields = _resume_fields(resume, world_size, data.num_workers)
     if fields.pop("reseed", False):  # a stream unlike the one before (same seed: same order)
         seed = seed_of(seed, sum(p[0] for p in resume["positions"].values()), _RESEED)
     return dict(
         batch_size=batch_size,
         image_size=image_size,
-        transform=train_transform(image_size, crop_scale, hflip),
+        transform=train_transform(image_size, data.crop_scale, data.hflip),
         seed=seed,
         rank=rank,
         world_size=world_size,
@@ -254,33 +257,12 @@ def _train_fields(
     )
 
 
-def pretrain_loader(
-    urls: str | Sequence[str],
-    batch_size: int,
-    image_size: int,
-    *,
-    crop_scale: Sequence[float] = (0.08, 1.0),
-    hflip: bool = True,
-    num_workers: int = 2,
-    shuffle_buffer: int = 1000,
-    seed: int = 0,
-    rank: int = 0,
-    world_size: int = 1,
-    labelled: bool = False,
-    resampled: bool = False,
-    resume: dict | None = None,
-    prefetch_factor: int = 2,
-    max_consecutive_failures: int = 1000,
+def _shard_loader(
+    urls: list[str], data: DataConfig, prefetch_factor: int, **stream: Any
 ) -> DataLoader:
-    """Endless augmented batches of `batch_size` (per process) from shards (a spec or URLs).
-
-    Non-resampled: epochs, each sample once per epoch across all ranks and workers; resampled:
-    shards drawn with replacement. Labels come from `.cls` when present (-1 otherwise); with
-    `labelled=True` a sample without one is skipped. `resume`: a `StreamTracker.state_dict()`.
-    """
-    urls = resolve_shards(urls) if isinstance(urls, str) else list(urls)
-    units = world_size * max(num_workers, 1)
-    if not resampled and len(urls) < units:
+    """The resumable stream over `urls`; `stream`: the `_train_fields` arguments."""
+    units = stream["world_size"] * max(data.num_workers, 1)
+    if not data.resampled and len(urls) < units:
         log.warning(
             "%d shards < %d ranks x workers: each shard is read by up to %d of them, each "
             "keeping its share of the samples (more reading); more, smaller shards avoid this",
@@ -290,90 +272,91 @@ def pretrain_loader(
         )
     dataset = _ShardTrainStream(
         urls=urls,
-        resampled=resampled,
-        shuffle_buffer=shuffle_buffer,
-        **_train_fields(
-            batch_size=batch_size,
-            image_size=image_size,
-            crop_scale=crop_scale,
-            hflip=hflip,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-            require_labels=labelled,
-            max_consecutive_failures=max_consecutive_failures,
-            num_workers=num_workers,
-            resume=resume,
-        ),
+        resampled=data.resampled,
+        shuffle_buffer=data.shuffle_buffer,
+        **_train_fields(data, **stream),
     )
-    return make_loader(dataset, num_workers, persistent=True, prefetch=prefetch_factor)
+    return make_loader(dataset, data.num_workers, persistent=True, prefetch=prefetch_factor)
 
 
-def train_loader(
-    source: str,
+def pretrain_loader(
+    data: PretrainDataConfig,
+    *,
     batch_size: int,
     image_size: int,
-    *,
-    crop_scale: Sequence[float] = (0.08, 1.0),
-    hflip: bool = True,
-    num_workers: int = 2,
-    shuffle_buffer: int = 1000,
     seed: int = 0,
     rank: int = 0,
     world_size: int = 1,
-    split: str | None = None,
-    resampled: bool = False,
     resume: dict | None = None,
+    urls: Sequence[str] | None = None,
+    labelled: bool = False,
     prefetch_factor: int = 2,
     max_consecutive_failures: int = 1000,
 ) -> DataLoader:
-    """Endless augmented labelled batches for fine-tuning, resumable like `pretrain_loader`.
+    """Endless augmented batches of `batch_size` (per process) from the shards of
+    `data.train_shards` (or `urls`, shards already resolved), with `data`'s workers, shuffle
+    buffer, crop scale, flip and resampling.
 
-    Shards: `pretrain_loader(..., labelled=True)`. An image folder or HF dataset: per epoch a
+    Non-resampled: epochs, each sample once per epoch across all ranks and workers; resampled:
+    shards drawn with replacement. Labels come from `.cls` when present (-1 otherwise); with
+    `labelled=True` a sample without one is skipped. `resume`: a `StreamTracker.state_dict()`.
+    """
+    urls = resolve_shards(data.train_shards) if urls is None else list(urls)
+    return _shard_loader(
+        urls,
+        data,
+        prefetch_factor,
+        batch_size=batch_size,
+        image_size=image_size,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        resume=resume,
+        require_labels=labelled,
+        max_consecutive_failures=max_consecutive_failures,
+    )
+
+
+def train_loader(
+    data: FinetuneDataConfig,
+    *,
+    batch_size: int,
+    image_size: int,
+    seed: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    resume: dict | None = None,
+    split: str | None = None,
+    prefetch_factor: int = 2,
+    max_consecutive_failures: int = 1000,
+) -> DataLoader:
+    """Endless augmented labelled batches of `data.train` for fine-tuning, resumable like
+    `pretrain_loader`.
+
+    Shards: as `pretrain_loader(..., labelled=True)`. An image folder or HF dataset: per epoch a
     permutation seeded by (seed, epoch), split by rank and worker (`shuffle_buffer` unused).
     """
+    source = data.train
+    stream: dict[str, Any] = dict(
+        batch_size=batch_size,
+        image_size=image_size,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        resume=resume,
+        require_labels=True,
+        max_consecutive_failures=max_consecutive_failures,
+    )
     if is_shard_spec(source):
         index = read_index(source)
         if index is not None and not index["label_names"]:
             raise ValueError(f"{source}: shards have no labels (index.json label_names is empty)")
-        return pretrain_loader(
-            source,
-            batch_size,
-            image_size,
-            crop_scale=crop_scale,
-            hflip=hflip,
-            num_workers=num_workers,
-            shuffle_buffer=shuffle_buffer,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-            labelled=True,
-            resampled=resampled,
-            resume=resume,
-            prefetch_factor=prefetch_factor,
-            max_consecutive_failures=max_consecutive_failures,
-        )
+        return _shard_loader(resolve_shards(source), data, prefetch_factor, **stream)
     source_obj = open_source(source, split)
     if not source_obj.label_names:
         raise ValueError(f"{source}: source has no labels")
-    units = world_size * max(num_workers, 1)
+    units = world_size * max(data.num_workers, 1)
     if len(source_obj) < units:
         raise ValueError(f"{source}: {len(source_obj)} samples < {units} ranks x workers")
-    dataset = _IndexedTrainStream(
-        spec=source,
-        split=split,
-        **_train_fields(
-            batch_size=batch_size,
-            image_size=image_size,
-            crop_scale=crop_scale,
-            hflip=hflip,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-            require_labels=True,
-            max_consecutive_failures=max_consecutive_failures,
-            num_workers=num_workers,
-            resume=resume,
-        ),
-    )
-    return make_loader(dataset, num_workers, persistent=True, prefetch=prefetch_factor)
+    dataset = _IndexedTrainStream(spec=source, split=split, **_train_fields(data, **stream))
+    return make_loader(dataset, data.num_workers, persistent=True, prefetch=prefetch_factor)

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from ssl_vit.config.schema import ModelConfig
+
 __all__ = [
     "InteropError",
     "KNOWN_CONFIG",
@@ -94,10 +96,10 @@ def mlp_ratio_for(hidden: int, width: int) -> float:
 
 def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Key -> shape of our encoder's state dict for a model config (built on the meta device)."""
-    from ssl_vit.model.vit import vit_from_config
+    from ssl_vit.model.vit import build_vit
 
     with torch.device("meta"):
-        vit = vit_from_config(cfg)
+        vit = build_vit(ModelConfig.from_saved(cfg))
     return {k: tuple(v.shape) for k, v in vit.state_dict().items()}
 
 

@@ -1,10 +1,11 @@
-"""Encoder modules: the ViT, its named variants, the fine-tuning classifier, position-embedding
-interpolation and pixel normalization."""
+"""Encoder modules: the ViT (built from a `ModelConfig`; its named variants are config data,
+`ssl_vit.config.variants`), the fine-tuning classifier, position-embedding interpolation and pixel
+normalization."""
 
+from ssl_vit.config.variants import VARIANTS, resolve_variant
 from ssl_vit.model.classifier import Classifier
 from ssl_vit.model.pixels import normalize_pixels
 from ssl_vit.model.pos_embed import interpolate_pos_embed
-from ssl_vit.model.variants import VARIANTS, resolve_variant
 from ssl_vit.model.vit import ViT, build_vit
 
 __all__ = [

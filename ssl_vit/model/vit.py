@@ -10,8 +10,6 @@ position embeddings, blocks). Fine-tuning and few-shot use `forward_features` + 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +17,7 @@ from torch import nn
 
 from ssl_vit.config.schema import ModelConfig
 
-__all__ = ["Attention", "Block", "ViT", "build_vit", "vit_from_config"]
+__all__ = ["Attention", "Block", "ViT", "build_vit"]
 
 
 class Attention(nn.Module):
@@ -136,7 +134,8 @@ class ViT(nn.Module):
 
 
 def build_vit(cfg: ModelConfig) -> ViT:
-    """The encoder described by a (validated) ModelConfig."""
+    """The encoder described by a (validated) ModelConfig: the one constructor, for new models
+    and saved ones alike (`ModelConfig.from_saved(metadata)`)."""
     missing = [k for k in ("patch_size", "width", "depth", "heads") if getattr(cfg, k) is None]
     if missing:
         raise ValueError(f"model: set model.variant or model.{', model.'.join(missing)}")
@@ -148,18 +147,4 @@ def build_vit(cfg: ModelConfig) -> ViT:
         cfg.heads,
         cfg.mlp_ratio,
         cfg.norm_eps,
-    )
-
-
-def vit_from_config(c: Mapping[str, Any]) -> ViT:
-    """The encoder of a saved model-config dict (checkpoint and export metadata); checkpoints
-    written before `norm_eps` existed used 1e-6."""
-    return ViT(
-        c["image_size"],
-        c["patch_size"],
-        c["width"],
-        c["depth"],
-        c["heads"],
-        c["mlp_ratio"],
-        c.get("norm_eps", 1e-6),
     )

@@ -15,18 +15,16 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors.torch import save_file
-
+from ssl_vit.config.schema import ModelConfig
 from ssl_vit.interop import hf_config, hf_preprocessor, timm_config, to_hf, to_timm
 from ssl_vit.publish.model_card import model_card, run_config
 from ssl_vit.train.checkpoint import (
     ENCODER_FILE,
-    STATE_FILE,
-    CheckpointError,
     load_any_encoder,
     load_encoder,
+    load_head,
     save_encoder,
+    save_weights,
 )
 
 __all__ = ["HEAD_FILE", "export_checkpoint", "import_weights"]
@@ -34,22 +32,6 @@ __all__ = ["HEAD_FILE", "export_checkpoint", "import_weights"]
 log = logging.getLogger(__name__)
 HEAD_FILE = "masked_patch_head.safetensors"
 TARGETS = ("timm", "hf")
-
-
-def _checkpoint_dir(path: Path) -> Path:
-    return path if path.is_dir() else path.parent
-
-
-def _save_head(checkpoint: Path, out: Path, model_cfg: dict[str, Any]) -> None:
-    """The objective's own parameters ([mask] embedding, colour head) from the training state."""
-    state_file = _checkpoint_dir(checkpoint) / STATE_FILE
-    if not state_file.is_file():
-        raise CheckpointError(f"{state_file}: not found, so there is no masked-prediction head")
-    model = torch.load(state_file, map_location="cpu", weights_only=True)["model"]
-    head = {k: v.contiguous() for k, v in model.items() if not k.startswith("encoder.")}
-    if not head:
-        raise CheckpointError(f"{state_file}: holds no head weights")
-    save_file(head, str(out / HEAD_FILE), metadata={"model_config": json.dumps(model_cfg)})
 
 
 def export_checkpoint(
@@ -70,15 +52,16 @@ def export_checkpoint(
     else:
         weights, config = to_hf(state, model_cfg), hf_config(model_cfg)
     out.mkdir(parents=True, exist_ok=True)
-    weights = {k: v.contiguous() for k, v in weights.items()}
     # "format": "pt" is what transformers checks in the safetensors header.
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_weights(weights, out / "model.safetensors", {"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if to == "hf":
         processor = hf_preprocessor(model_cfg, mean, std)
         (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
     if keep_head:
-        _save_head(checkpoint, out, model_cfg)
+        save_weights(
+            load_head(checkpoint), out / HEAD_FILE, {"model_config": json.dumps(model_cfg)}
+        )
     n_params = sum(v.numel() for v in weights.values())
     (out / "README.md").write_text(model_card(checkpoint, to, out, model_cfg, config, n_params))
     log.info(
@@ -99,11 +82,11 @@ def import_weights(
     """timm / transformers ViT weights -> an ssl-vit encoder directory (encoder.safetensors
     with its model config), usable as `init.checkpoint` and by `fewshot.py --checkpoint`."""
     from ssl_vit.interop import detect_format
-    from ssl_vit.model.vit import vit_from_config
+    from ssl_vit.model.vit import build_vit
 
     fmt = detect_format(source) if fmt == "auto" else fmt
     state, cfg = load_any_encoder(source, fmt, heads)
-    encoder = vit_from_config(cfg)
+    encoder = build_vit(ModelConfig.from_saved(cfg))
     encoder.load_state_dict(state, strict=True)  # keys and shapes were checked on reading
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)

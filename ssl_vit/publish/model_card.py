@@ -8,41 +8,18 @@ sits in one (`RUN/checkpoints/step_N`): `config.yaml` (data, objective, optimiza
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
+from ssl_vit.report.runs import read_config, read_results, run_dir_of, step_of
 
 __all__ = ["model_card", "run_config"]
 
 
-def _run_dir(checkpoint: Path) -> Path | None:
-    ckpt = checkpoint if checkpoint.is_dir() else checkpoint.parent
-    return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def run_config(checkpoint: Path) -> dict[str, Any]:
     """The resolved config of the run that wrote `checkpoint` ({} when not in a run dir)."""
-    run = _run_dir(checkpoint)
-    if run is None or not (run / "config.yaml").is_file():
-        return {}
-    return yaml.safe_load((run / "config.yaml").read_text()) or {}
-
-
-def _step(checkpoint: Path) -> int | None:
-    ckpt = checkpoint if checkpoint.is_dir() else checkpoint.parent
-    step = _read_json(ckpt / "manifest.json").get("step")
-    if step is None and ckpt.name.startswith("step_"):
-        step = int(ckpt.name.removeprefix("step_"))
-    return step
+    run = run_dir_of(checkpoint)
+    return {} if run is None else read_config(run)
 
 
 def _pct(x: Any) -> str:
@@ -59,16 +36,11 @@ def _downstream(checkpoint: Path, run: Path) -> list[str]:
     tail = f"{run.name}/checkpoints/{ckpt.name}"
     rows = []
     for res_file in sorted(run.parent.glob("*/results.json")):
-        res = _read_json(res_file)
+        res = read_results(res_file.parent)
         source = str(res.get("init") or res.get("checkpoint") or "").rstrip("/")
         if not source.endswith(tail) or res_file.parent == run:
             continue
-        cfg = (
-            yaml.safe_load((res_file.parent / "config.yaml").read_text())
-            if (res_file.parent / "config.yaml").is_file()
-            else {}
-        )
-        pool = cfg.get("pool", "cls")
+        pool = read_config(res_file.parent).get("pool", "cls")
         if "top1" in res:
             rows.append(
                 f"| fine-tune ({res_file.parent.name}) | {res.get('image_size')} px, "
@@ -83,7 +55,7 @@ def _downstream(checkpoint: Path, run: Path) -> list[str]:
 def _results(checkpoint: Path, run: Path | None) -> str:
     if run is None:
         return "No run directory found next to the checkpoint: no results recorded.\n"
-    res = _read_json(run / "results.json")
+    res = read_results(run)
     lines = ["| evaluation | setting | result |", "|---|---|---|"]
     if "loss" in res:
         lines.append(
@@ -218,12 +190,12 @@ def model_card(
     params: int,
 ) -> str:
     """Markdown model card for an export of `checkpoint` to `to` ('timm' or 'hf') in `out`."""
-    run = _run_dir(checkpoint)
+    run = run_dir_of(checkpoint)
     rc = run_config(checkpoint)
     name = run.name if run else checkpoint.name
     library = "timm" if to == "timm" else "transformers"
     if "objective" in rc:
-        pretraining = _pretraining(rc, _step(checkpoint))
+        pretraining = _pretraining(rc, step_of(checkpoint))
     elif rc:  # e.g. a fine-tuning run's checkpoint: its own encoder, not a pretraining run
         source = rc.get("init", {}).get("checkpoint") or "random init"
         pretraining = (

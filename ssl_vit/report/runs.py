@@ -16,7 +16,18 @@ from typing import Any, Literal
 
 import yaml
 
-__all__ = ["Run", "load_run", "load_runs", "link_runs", "fewshot_table", "source_checkpoint"]
+__all__ = [
+    "Run",
+    "fewshot_table",
+    "link_runs",
+    "load_run",
+    "load_runs",
+    "read_config",
+    "read_results",
+    "run_dir_of",
+    "source_checkpoint",
+    "step_of",
+]
 
 log = logging.getLogger(__name__)
 Kind = Literal["pretrain", "fewshot", "finetune"]
@@ -71,19 +82,34 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def read_config(run_dir: str | Path) -> dict[str, Any]:
+    """The resolved config (config.yaml) of a run directory; {} if it has none."""
+    cfg_file = Path(run_dir) / "config.yaml"
+    return (yaml.safe_load(cfg_file.read_text()) or {}) if cfg_file.is_file() else {}
+
+
+def read_results(run_dir: str | Path) -> dict[str, Any]:
+    """The final results (results.json) of a run directory; {} while it has none (or an
+    unreadable one, logged: the run counts as unfinished rather than stopping the reader)."""
+    res_file = Path(run_dir) / "results.json"
+    try:
+        return json.loads(res_file.read_text()) if res_file.is_file() else {}
+    except (OSError, ValueError) as e:
+        log.warning("%s: unreadable (%s), taken as no results yet", res_file, e)
+        return {}
+
+
 def load_run(path: str | Path) -> Run:
     """The run in directory `path`; ValueError (one line) if it is not an ssl-vit run."""
     path = Path(path)
     cfg_file = path / "config.yaml"
     if not cfg_file.is_file():
         raise ValueError(f"{path}: no config.yaml, not an ssl-vit run directory")
-    config = yaml.safe_load(cfg_file.read_text()) or {}
+    config = read_config(path)
     kind = _kind(config)
     if kind is None:
         raise ValueError(f"{cfg_file}: not a pretrain, fine-tune or few-shot config")
-    res_file = path / "results.json"
-    results = json.loads(res_file.read_text()) if res_file.is_file() else {}
-    return Run(path, kind, config, _read_rows(path / "metrics.jsonl"), results)
+    return Run(path, kind, config, _read_rows(path / "metrics.jsonl"), read_results(path))
 
 
 def _run_dirs(folder: Path) -> list[Path]:
@@ -123,22 +149,31 @@ def source_checkpoint(run: Run) -> str | None:
     return None if ckpt in ("", "random", "none") else str(ckpt)
 
 
-def _step_of(checkpoint: str) -> int | None:
-    name = Path(checkpoint).name
-    if name == "encoder.safetensors":
-        name = Path(checkpoint).parent.name
+def _checkpoint_dir(checkpoint: str | Path) -> Path:
+    """A checkpoint directory, given it or a file in it (paths from configs may not exist)."""
+    ckpt = Path(checkpoint)
+    return ckpt.parent if ckpt.name == "encoder.safetensors" or ckpt.is_file() else ckpt
+
+
+def step_of(checkpoint: str | Path) -> int | None:
+    """The step of a checkpoint `.../step_N` (or a file in it); None if not named so."""
+    name = _checkpoint_dir(checkpoint).name
     return int(name[5:]) if name.startswith("step_") and name[5:].isdigit() else None
+
+
+def run_dir_of(checkpoint: str | Path) -> Path | None:
+    """The run directory of a checkpoint `RUN/checkpoints/step_N` (or a file in it); None when
+    it is not inside one."""
+    ckpt = _checkpoint_dir(checkpoint)
+    return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
 
 
 def _belongs(checkpoint: str, pre: Run) -> bool:
     """Whether `checkpoint` (as written in a config, maybe relative to another working
     directory) lies in pretraining run `pre`: by resolved path, else by the run's output_dir."""
-    ckpt = Path(checkpoint)
-    if ckpt.name == "encoder.safetensors":
-        ckpt = ckpt.parent
-    if ckpt.parent.name != "checkpoints":
+    run_dir = run_dir_of(checkpoint)
+    if run_dir is None:
         return False
-    run_dir = ckpt.parent.parent
     if run_dir.exists() and run_dir.resolve() == pre.path.resolve():
         return True
     out = str(pre.config.get("output_dir", "")).rstrip("/")
@@ -162,7 +197,7 @@ def link_runs(runs: list[Run]) -> dict[str | None, list[tuple[Run, int | None]]]
                 log.info("%s: its checkpoint %s is not in the runs given", run.name, ckpt)
                 groups.setdefault(ckpt, []).append((run, None))  # the path names the step
                 continue
-        groups.setdefault(owner, []).append((run, None if ckpt is None else _step_of(ckpt)))
+        groups.setdefault(owner, []).append((run, None if ckpt is None else step_of(ckpt)))
     return groups
 
 

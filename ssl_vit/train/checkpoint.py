@@ -14,6 +14,7 @@ by the manifest on load and resume falls back to the newest valid checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -21,13 +22,16 @@ import os
 import pickle
 import random
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+from ssl_vit.config.schema import ModelConfig
 
 __all__ = [
     "CheckpointError",
@@ -37,10 +41,14 @@ __all__ = [
     "latest_valid_checkpoint",
     "rng_state",
     "set_rng_state",
+    "save_weights",
     "save_encoder",
+    "save_classifier",
     "load_encoder",
+    "load_head",
     "load_any_encoder",
     "encoder_from_checkpoint",
+    "LoadedEncoder",
 ]
 
 log = logging.getLogger(__name__)
@@ -93,10 +101,35 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = Non
         generator.set_state(state["generator"])
 
 
+def save_weights(
+    tensors: Mapping[str, torch.Tensor], path: str | Path, metadata: dict[str, str]
+) -> None:
+    """Tensors as one safetensors file (detached, contiguous, on the CPU), string metadata."""
+    cpu = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    save_file(cpu, str(path), metadata=metadata)
+
+
 def save_encoder(encoder: nn.Module, path: Path, model_config: dict[str, Any]) -> None:
     """Encoder weights as safetensors; the model shape travels in the metadata."""
-    tensors = {k: v.detach().contiguous().cpu() for k, v in encoder.state_dict().items()}
-    save_file(tensors, str(path), metadata={"model_config": json.dumps(model_config)})
+    save_weights(encoder.state_dict(), path, {"model_config": json.dumps(model_config)})
+
+
+def save_classifier(
+    model: nn.Module,
+    path: str | Path,
+    *,
+    model_config: dict[str, Any],
+    pool: str,
+    label_names: list[str],
+) -> None:
+    """A fine-tuned classifier (encoder and head) as safetensors, with what it takes to use it
+    in the metadata: the encoder shape, the pooling and the class names in label order."""
+    metadata = {
+        "model_config": json.dumps(model_config),
+        "pool": pool,
+        "label_names": json.dumps(label_names),
+    }
+    save_weights(model.state_dict(), path, metadata)
 
 
 def load_encoder(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -214,6 +247,20 @@ def load_checkpoint(path: str | Path, rank: int = 0, rng: bool = True) -> dict[s
     return state
 
 
+def load_head(checkpoint: str | Path) -> dict[str, torch.Tensor]:
+    """The objective's own parameters ([mask] embedding, colour head) from the training state of
+    a checkpoint (its directory, or a file in it such as its encoder.safetensors)."""
+    path = Path(checkpoint)
+    state_file = (path if path.is_dir() else path.parent) / STATE_FILE
+    if not state_file.is_file():
+        raise CheckpointError(f"{state_file}: not found, so there is no masked-prediction head")
+    model = torch.load(state_file, map_location="cpu", weights_only=True)["model"]
+    head = {k: v for k, v in model.items() if not k.startswith("encoder.")}
+    if not head:
+        raise CheckpointError(f"{state_file}: holds no head weights")
+    return head
+
+
 def latest_valid_checkpoint(root: str | Path) -> Path | None:
     """The newest checkpoint under `root` that passes verification (others are logged)."""
     for path in reversed(checkpoint_dirs(root)):
@@ -242,34 +289,43 @@ def load_any_encoder(
     return read_foreign(path, fmt, heads)
 
 
+class LoadedEncoder(NamedTuple):
+    """What `encoder_from_checkpoint` returns: the encoder, the caller's model config completed
+    from the checkpoint (a new object), and the checkpoint's own model config."""
+
+    encoder: nn.Module
+    model_config: ModelConfig
+    saved: dict[str, Any]
+
+
 def encoder_from_checkpoint(
-    path: str | Path, model_cfg: Any, pos_interp: str = "bicubic", fmt: str = "auto"
-) -> tuple[nn.Module, dict[str, Any]]:
+    path: str | Path, model_cfg: ModelConfig, pos_interp: str = "bicubic", fmt: str = "auto"
+) -> LoadedEncoder:
     """Build the encoder saved at `path` for `model_cfg.image_size` (which may differ from the
     pretraining resolution: the position embeddings are 2D-interpolated to the new grid).
     `path` may also hold timm or transformers ViT weights (`fmt`, see `load_any_encoder`).
 
     Shape fields set in `model_cfg` (not None) must match the checkpoint; those left unset are
-    taken from it, as is the LayerNorm epsilon. Returns (encoder, the checkpoint's model
-    config)."""
+    taken from it, as is the LayerNorm epsilon, into the returned config (`model_cfg` itself is
+    left as it is)."""
     from ssl_vit.model.pos_embed import interpolate_pos_embed
-    from ssl_vit.model.vit import vit_from_config
+    from ssl_vit.model.vit import build_vit
 
     # A bare timm state dict does not say its number of heads: model.heads does.
-    state, saved = load_any_encoder(path, fmt, heads=getattr(model_cfg, "heads", None))
+    state, saved = load_any_encoder(path, fmt, heads=model_cfg.heads)
     differ = [
         f"{k}: checkpoint {saved.get(k)} vs config {getattr(model_cfg, k)}"
         for k in SHAPE_KEYS
-        if getattr(model_cfg, k, None) is not None and getattr(model_cfg, k) != saved.get(k)
+        if getattr(model_cfg, k) is not None and getattr(model_cfg, k) != saved.get(k)
     ]
     if differ:
         raise CheckpointError(f"{path} is another architecture ({'; '.join(differ)})")
-    for k in SHAPE_KEYS:
-        setattr(model_cfg, k, saved[k])
-    model_cfg.norm_eps = saved.get("norm_eps", 1e-6)  # checkpoints before norm_eps: 1e-6
-    encoder = vit_from_config(
-        {**saved, "image_size": model_cfg.image_size, "norm_eps": model_cfg.norm_eps}
+    resolved = dataclasses.replace(
+        model_cfg,
+        **{k: saved[k] for k in SHAPE_KEYS},
+        norm_eps=saved.get("norm_eps", 1e-6),  # checkpoints before norm_eps: 1e-6
     )
+    encoder = build_vit(resolved)
     old = saved["image_size"] // saved["patch_size"]
     if state["pos_embed"].shape != encoder.pos_embed.shape:
         state["pos_embed"] = interpolate_pos_embed(
@@ -285,4 +341,4 @@ def encoder_from_checkpoint(
             f"{path}: weights do not fit the encoder (missing {sorted(missing)}, "
             f"unexpected {sorted(unexpected)})"
         )
-    return encoder, saved
+    return LoadedEncoder(encoder, resolved, saved)

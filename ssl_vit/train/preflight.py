@@ -54,11 +54,9 @@ def check_writable(key: str, path: str | Path) -> None:
         raise ConfigError(f"{key}={str(path)!r}: not writable ({e.strerror or e})") from None
 
 
-def load_init_encoder(
-    key: str, path: str, model_cfg: Any, pos_interp: str, fmt: str
-) -> tuple[Any, dict[str, Any]]:
-    """`encoder_from_checkpoint` with its failures (missing, invalid, another shape) as a
-    one-line error naming `key`."""
+def load_init_encoder(key: str, path: str, model_cfg: Any, pos_interp: str, fmt: str) -> Any:
+    """`encoder_from_checkpoint` (a `LoadedEncoder`) with its failures (missing, invalid,
+    another shape) as a one-line error naming `key`."""
     from ssl_vit.train.checkpoint import CheckpointError, encoder_from_checkpoint
 
     if not os.path.exists(os.path.expanduser(path)):

@@ -1,0 +1,174 @@
+"""The evaluation loader: one pass over a labelled source, each sample once across ranks and
+workers, resized and center-cropped (the shared stages are in `ssl_vit.data.stages`)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import webdataset as wds
+from torch.utils.data import DataLoader, get_worker_info
+
+from ssl_vit.data.images import eval_transform
+from ssl_vit.data.shards import is_shard_spec, resolve_shards
+from ssl_vit.data.sources import open_source
+from ssl_vit.data.stages import (
+    Batch,
+    Sample,
+    ShardErrorHandler,
+    Stats,
+    StreamDataset,
+    collate,
+    decode_stage,
+    make_loader,
+    to_sample,
+)
+
+__all__ = ["eval_loader"]
+
+log = logging.getLogger(__name__)
+
+
+def _split_for_eval(
+    urls: list[str], rank: int, world_size: int, worker: int, num_workers: int
+) -> tuple[list[str], list[tuple[int, int]], bool]:
+    """One pass, each sample once: split shards by rank, then by worker. A level with fewer
+    shards than units splits the sample stream by index modulo instead (every unit of that
+    level reads all its shards), so no unit is left without data.
+
+    Returns (shards to read, [(offset, step)] sample filters, whether to report shard errors).
+    """
+    shards, filters, owner = list(urls), [], True
+    for index, count in ((rank, world_size), (worker, num_workers)):
+        if count == 1:
+            continue
+        if len(shards) >= count:
+            shards = shards[index::count]
+        else:
+            filters.append((index, count))
+            owner = owner and index == 0
+    return shards, filters, owner
+
+
+def _batch_stage(
+    items: Iterator[tuple[torch.Tensor, int, str, Any]],
+    batch_size: int,
+    image_size: int,
+    stats: Stats,
+) -> Iterator[Batch]:
+    """Batches of `batch_size` (the last may be smaller), each carrying the skip counts since
+    the previous one. A full batch is held until the next sample arrives, so skips at the very
+    end of a stream are reported with its last batch rather than in an empty one."""
+
+    def report(batch: Batch) -> Batch:
+        batch = batch._replace(skipped=stats.skipped, skipped_shards=stats.skipped_shards)
+        stats.skipped = stats.skipped_shards = 0
+        return batch
+
+    pending, buf = None, []
+    for item in items:
+        if pending is not None:
+            yield report(pending)
+            pending = None
+        buf.append(item)
+        if len(buf) == batch_size:
+            pending, buf = collate(buf, image_size), []
+    if pending is not None or buf or stats.skipped or stats.skipped_shards:
+        yield report(pending if pending is not None else collate(buf, image_size))
+
+
+@dataclass(eq=False)
+class _PassStream(StreamDataset):
+    """One pass for evaluation: subclasses yield this worker's share of the samples."""
+
+    def _samples(self, worker: int, num_workers: int, stats: Stats) -> Iterator[Sample]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        stats = Stats()
+        samples = ((s, None, None) for s in self._samples(worker, num_workers, stats))
+        images = decode_stage(samples, self.transform, stats, self.max_consecutive_failures)
+        return _batch_stage(images, self.batch_size, self.image_size, stats)
+
+
+@dataclass(eq=False)
+class _ShardStream(_PassStream):
+    """One pass over tar shards, split by rank then worker."""
+
+    urls: list[str] = field(default_factory=list)
+
+    def _samples(self, worker: int, num_workers: int, stats: Stats) -> Iterator[Sample]:
+        urls, filters, owner = _split_for_eval(
+            self.urls, self.rank, self.world_size, worker, num_workers
+        )
+        shards = iter([{"url": url} for url in urls])
+        raw = wds.tarfile_samples(shards, handler=ShardErrorHandler(stats, owner))
+        for offset, step in filters:
+            raw = itertools.islice(raw, offset, None, step)
+        return (to_sample(s, self.require_labels) for s in raw)
+
+
+@dataclass(eq=False)
+class _IndexedStream(_PassStream):
+    """One pass over `indices` (all if None) of a random-access source (image folder, HF
+    dataset, or shards by index)."""
+
+    spec: str = ""
+    split: str | None = None
+    indices: np.ndarray | None = None
+
+    def _samples(self, worker: int, num_workers: int, stats: Stats) -> Iterator[Sample]:
+        source = open_source(self.spec, self.split)  # opened per worker: pickles as a path
+        order = np.arange(len(source)) if self.indices is None else np.unique(self.indices)
+        for rec in source.iter_records(order[self.rank :: self.world_size][worker::num_workers]):
+            label = None if self.require_labels and rec.label < 0 else rec.label
+            yield Sample(rec.key, f"{self.spec}", rec.data or None, label)
+
+
+def eval_loader(
+    source: str,
+    batch_size: int,
+    image_size: int,
+    *,
+    num_workers: int = 2,
+    rank: int = 0,
+    world_size: int = 1,
+    split: str | None = None,
+    indices: Sequence[int] | np.ndarray | None = None,
+    limit: int = 0,
+    max_consecutive_failures: int = 1000,
+) -> DataLoader:
+    """One pass over a labelled source (shards, image folder, HF dataset), resize + center crop.
+
+    Each sample is delivered once across ranks x workers; the final partial batch is kept (one
+    per worker). Shards are split by rank, then by worker; with fewer shards than units the
+    samples are split by index modulo instead. Ranks may get different numbers of batches:
+    gather with that in mind. `indices` restricts the pass to those samples (source order) and
+    `limit` > 0 to the first N of them; both read shards by index instead of streaming them.
+    """
+    common = dict(
+        batch_size=batch_size,
+        image_size=image_size,
+        transform=eval_transform(image_size),
+        seed=0,
+        rank=rank,
+        world_size=world_size,
+        require_labels=False,
+        max_consecutive_failures=max_consecutive_failures,
+    )
+    if indices is None and limit <= 0 and is_shard_spec(source):
+        dataset: StreamDataset = _ShardStream(urls=resolve_shards(source), **common)
+    else:
+        n = len(open_source(source, split))  # also fails early, in the main process
+        idx = np.arange(n) if indices is None else np.asarray(indices, dtype=np.int64)
+        if limit > 0:
+            idx = np.unique(idx)[:limit]
+        dataset = _IndexedStream(spec=source, split=split, indices=idx, **common)
+    return make_loader(dataset, num_workers, persistent=False, prefetch=2)

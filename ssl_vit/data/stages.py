@@ -1,0 +1,222 @@
+"""The stages every loader shares: sample records, decoding, batching, the DataLoader itself.
+
+Everything per sample (reading, decoding, augmenting, batching) runs in the DataLoader workers;
+the main process receives ready `Batch`es. Images stay uint8 end to end: normalization happens
+later on the accelerator, and uint8 batches are 4x cheaper to pin and copy than float32.
+
+A sample that fails to decode is skipped, counted in `Batch.skipped` and logged (the first 10,
+then every 1000th); after `max_consecutive_failures` failures in a row the loader raises instead
+of spinning. The one-pass evaluation loader is in `ssl_vit.data.eval_stream`, the endless,
+resumable training streams in `ssl_vit.data.train_stream`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from ssl_vit.data.images import decode_image
+from ssl_vit.data.shards import sample_fields
+
+__all__ = [
+    "Batch",
+    "Sample",
+    "ShardErrorHandler",
+    "Stats",
+    "StreamDataset",
+    "collate",
+    "decode_stage",
+    "make_loader",
+    "rate_limited",
+    "seed_of",
+    "to_sample",
+]
+
+log = logging.getLogger(__name__)
+
+
+class Batch(NamedTuple):
+    """One batch (a NamedTuple, so DataLoader pins it field by field).
+
+    images: uint8 [B,3,S,S] RGB, not normalized.
+    labels: int64 [B], -1 where unlabelled.
+    skipped: samples this worker failed to decode since its previous batch; summing over all
+        batches (from all workers) gives the total.
+    skipped_shards: tar-level errors (missing, unreadable or truncated shard), counted alike.
+    keys: the samples' keys.
+    worker: the stream role that made it (training streams; see `train_stream.StreamTracker`).
+    position: that stream's position after the batch's last sample (training streams).
+    B is 0 only in a batch that reports the skips of a worker whose whole share failed.
+    """
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    skipped: int = 0
+    skipped_shards: int = 0
+    keys: list[str] | None = None
+    worker: int = 0
+    position: tuple[int, int] | None = None
+
+
+def seed_of(*parts: int) -> int:
+    return int(np.random.SeedSequence([p % 2**32 for p in parts]).generate_state(1)[0])
+
+
+def rate_limited(count: int) -> bool:
+    return count <= 10 or count % 1000 == 0
+
+
+@dataclass
+class Stats:
+    """Per-worker counters shared by the stages of one stream."""
+
+    skipped: int = 0  # since the last batch
+    skipped_shards: int = 0  # since the last batch
+    total_skipped: int = 0
+    total_shard_errors: int = 0
+    consecutive_failures: int = 0
+
+
+class Sample(NamedTuple):
+    key: str
+    url: str
+    data: bytes | None  # None: no image member
+    label: int | None  # None: a required label is missing
+
+
+def _seeded(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, seed: int | None):
+    """`fn(x)` with the global torch CPU RNG seeded by `seed` (None: as is), then restored.
+
+    torchvision v2 draws from the global torch RNG; seeding it per sample makes an augmentation
+    depend only on the sample's place in the stream (so a resumed stream repeats it exactly),
+    and leaves the caller's RNG (model init, dropout) untouched when num_workers=0.
+    """
+    if seed is None:
+        return fn(x)
+    outer = torch.get_rng_state()
+    torch.default_generator.manual_seed(seed)  # CPU only: never touches the CUDA generators
+    try:
+        return fn(x)
+    finally:
+        torch.set_rng_state(outer)
+
+
+class ShardErrorHandler:
+    """WebDataset exception handler: count and log tar-level errors, then go on."""
+
+    def __init__(self, stats: Stats, count: bool) -> None:
+        self.stats, self.count = stats, count  # count=False: another unit reports this shard
+
+    def __call__(self, exn: Exception) -> bool:
+        if self.count:
+            self.stats.skipped_shards += 1
+            self.stats.total_shard_errors += 1
+            if rate_limited(self.stats.total_shard_errors):
+                log.warning("skipping (rest of) shard after %s: %s", type(exn).__name__, exn.args)
+        return True
+
+
+def to_sample(sample: dict[str, Any], require_label: bool) -> Sample:
+    """A WebDataset sample dict -> `Sample` (without a label: -1, or None if one is required)."""
+    ext, label = sample_fields(sample)
+    if label is None and not require_label:
+        label = -1
+    data = sample[ext] if ext is not None else None
+    return Sample(sample["__key__"], sample.get("__url__", ""), data, label)
+
+
+def decode_stage(
+    samples: Iterator[tuple[Sample, int | None, Any]],
+    transform: Callable,
+    stats: Stats,
+    limit: int,
+) -> Iterator[tuple[torch.Tensor, int, str, Any]]:
+    """(sample, augmentation seed, tag) -> (image, label, key, tag), skipping bad samples."""
+    for s, aug_seed, tag in samples:
+        try:
+            if s.data is None:
+                raise ValueError("no image member")
+            if s.label is None:
+                raise ValueError("no valid .cls label")
+            image = _seeded(transform, decode_image(s.data), aug_seed)
+        except Exception as e:  # any bad sample is skipped, whatever the decoder raised
+            stats.skipped += 1
+            stats.total_skipped += 1
+            stats.consecutive_failures += 1
+            if rate_limited(stats.total_skipped):
+                log.warning(
+                    "skipping sample %s in %s: %s: %s (%d skipped by this worker)",
+                    s.key,
+                    s.url,
+                    type(e).__name__,
+                    e,
+                    stats.total_skipped,
+                )
+            if stats.consecutive_failures >= limit:
+                raise RuntimeError(
+                    f"{limit} samples in a row failed to decode (last: {s.key} in {s.url}: {e}); "
+                    "is the data corrupt or not images?"
+                ) from e
+            continue
+        stats.consecutive_failures = 0
+        yield image, s.label, s.key, tag
+
+
+def collate(items: list[tuple[torch.Tensor, int, str, Any]], image_size: int) -> Batch:
+    if not items:
+        empty = torch.empty((0, 3, image_size, image_size), dtype=torch.uint8)
+        return Batch(empty, torch.empty(0, dtype=torch.int64), keys=[])
+    images, labels, keys, _ = zip(*items, strict=True)
+    return Batch(torch.stack(images), torch.tensor(labels, dtype=torch.int64), keys=list(keys))
+
+
+@dataclass(eq=False)
+class StreamDataset(IterableDataset):
+    """Base of the loaders' datasets."""
+
+    batch_size: int
+    image_size: int
+    transform: Callable
+    seed: int
+    rank: int
+    world_size: int
+    require_labels: bool
+    max_consecutive_failures: int
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"need 0 <= rank < world_size, got {self.rank}, {self.world_size}")
+
+
+def _ignore_stop_signals(_: int) -> None:
+    # SIGINT (Ctrl-C reaches the whole process group) and SIGTERM (preemption) are the main
+    # process's to handle: it finishes the step and checkpoints while the workers keep serving.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def make_loader(
+    dataset: StreamDataset, num_workers: int, persistent: bool, prefetch: int
+) -> DataLoader:
+    """A DataLoader that only moves the workers' ready `Batch`es (batch_size=None)."""
+    # Its own generator: DataLoader draws a base seed per iterator, which would consume the
+    # global RNG.
+    return DataLoader(
+        dataset,
+        batch_size=None,
+        generator=torch.Generator().manual_seed(seed_of(dataset.seed, dataset.rank)),
+        num_workers=num_workers,
+        pin_memory=torch.cuda.is_available(),
+        persistent_workers=persistent and num_workers > 0,
+        prefetch_factor=prefetch if num_workers > 0 else None,
+        worker_init_fn=_ignore_stop_signals if num_workers > 0 else None,
+    )
