@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from accelerate.utils import set_seed
 
 from ssl_vit.config import FewshotConfig, load_config, save_config
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
@@ -24,7 +25,7 @@ from ssl_vit.model import build_vit
 from ssl_vit.train import preflight
 from ssl_vit.train.guard import one_line_errors, run_job
 from ssl_vit.train.metrics import MetricsWriter
-from ssl_vit.train.runtime import seed_everything, setup_logging
+from ssl_vit.train.runtime import setup_logging
 
 log = logging.getLogger("fewshot")
 
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
         cfg = load_config(FewshotConfig, args.config, args.overrides)
         preflight.check_labelled_source("data.train", cfg.data.train)
         preflight.check_labelled_source("data.eval", cfg.data.eval)
-        seed_everything(cfg.seed)
+        set_seed(cfg.seed)
         if args.checkpoint == "random":
             encoder = build_vit(cfg.model)
         else:

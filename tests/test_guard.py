@@ -196,3 +196,19 @@ def test_missing_source_stops_before_step_one(job, key, synthetic_shards, tmp_pa
     assert lines[-1] == f"error: {key}={missing!r}: image source not found: {missing}", lines
     assert not (out / "metrics.jsonl").exists()  # no step was taken
     print(f"{job} {key} missing -> exit {rc} in {time.time() - t0:.1f}s")
+
+
+@pytest.mark.parametrize("value", ["", "nowhere", "empty_dir"])
+def test_finetune_init_checkpoint_must_exist(value, synthetic_shards, tmp_path):
+    """An empty value (a failed shell substitution) or a path without a valid checkpoint is an
+    error, never a silent run from random init (that is `init.checkpoint=none`)."""
+    from test_pipelines import pipeline
+
+    if value:
+        value = str(tmp_path / value)
+    if value.endswith("empty_dir"):
+        Path(value).mkdir()
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit, match=r"^error: init\.checkpoint"):
+        pipeline("finetune")(_finetune_args(synthetic_shards, out, f"init.checkpoint={value}"))
+    assert not (out / "metrics.jsonl").exists()

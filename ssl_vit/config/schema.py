@@ -31,6 +31,12 @@ __all__ = [
 MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
 
 
+def check_seed(seed: int) -> None:
+    # Each process seeds with seed + its rank, and NumPy takes seeds below 2**32.
+    if not 0 <= seed < 2**31:
+        raise ConfigError(f"seed: must be in [0, 2**31), got {seed}")
+
+
 @dataclass
 class ModelConfig:
     """ViT shape. `variant` (Ti/S/B/L/H, optionally with '/patch', e.g. 'B/16') fills width,
@@ -168,6 +174,7 @@ class PretrainConfig:
     fewshot: FewshotEvalConfig = field(default_factory=FewshotEvalConfig)
 
     def validate(self) -> None:
+        check_seed(self.seed)
         if not self.data.train_shards:
             raise ConfigError("data.train_shards: required (a shard directory, index or pattern)")
         if self.objective.target == "color_4x4" and (self.model.patch_size or 0) < 4:
@@ -226,6 +233,7 @@ class FinetuneConfig:
     eval_every: int = 500
 
     def validate(self) -> None:
+        check_seed(self.seed)
         if not self.data.train:
             raise ConfigError("data.train: required (shards, image folder or HF dataset)")
         if not 0.0 <= self.ema < 1.0:
@@ -261,3 +269,6 @@ class FewshotConfig:
     # --checkpoint's format: auto-detected ssl-vit checkpoint, timm weights or transformers dir
     checkpoint_format: Literal["auto", "ssl_vit", "timm", "hf"] = "auto"
     tensorboard: bool = False  # also write the summary as TensorBoard events in output_dir
+
+    def validate(self) -> None:
+        check_seed(self.seed)

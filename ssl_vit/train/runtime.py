@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs
+from accelerate.utils import InitProcessGroupKwargs, set_seed
 
 from ssl_vit.config import ConfigError, save_config
 from ssl_vit.train.guard import StopRequest
@@ -25,7 +23,6 @@ __all__ = [
     "replica_checksum",
     "make_accelerator",
     "resolve_mixed_precision",
-    "seed_everything",
     "setup_logging",
     "start_run",
 ]
@@ -79,12 +76,6 @@ def warn_if_launcher_returns_early() -> None:
         )
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def setup_logging(is_main: bool) -> None:
     """INFO on the main process, warnings only elsewhere, one line per record."""
     logging.basicConfig(
@@ -125,7 +116,7 @@ def start_run(cfg: Any) -> Run:
     if acc.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
-    seed_everything(cfg.seed + acc.process_index)
+    set_seed(cfg.seed + acc.process_index)  # Python, NumPy, torch (CPU and every GPU)
     return Run(acc, tc.batch_size // per_step, run_dir, run_dir / "checkpoints")
 
 
