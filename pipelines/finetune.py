@@ -15,24 +15,26 @@ import argparse
 import json
 import logging
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from ssl_vit.config import ConfigError, FinetuneConfig, load_config, to_dict
-from ssl_vit.data import StreamTracker, eval_loader, train_loader
+from ssl_vit.data import eval_loader, train_loader
 from ssl_vit.model import Classifier, build_vit, normalize_pixels
 from ssl_vit.train import preflight
-from ssl_vit.train.checkpoint import rng_state, save_classifier, set_rng_state
+from ssl_vit.train.checkpoint import rng_state, save_classifier
 from ssl_vit.train.guard import StopRequest, one_line_errors, run_job
 from ssl_vit.train.loop import (
     BadSteps,
     Batches,
     Checkpointer,
     StepStats,
-    new_counters,
-    resume_state,
+    end_preempted,
+    lap_row,
+    resume,
 )
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
 from ssl_vit.train.optim import apply_step, build_sgd
@@ -112,15 +114,10 @@ def main(argv: list[str] | None = None) -> dict:
     optimizer = build_sgd(model, tc)
     ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema)) if cfg.ema else None
 
-    start_step, stream_state, counters = 0, None, new_counters()
-    if state := resume_state(run, args.resume):
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        if ema is not None:
-            ema.load_state_dict(state["ema"])
-        set_rng_state(state["rng"])
-        start_step, stream_state = state["step"], state["rng"].get("stream")
-        counters.update(state.get("counters", {}))  # (checkpoints before counters: zeros)
+    start = resume(run, args.resume, model, optimizer)
+    start_step, counters = start.step, start.counters
+    if start.state and ema is not None:
+        ema.load_state_dict(start.state["ema"])
     metrics = MetricsWriter(run.run_dir, enabled=acc.is_main_process, tensorboard=tc.tensorboard)
     metrics.truncate_after(start_step)
     model, optimizer = acc.prepare(model, optimizer)
@@ -133,12 +130,13 @@ def main(argv: list[str] | None = None) -> dict:
         seed=cfg.seed,
         rank=acc.process_index,
         world_size=acc.num_processes,
-        resume=stream_state,  # exactly where the consumed batches ended
+        resume=start.stream,  # exactly where the consumed batches ended
     )
-    tracker = StreamTracker(acc.num_processes, cfg.data.num_workers, stream_state)
+    watch = Stopwatch()
+    batches = Batches(loader, start, acc.num_processes, watch)
     ckpt = Checkpointer(
         run,
-        tc.keep_checkpoints,
+        tc,
         raw.encoder,
         to_dict(cfg.model),
         state=lambda: {
@@ -149,29 +147,21 @@ def main(argv: list[str] | None = None) -> dict:
             "config": to_dict(cfg),
             "label_names": label_names,
         },
-        rng=lambda: {**rng_state(), "stream": tracker.state_dict()},
+        rng=lambda: {**rng_state(), "stream": batches.tracker.state_dict()},
     )
-
-    def run_eval(row: dict) -> dict:
-        if cfg.data.eval:
-            row["top1"] = evaluate(model, cfg.data.eval, cfg, acc)
-            if ema is not None:
-                row["top1_ema"] = evaluate(ema.module, cfg.data.eval, cfg, acc)
-        return row
 
     log.info(
         "fine-tuning %d classes at %d px for %d steps, global batch %d, from %s",
         *(len(label_names), cfg.model.image_size, tc.steps, tc.batch_size),
         "random init" if cfg.init.scratch else cfg.init.checkpoint,
     )
-    watch = Stopwatch()
     stats = StepStats({"loss": 1, "micro": 1, "correct": 1, "seen": 1}, acc.device)
     bad = BadSteps(tc.max_bad_steps, run.ckpt_dir, counters)
     bar = progress_bar(tc.steps, start_step, acc.is_main_process)
     model.train()
     done, last_log, row = start_step, start_step, {}
     with (
-        Batches(loader, tracker, counters, acc.num_processes, watch) as batches,
+        batches,
         StopRequest(acc.num_processes, tc.stop_timeout_s) as stop,
     ):
         for step in range(start_step, tc.steps):
@@ -198,40 +188,27 @@ def main(argv: list[str] | None = None) -> dict:
                 ema.update_parameters(raw)
             bar.update(1)
             if done % tc.log_every == 0 or done == tc.steps:
-                elapsed, waits = watch.lap()
-                sums = stats.reduce(acc)
-                row = {
-                    "step": done,
-                    "loss": sums["loss"] / sums["micro"] if sums["micro"] else float("nan"),
-                    "train_acc": sums["correct"] / sums["seen"] if sums["seen"] else float("nan"),
-                    "lr": lr,
-                    "img_per_s": (done - last_log) * tc.batch_size / elapsed,
-                    "data_wait": waits.get("data", 0.0) / elapsed,
-                    "skipped_steps": counters["skipped_steps"],
-                }
+                sums = stats.reduce(acc)  # skipped steps are not in them: NaN if all were
+                row = {"step": done, "loss": _div(sums["loss"], sums["micro"])}
+                row.update(train_acc=_div(sums["correct"], sums["seen"]), lr=lr)
+                row.update(lap_row(watch, done - last_log, tc.batch_size, counters))
                 last_log = done
                 if cfg.eval_every and done % cfg.eval_every == 0 and done != tc.steps:
                     with watch.paused():
-                        run_eval(row)
+                        row.update(evaluate_all(model, ema, cfg, acc))
                 if done != tc.steps:  # the last row waits for the final evaluation
                     bar.write(format_metrics(metrics.log(row), SHOWN))
             if stop.agreed():  # preemption: every rank stops after the same step
                 break
-            if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != tc.steps:
-                if not bad.in_a_row:
-                    with watch.paused():
-                        ckpt.save(done)
+            ckpt.save_if_due(done, bad, watch)
         bar.close()
 
         ckpt.save(done)
         if done < tc.steps:
-            log.info("stopped by a signal after step %d; checkpoint written: --resume", done)
-            metrics.write_results({"step": done, "preempted": True})
-            acc.end_training()
-            return {"step": done, "preempted": True}
+            return end_preempted(metrics, acc, done)
         # --- Final evaluation and save (a signal from here on ends the job at once) ----------
         stop.finish_loop()
-        row = metrics.log(run_eval({**row, "step": tc.steps}))
+        row = metrics.log({**row, "step": tc.steps, **evaluate_all(model, ema, cfg, acc)})
         bar.write(format_metrics(row, SHOWN))
     results = {
         "step": tc.steps,
@@ -243,19 +220,34 @@ def main(argv: list[str] | None = None) -> dict:
         "image_size": cfg.model.image_size,
         "wall_time_s": time.time() - t_start,
     }
-    if acc.is_main_process:
-        save_classifier(
-            ema.module if ema is not None else raw,
-            run.run_dir / "model.safetensors",
-            model_config=to_dict(cfg.model),
-            pool=cfg.pool,
-            label_names=label_names,
-        )
-        (run.run_dir / "labels.json").write_text(json.dumps(label_names, indent=1) + "\n")
+    if acc.is_main_process:  # the averaged weights when there are any (what top1_ema scored)
+        save_final(ema.module if ema is not None else raw, cfg, label_names)
     metrics.write_results(results)
     log.info("done: %s", format_metrics(results, ("top1", "top1_ema", "wall_time_s")))
     acc.end_training()
     return results
+
+
+def evaluate_all(model, ema, cfg: FinetuneConfig, acc) -> dict[str, float]:
+    """top1 (and top1_ema with Polyak averaging) on data.eval; {} without an eval split."""
+    if not cfg.data.eval:
+        return {}
+    row = {"top1": evaluate(model, cfg.data.eval, cfg, acc)}
+    if ema is not None:
+        row["top1_ema"] = evaluate(ema.module, cfg.data.eval, cfg, acc)
+    return row
+
+
+def save_final(model, cfg: FinetuneConfig, label_names: list[str]) -> None:
+    """model.safetensors (the classifier, its shape, pooling and labels) and labels.json."""
+    out = Path(cfg.output_dir)
+    meta = {"model_config": to_dict(cfg.model), "pool": cfg.pool, "label_names": label_names}
+    save_classifier(model, out / "model.safetensors", **meta)
+    (out / "labels.json").write_text(json.dumps(label_names, indent=1) + "\n")
+
+
+def _div(a: float, b: float) -> float:
+    return a / b if b else float("nan")
 
 
 if __name__ == "__main__":

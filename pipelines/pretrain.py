@@ -18,20 +18,21 @@ import time
 import torch
 
 from ssl_vit.config import PretrainConfig, load_config, to_dict
-from ssl_vit.data import StreamTracker, pretrain_loader
+from ssl_vit.data import pretrain_loader
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.model import build_vit
 from ssl_vit.objectives import NUM_COLOR_CLASSES, MaskedPatchPrediction
 from ssl_vit.train import preflight
-from ssl_vit.train.checkpoint import rng_state, set_rng_state
+from ssl_vit.train.checkpoint import rng_state
 from ssl_vit.train.guard import StopRequest, one_line_errors, run_job
 from ssl_vit.train.loop import (
     BadSteps,
     Batches,
     Checkpointer,
     StepStats,
-    new_counters,
-    resume_state,
+    end_preempted,
+    lap_row,
+    resume,
 )
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
 from ssl_vit.train.optim import apply_step, build_adam
@@ -81,16 +82,11 @@ def main(argv: list[str] | None = None) -> dict:
     gen = torch.Generator(acc.device).manual_seed(cfg.seed * 7919 + acc.process_index)
 
     # --- Resume --------------------------------------------------------------------------
-    start_step, stream_state, counters = 0, None, new_counters()
+    start = resume(run, args.resume, model, optimizer, gen)
+    start_step, counters = start.step, start.counters
     target_hist = torch.zeros(NUM_COLOR_CLASSES, dtype=torch.long, device=acc.device)
-    if state := resume_state(run, args.resume):
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        set_rng_state(state["rng"], gen)
-        start_step, counters = state["step"], {**counters, **state["counters"]}
-        stream_state = state["rng"].get("stream")
-        if acc.is_main_process:  # the saved histogram is already summed over ranks
-            target_hist = state["target_hist"].to(acc.device)
+    if start.state and acc.is_main_process:  # the saved histogram is already summed over ranks
+        target_hist = start.state["target_hist"].to(acc.device)
     metrics = MetricsWriter(run.run_dir, enabled=acc.is_main_process, tensorboard=tc.tensorboard)
     metrics.truncate_after(start_step)
     model, optimizer = acc.prepare(model, optimizer)
@@ -106,12 +102,12 @@ def main(argv: list[str] | None = None) -> dict:
         seed=cfg.seed,
         rank=acc.process_index,
         world_size=acc.num_processes,
-        resume=stream_state,  # exactly where the consumed batches ended
+        resume=start.stream,  # exactly where the consumed batches ended
         urls=urls,
     )
-    tracker = StreamTracker(acc.num_processes, cfg.data.num_workers, stream_state)
     keys_file = run.run_dir / f"keys_rank{acc.process_index}.txt" if cfg.data.record_keys else None
     watch = Stopwatch()
+    batches = Batches(loader, start, acc.num_processes, watch, keys_file)
 
     def training_state() -> dict:
         return {
@@ -125,11 +121,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     ckpt = Checkpointer(
         run,
-        tc.keep_checkpoints,
+        tc,
         encoder,
         to_dict(cfg.model),
         state=training_state,
-        rng=lambda: {**rng_state(gen), "stream": tracker.state_dict()},
+        rng=lambda: {**rng_state(gen), "stream": batches.tracker.state_dict()},
     )
 
     # --- Loop ----------------------------------------------------------------------------
@@ -147,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
     model.train()
     done, last_log, last_row = start_step, start_step, {}
     with (
-        Batches(loader, tracker, counters, acc.num_processes, watch, keys_file) as batches,
+        batches,
         StopRequest(acc.num_processes, tc.stop_timeout_s) as stop,
     ):
         for step in range(start_step, tc.steps):
@@ -175,20 +171,10 @@ def main(argv: list[str] | None = None) -> dict:
             step_hist.zero_()
             bar.update(1)
             if done % tc.log_every == 0 or done == tc.steps:
-                elapsed, waits = watch.lap()
-                row = log_row(stats.reduce(acc), acc.reduce(target_hist.clone(), "sum"), done)
-                last_row = metrics.log(
-                    {
-                        **row,
-                        "lr": lr,
-                        "img_per_s": (done - last_log) * tc.batch_size / elapsed,
-                        "data_wait": waits.get("data", 0.0) / elapsed,
-                        **{k: counters[k] for k in ("skipped_samples", "skipped_shards")},
-                        "skipped_steps": counters["skipped_steps"],
-                        "images_seen": counters["images"],
-                        "peak_mem_mb": peak_memory_mb(acc.device),
-                    }
-                )
+                hist = acc.reduce(target_hist.clone(), "sum")
+                row = {**log_row(stats.reduce(acc), hist, done), "lr": lr}
+                row.update(lap_row(watch, done - last_log, tc.batch_size, counters))
+                last_row = metrics.log({**row, "peak_mem_mb": peak_memory_mb(acc.device)})
                 last_log = done
                 bar.write(format_metrics(last_row, SHOWN))
             if fewshot_every and done % fewshot_every == 0 and done != tc.steps:
@@ -196,19 +182,13 @@ def main(argv: list[str] | None = None) -> dict:
                     fewshot(cfg, encoder, acc, metrics, done, model)
             if stop.agreed():  # preemption: every rank stops after the same step
                 break
-            if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != tc.steps:
-                if not bad.in_a_row:  # keep the last good checkpoint during skipped steps
-                    with watch.paused():
-                        ckpt.save(done)
+            ckpt.save_if_due(done, bad, watch)
         bar.close()
 
         # --- Final save and results ------------------------------------------------------
         ckpt.save(done)
         if done < tc.steps:
-            log.info("stopped by a signal after step %d; checkpoint written: --resume", done)
-            metrics.write_results({"step": done, "preempted": True})
-            acc.end_training()
-            return {"step": done, "preempted": True}
+            return end_preempted(metrics, acc, done)
         stop.finish_loop()  # a signal from here on ends the job at once (checkpoint complete)
         results = {k: last_row.get(k) for k in RESULT_KEYS}
         results.update(

@@ -104,27 +104,28 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
     return jobs
 
 
-def execute(argv: list[str], log) -> tuple[int, str | None]:
+STOPPED: list[str] = []  # the stop signal the study received while a job ran, if any
+
+
+def execute(argv: list[str], log) -> int:
     """Run one job in its own process (isolated memory, a crash stays in its log).
 
-    -> (exit status, the stop signal's name if the study got one). The job runs in its own
-    session, so a signal sent to the study's process group reaches the job exactly once:
-    forwarded here (a second SIGTERM would make the job skip its checkpoint)."""
+    The job runs in its own session, so a signal sent to the study's process group reaches the
+    job exactly once: forwarded here (a second SIGTERM would make it skip its checkpoint), and
+    noted in `STOPPED` so that the study stops after it."""
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    stopped: list[str] = []
 
     def forward(signum: int, _frame) -> None:
-        if not stopped:
-            stopped.append(signal.Signals(signum).name)
+        if not STOPPED:
+            STOPPED.append(signal.Signals(signum).name)
             proc.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        rc = proc.wait()  # bounded: every job ends on its own after a signal (guard.py)
+        return proc.wait()  # bounded: every job ends on its own after a signal (guard.py)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return rc, (stopped[0] if stopped else None)
 
 
 def finished(run_dir: Path) -> bool:
@@ -158,12 +159,12 @@ def run_job(job: Job, log_dir: Path, dry_run: bool) -> None:
     with open(log, "a") as f:
         f.write(f"$ {shlex.join(argv)}\n")
         f.flush()
-        rc, stopped = execute(argv, f)
+        rc = execute(argv, f)
     if rc != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
         sys.exit(f"{tail}\nerror: {label} failed (exit {rc}); full log: {log}")
-    if stopped:  # the job checkpointed and exited 0: the same command resumes it
-        print(f"[stop] {label}: {stopped}; run the same command again to resume", flush=True)
+    if STOPPED:  # the job checkpointed and exited 0: the same command resumes it
+        print(f"[stop] {label}: {STOPPED[0]}; run the same command again to resume", flush=True)
         sys.exit(0)
     print(f"[done] {label} in {(time.time() - t0) / 60:.1f} min", flush=True)
 

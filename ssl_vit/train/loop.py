@@ -10,23 +10,36 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
+from ssl_vit.config.schema import OptimConfig
 from ssl_vit.data import Batch, StreamTracker
 from ssl_vit.train.checkpoint import (
     latest_valid_checkpoint,
     load_checkpoint,
     save_checkpoint,
+    set_rng_state,
 )
 from ssl_vit.train.guard import note_checkpoints
-from ssl_vit.train.metrics import Stopwatch
+from ssl_vit.train.metrics import MetricsWriter, Stopwatch
 from ssl_vit.train.runtime import Run
 
-__all__ = ["BadSteps", "Batches", "Checkpointer", "StepStats", "new_counters", "resume_state"]
+__all__ = [
+    "BadSteps",
+    "Batches",
+    "Checkpointer",
+    "StepStats",
+    "end_preempted",
+    "lap_row",
+    "Resumed",
+    "new_counters",
+    "resume",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +59,15 @@ class Batches:
     def __init__(
         self,
         loader: DataLoader,
-        tracker: StreamTracker,
-        counters: dict[str, int],
+        start: Resumed,
         world_size: int,
         watch: Stopwatch,
         keys_file: Path | None = None,
     ) -> None:
         self.it: Iterator[Batch] = iter(loader)
-        self.tracker, self.counters, self.world_size = tracker, counters, world_size
+        workers = loader.num_workers
+        self.tracker = StreamTracker(world_size, workers, start.stream)  # -> the checkpoint
+        self.counters, self.world_size = start.counters, world_size
         self.watch, self.keys_file = watch, keys_file
 
     def __enter__(self) -> Batches:
@@ -165,15 +179,23 @@ class Checkpointer:
     def __init__(
         self,
         run: Run,
-        keep: int,
+        tc: OptimConfig,
         encoder: torch.nn.Module,
         model_config: dict[str, Any],
         state: Callable[[], dict[str, Any]],
         rng: Callable[[], dict[str, Any]],
     ) -> None:
-        self.run, self.keep, self.encoder, self.model_config = run, keep, encoder, model_config
+        self.run, self.tc, self.encoder, self.model_config = run, tc, encoder, model_config
         self.state, self.rng = state, rng
         note_checkpoints(run.ckpt_dir)
+
+    def save_if_due(self, step: int, bad: BadSteps, watch: Stopwatch) -> None:
+        """The periodic checkpoint (`train.checkpoint_every`; the last step's is always written
+        after the loop), never during a run of skipped steps: the last good one stays."""
+        every = self.tc.checkpoint_every
+        if every and step % every == 0 and step != self.tc.steps and not bad.in_a_row:
+            with watch.paused():
+                self.save(step)
 
     def save(self, step: int) -> Path:
         acc, t0 = self.run.acc, time.perf_counter()
@@ -187,21 +209,64 @@ class Checkpointer:
             rank=acc.process_index,
             is_main=acc.is_main_process,
             barrier=acc.wait_for_everyone,
-            keep=self.keep,
+            keep=self.tc.keep_checkpoints,
         )
         log.info("checkpoint step %d written in %.1fs: %s", step, time.perf_counter() - t0, path)
         return path
 
 
-def resume_state(run: Run, resume: bool) -> dict[str, Any] | None:
-    """With --resume, this rank's view of the newest valid checkpoint (None: start afresh)."""
+@dataclass
+class Resumed:
+    """Where a job starts: step 0 with fresh counters, or a checkpoint's step, data stream
+    position (`StreamTracker` state), counters and the rest of its training state."""
+
+    step: int = 0
+    stream: dict[str, Any] | None = None
+    counters: dict[str, int] = field(default_factory=new_counters)
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+def resume(
+    run: Run,
+    enabled: bool,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    generator: torch.Generator | None = None,
+) -> Resumed:
+    """With --resume, load the newest valid checkpoint into `model`, `optimizer` and the random
+    states (global ones and `generator`), and say where the job continues."""
     note_checkpoints(run.ckpt_dir)
-    if not resume:
-        return None
-    path = latest_valid_checkpoint(run.ckpt_dir)
+    path = latest_valid_checkpoint(run.ckpt_dir) if enabled else None
     if path is None:
-        log.info("--resume: no valid checkpoint in %s, starting from scratch", run.ckpt_dir)
-        return None
+        if enabled:
+            log.info("--resume: no valid checkpoint in %s, starting from scratch", run.ckpt_dir)
+        return Resumed()
     state = load_checkpoint(path, rank=run.acc.process_index)
+    model.load_state_dict(state.pop("model"))
+    optimizer.load_state_dict(state.pop("optimizer"))
+    rng = state.pop("rng")
+    set_rng_state(rng, generator)
+    counters = {**new_counters(), **state.pop("counters", {})}  # (older checkpoints: none)
     log.info("resumed from %s at step %d", path, state["step"])
-    return state
+    return Resumed(state["step"], rng.get("stream"), counters, state)
+
+
+def lap_row(watch: Stopwatch, steps: int, batch_size: int, counters: dict[str, int]) -> dict:
+    """What both jobs log at a log step besides their own figures: throughput and the share of
+    time spent waiting for data since the last log step, and the run's counters."""
+    elapsed, waits = watch.lap()
+    return {
+        "img_per_s": steps * batch_size / elapsed,
+        "data_wait": waits.get("data", 0.0) / elapsed,
+        **{k: v for k, v in counters.items() if k != "images"},
+        "images_seen": counters["images"],
+    }
+
+
+def end_preempted(metrics: MetricsWriter, acc: Any, step: int) -> dict[str, Any]:
+    """A stop signal ended the loop and the checkpoint of `step` is written: say so (in
+    results.json too, so nothing takes the run for finished) and return the job's result."""
+    log.info("stopped by a signal after step %d; checkpoint written, resume with --resume", step)
+    metrics.write_results({"step": step, "preempted": True})
+    acc.end_training()
+    return {"step": step, "preempted": True}
