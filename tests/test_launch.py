@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_guard import _alive, _free_port, _launch, _log, _wait_until
+from test_guard import LAUNCH_2, _alive, _free_port, _launch, _log, _wait_until
 from test_pipelines import ROOT, pretrain_args
 
 from ssl_vit.train.checkpoint import checkpoint_dirs, latest_valid_checkpoint, verify_checkpoint
@@ -27,7 +27,7 @@ BIG = [
 
 def _accelerate(port: int, script: str = "pipelines/pretrain.py") -> list[str]:
     return [
-        *("accelerate", "launch", "--multi_gpu", "--num_processes", "2"),
+        *LAUNCH_2,
         *("--main_process_port", str(port), "--mixed_precision", "no", str(ROOT / script)),
     ]
 
