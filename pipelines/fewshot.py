@@ -21,7 +21,11 @@ import torch
 from ssl_vit.config import ConfigError, FewshotConfig, load_config, save_config
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.model import build_vit
-from ssl_vit.train.checkpoint import CheckpointError, encoder_from_checkpoint
+from ssl_vit.train.checkpoint import (
+    CheckpointError,
+    encoder_from_checkpoint,
+    resolve_checkpoint,
+)
 from ssl_vit.train.metrics import MetricsWriter
 from ssl_vit.train.runtime import seed_everything, setup_logging
 
@@ -50,7 +54,8 @@ def main(argv: list[str] | None = None) -> dict:
         seed_everything(cfg.seed)
         if args.checkpoint == "random":
             encoder = build_vit(cfg.model)
-        else:
+        else:  # a run directory -> its newest valid checkpoint (logged)
+            args.checkpoint = str(resolve_checkpoint(args.checkpoint))
             encoder, _ = encoder_from_checkpoint(
                 args.checkpoint, cfg.model, cfg.pos_interp, cfg.checkpoint_format
             )

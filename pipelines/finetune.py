@@ -29,6 +29,7 @@ from ssl_vit.train.checkpoint import (
     encoder_from_checkpoint,
     latest_valid_checkpoint,
     load_checkpoint,
+    resolve_checkpoint,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> dict:
         # --- Model: pretrained encoder (position embeddings resized) or random init ----------
         encoder = None
         if cfg.init.checkpoint:  # loaded before start_run: a bad checkpoint creates no run dir
+            # A run directory -> its newest valid checkpoint, recorded as such in config.yaml.
+            cfg.init.checkpoint = str(resolve_checkpoint(cfg.init.checkpoint))
             encoder, _ = encoder_from_checkpoint(
                 cfg.init.checkpoint, cfg.model, cfg.init.pos_interp, cfg.init.format
             )

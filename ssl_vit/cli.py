@@ -104,10 +104,11 @@ def _add_make_synthetic(sub: argparse._SubParsersAction) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     """`ssl-vit export`: checkpoint -> timm or transformers directory with a model card."""
     from ssl_vit.publish import export_checkpoint
-    from ssl_vit.train.checkpoint import CheckpointError
+    from ssl_vit.train.checkpoint import CheckpointError, resolve_checkpoint
 
-    try:
-        info = export_checkpoint(args.checkpoint, args.to, args.outdir, keep_head=args.keep_head)
+    try:  # a run directory -> its newest valid checkpoint (logged)
+        checkpoint = resolve_checkpoint(args.checkpoint)
+        info = export_checkpoint(checkpoint, args.to, args.outdir, keep_head=args.keep_head)
     except CheckpointError as e:  # a missing or damaged checkpoint: a user error, one line
         raise ValueError(str(e)) from None
     print(
@@ -119,7 +120,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a checkpoint's encoder for timm or transformers")
-    p.add_argument("checkpoint", help="checkpoint directory or encoder.safetensors")
+    p.add_argument(
+        "checkpoint",
+        help="checkpoint directory, encoder.safetensors, or a run directory (its newest valid "
+        "checkpoint)",
+    )
     p.add_argument("--to", required=True, choices=["timm", "hf"], help="target library")
     p.add_argument("outdir", help="output directory (model.safetensors, config.json, README.md)")
     p.add_argument(
