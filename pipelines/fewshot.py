@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ssl_vit.config import ConfigError, FewshotConfig, load_config, save_config
+from ssl_vit.config import ConfigError, FewshotConfig, load_config, save_config, to_dict
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.model import build_vit
 from ssl_vit.train.checkpoint import (
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
     run_dir = Path(cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
-    metrics = MetricsWriter(run_dir, tensorboard=cfg.tensorboard)
+    metrics = MetricsWriter(run_dir, log_with=cfg.log_with, config=to_dict(cfg))
 
     d = cfg.data
     try:

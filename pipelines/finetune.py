@@ -116,7 +116,9 @@ def main(argv: list[str] | None = None) -> dict:
         set_rng_state(state["rng"])
         start_step, stream_state = state["step"], state["rng"].get("stream")
         log.info("resumed from %s at step %d", path, start_step)
-    metrics = MetricsWriter(run_dir, enabled=acc.is_main_process, tensorboard=tc.tensorboard)
+    metrics = MetricsWriter(
+        run_dir, enabled=acc.is_main_process, log_with=tc.log_with, config=to_dict(cfg)
+    )
     metrics.truncate_after(start_step)
     model, optimizer = acc.prepare(model, optimizer)
     raw = acc.unwrap_model(model)

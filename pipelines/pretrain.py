@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> dict:
         log.info("resumed from %s at step %d", path, start_step)
     elif args.resume:
         log.info("--resume: no valid checkpoint in %s, starting from scratch", ckpt_dir)
-    metrics = MetricsWriter(run_dir, enabled=acc.is_main_process, tensorboard=tc.tensorboard)
+    metrics = MetricsWriter(
+        run_dir, enabled=acc.is_main_process, log_with=tc.log_with, config=to_dict(cfg)
+    )
     metrics.truncate_after(start_step)
     model, optimizer = acc.prepare(model, optimizer)
     if tc.compile:
