@@ -28,6 +28,7 @@ from pathlib import Path
 from ssl_vit.config import ConfigError, load_config, save_config, to_dict
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig
 from ssl_vit.config.study import StudyBudget, StudyConfig
+from ssl_vit.progress import progress_bar
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = "random init"
@@ -108,7 +109,9 @@ def execute(argv: list[str], log) -> int:
     return subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT).returncode
 
 
-def run_job(job: Job, log_dir: Path, dry_run: bool) -> None:
+def run_job(job: Job, log_dir: Path, dry_run: bool, say=print) -> str:
+    """Run `job` unless its results exist; `say` prints a line (the progress bar's `write`).
+    Returns the line that says how it ended."""
     label = f"{job.stage}/{job.name}"
     argv = job.argv()
     recorded, command = job.run_dir / "study_job.json", [Path(argv[1]).name, *argv[2:]]
@@ -120,13 +123,11 @@ def run_job(job: Job, log_dir: Path, dry_run: bool) -> None:
             "or data changed); use another output_dir or delete that run"
         )
     if (job.run_dir / "results.json").is_file():
-        print(f"[skip] {label}: {job.run_dir}/results.json exists", flush=True)
-        return
+        return f"[skip] {label}: {job.run_dir}/results.json exists"
     if dry_run:
-        print(f"[plan] {label}: {shlex.join(argv)}")
-        return
+        return f"[plan] {label}: {shlex.join(argv)}"
     log = log_dir / f"{job.stage}-{job.name}.log"
-    print(f"[run]  {label} (log: {log}) ...", flush=True)
+    say(f"[run]  {label} (log: {log}) ...")
     t0 = time.time()
     job.run_dir.mkdir(parents=True, exist_ok=True)
     recorded.write_text(json.dumps({"command": command}, indent=1) + "\n")
@@ -137,7 +138,7 @@ def run_job(job: Job, log_dir: Path, dry_run: bool) -> None:
     if rc != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
         sys.exit(f"{tail}\nerror: {label} failed (exit {rc}); full log: {log}")
-    print(f"[done] {label} in {(time.time() - t0) / 60:.1f} min", flush=True)
+    return f"[done] {label} in {(time.time() - t0) / 60:.1f} min"
 
 
 def _read(path: Path) -> dict:
@@ -255,8 +256,14 @@ def main(argv: list[str] | None = None) -> dict | None:
         save_config(cfg, out / "study.yaml")
     t0 = time.time()
     print(f"study: {len(jobs)} jobs, {preset} budget, in {out}", flush=True)
+    # Job by job, with the share done and an ETA from the jobs run so far (a bar on a terminal).
+    bar = progress_bar(len(jobs), enabled=not args.dry_run, desc="study", unit="job")
+    say = print if args.dry_run else bar.write
     for job in jobs:
-        run_job(job, out / "logs", args.dry_run)
+        line = run_job(job, out / "logs", args.dry_run, say)
+        bar.update(1)
+        say(line)
+    bar.close()
     if args.dry_run:
         return None
     summary = summarize(cfg, budget, out, preset)

@@ -35,7 +35,8 @@ class LogProgress:
 
     `write(line)` prints the line followed by `| 45% | eta 1m20s` (the loops' metric lines);
     with `every_s`, `update` also logs a status line at most every `every_s` seconds and at the
-    end (jobs without metric lines). Rate and ETA count only the work done since creation.
+    end of a job that took longer than that (jobs without metric lines). Rate and ETA count
+    only the work done since creation.
     """
 
     def __init__(
@@ -67,7 +68,9 @@ class LogProgress:
         if not (self.enabled and self.every_s is not None):
             return
         now = time.monotonic()
-        if now - self.last >= self.every_s or self.n >= self.total:
+        # And a last line at the end, unless the job was too short to need any.
+        finished = self.n >= self.total and now - self.start >= self.every_s
+        if now - self.last >= self.every_s or finished:
             self.last = now
             log.info("%s%s", f"{self.desc}: " if self.desc else "", self.status())
 

@@ -27,7 +27,8 @@ import braceexpand
 import numpy as np
 import webdataset as wds
 from PIL import Image
-from tqdm import tqdm
+
+from ssl_vit.progress import progress_iter
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -193,7 +194,7 @@ def make_shards(
     labelled = bool(src.label_names)
     skipped = 0
     with ShardWriter(output, shard_size) as writer:
-        for i in tqdm(order, unit="img", disable=not progress):
+        for i in progress_iter(order, len(order), desc="make-shards", unit="img", enabled=progress):
             rec = src[i]
             error = image_error(rec.data) if verify else None
             if error is not None:
