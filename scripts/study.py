@@ -220,7 +220,7 @@ def report(run_dirs: list[Path], out: Path) -> None:
     """`ssl-vit report` over all runs (its figures need the `report` extra, matplotlib)."""
     cmd = ["report", *map(str, run_dirs), "--output", str(out)]
     rc = subprocess.run([sys.executable, "-m", "ssl_vit.cli", *cmd]).returncode
-    print(f"report: {'written to ' + str(out) if rc == 0 else f'failed (exit {rc})'}")
+    print(f"report: {out / 'report.html' if rc == 0 else f'failed (exit {rc})'}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
