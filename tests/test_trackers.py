@@ -33,6 +33,7 @@ def test_numeric_values_become_scalars_at_the_rows_step(tmp_path):
     tags = event_accumulator.EventAccumulator(str(tmp_path)).Reload().Tags()["scalars"]
     assert sorted(tags) == ["fewshot/5shot", "images", "loss", "lr"]  # no strings, no bools
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # events only, no hparams folders
 
 
 def test_resume_replaces_the_steps_after_the_checkpoint(tmp_path):

@@ -144,7 +144,9 @@ class MetricsWriter:
             args, kwargs = _tracker_args(name, self.run_dir, self._purge_step)
             tracker = LOGGER_TYPE_TO_CLASS[name](*args, **kwargs)
             tracker.start()
-            if self.config is not None:
+            # The config as the run's parameters; not for TensorBoard, whose hparams go to two
+            # timestamped folders per start: config.yaml is already next to its events.
+            if self.config is not None and name != "tensorboard":
                 tracker.store_init_configuration(_flat(self.config))
             trackers.append(tracker)
         log.info("metrics also go to %s", ", ".join(self.log_with))
