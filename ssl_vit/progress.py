@@ -52,13 +52,17 @@ class LogProgress:
         self.enabled, self.desc, self.unit, self.every_s = enabled, desc, unit, every_s
         self.start = self.last = time.monotonic()
 
-    def status(self) -> str:
-        """'45% (450/1000 img), 120 img/s, eta 5s'."""
+    def _measure(self) -> tuple[float, float, str]:
+        """(percent done, rate in units/s since creation, ETA as text)."""
         elapsed = time.monotonic() - self.start
         rate = (self.n - self.initial) / elapsed if elapsed > 0 else 0.0
         left = self.total - self.n
         eta = format_eta(left / rate) if rate > 0 else ("0s" if left <= 0 else "?")
-        pct = 100 * self.n / self.total if self.total else 100.0
+        return (100 * self.n / self.total if self.total else 100.0), rate, eta
+
+    def status(self) -> str:
+        """'45% (450/1000 img), 120 img/s, eta 5s'."""
+        pct, rate, eta = self._measure()
         return (
             f"{pct:.0f}% ({self.n}/{self.total} {self.unit}), {rate:.3g} {self.unit}/s, eta {eta}"
         )
@@ -76,10 +80,7 @@ class LogProgress:
 
     def write(self, line: str) -> None:
         if self.enabled:
-            pct = 100 * self.n / self.total if self.total else 100.0
-            elapsed = time.monotonic() - self.start
-            done = self.n - self.initial
-            eta = format_eta(elapsed / done * (self.total - self.n)) if done > 0 else "?"
+            pct, _, eta = self._measure()
             print(f"{line} | {pct:.0f}% | eta {eta}", flush=True)
 
     def close(self) -> None:
