@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from accelerate.utils import set_seed
 
-from ssl_vit.config import FewshotConfig, load_config, save_config
+from ssl_vit.config import FewshotConfig, load_config, save_config, to_dict
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.model import build_vit
 from ssl_vit.train import preflight
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
         if args.checkpoint == "random":
             encoder = build_vit(cfg.model)
         else:
-            encoder, cfg.model, _ = preflight.load_init_encoder(
+            args.checkpoint, (encoder, cfg.model, _) = preflight.load_init_encoder(
                 "--checkpoint", args.checkpoint, cfg.model, cfg.pos_interp, cfg.checkpoint_format
             )
         preflight.check_writable("output_dir", cfg.output_dir)
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
     run_dir = Path(cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
-    metrics = MetricsWriter(run_dir, tensorboard=cfg.tensorboard)
+    metrics = MetricsWriter(run_dir, log_with=cfg.log_with, config=to_dict(cfg))
 
     d = cfg.data
     res = fewshot_evaluate(

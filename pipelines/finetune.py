@@ -65,7 +65,8 @@ def check(cfg: FinetuneConfig):
     loaded = None
     if not cfg.init.scratch:
         i = cfg.init
-        loaded = preflight.load_init_encoder(
+        # A run directory -> its newest valid checkpoint, recorded as such in config.yaml.
+        i.checkpoint, loaded = preflight.load_init_encoder(
             "init.checkpoint", i.checkpoint, cfg.model, i.pos_interp, i.format
         )
     preflight.check_writable("output_dir", cfg.output_dir)
@@ -118,7 +119,9 @@ def main(argv: list[str] | None = None) -> dict:
     start_step, counters = start.step, start.counters
     if start.state and ema is not None:
         ema.load_state_dict(start.state["ema"])
-    metrics = MetricsWriter(run.run_dir, enabled=acc.is_main_process, tensorboard=tc.tensorboard)
+    metrics = MetricsWriter(
+        run.run_dir, enabled=acc.is_main_process, log_with=tc.log_with, config=to_dict(cfg)
+    )
     metrics.truncate_after(start_step)
     model, optimizer = acc.prepare(model, optimizer)
     raw = acc.unwrap_model(model)

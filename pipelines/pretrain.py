@@ -87,7 +87,9 @@ def main(argv: list[str] | None = None) -> dict:
     target_hist = torch.zeros(NUM_COLOR_CLASSES, dtype=torch.long, device=acc.device)
     if start.state and acc.is_main_process:  # the saved histogram is already summed over ranks
         target_hist = start.state["target_hist"].to(acc.device)
-    metrics = MetricsWriter(run.run_dir, enabled=acc.is_main_process, tensorboard=tc.tensorboard)
+    metrics = MetricsWriter(
+        run.run_dir, enabled=acc.is_main_process, log_with=tc.log_with, config=to_dict(cfg)
+    )
     metrics.truncate_after(start_step)
     model, optimizer = acc.prepare(model, optimizer)
     if tc.compile:

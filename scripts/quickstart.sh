@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Set up, write the embedded synthetic dataset as WebDataset shards (no download), and
-# pretrain a small ViT on it with masked patch prediction. Extra args are config overrides,
-# e.g. `bash scripts/quickstart.sh train.steps=100`.
+# The whole flow in one command, on the embedded synthetic shapes (no download): set up, write
+# the train and test splits as shards, then the quick-start study (configs/study/quickstart.yaml):
+# pretrain, few-shot of the pretrained and of a random encoder, fine-tune at a higher resolution
+# from the pretrained encoder and from scratch, report. Ends with the table and report.html's
+# path. Extra args are study overrides, e.g. `bash scripts/quickstart.sh quick.output_dir=runs/x`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 [ -f data/shapes/index.json ] || .venv/bin/ssl-vit make-synthetic --output data/shapes --num 6000 --seed 0
 [ -f data/shapes-test/index.json ] || .venv/bin/ssl-vit make-synthetic --output data/shapes-test --num 1000 --seed 1
-exec .venv/bin/python pipelines/pretrain.py --config configs/pretrain/quickstart.yaml "$@"
+exec .venv/bin/python scripts/study.py --config configs/study/quickstart.yaml "$@"

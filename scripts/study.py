@@ -30,6 +30,7 @@ from pathlib import Path
 from ssl_vit.config import ConfigError, load_config, save_config, to_dict
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig
 from ssl_vit.config.study import StudyBudget, StudyConfig
+from ssl_vit.progress import progress_bar
 from ssl_vit.report.runs import fewshot_table, read_results
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,7 +135,9 @@ def finished(run_dir: Path) -> bool:
     return bool(results) and not results.get("preempted", False)
 
 
-def run_job(job: Job, log_dir: Path, dry_run: bool) -> None:
+def run_job(job: Job, log_dir: Path, dry_run: bool, say=print) -> str:
+    """Run `job` unless its results exist; `say` prints a line (the progress bar's `write`).
+    Returns the line that says how it ended."""
     label = f"{job.stage}/{job.name}"
     argv = job.argv()
     recorded, command = job.run_dir / "study_job.json", [Path(argv[1]).name, *argv[2:]]
@@ -146,13 +149,11 @@ def run_job(job: Job, log_dir: Path, dry_run: bool) -> None:
             "or data changed); use another output_dir or delete that run"
         )
     if finished(job.run_dir):
-        print(f"[skip] {label}: {job.run_dir}/results.json exists", flush=True)
-        return
+        return f"[skip] {label}: {job.run_dir}/results.json exists"
     if dry_run:
-        print(f"[plan] {label}: {shlex.join(argv)}")
-        return
+        return f"[plan] {label}: {shlex.join(argv)}"
     log = log_dir / f"{job.stage}-{job.name}.log"
-    print(f"[run]  {label} (log: {log}) ...", flush=True)
+    say(f"[run]  {label} (log: {log}) ...")
     t0 = time.time()
     job.run_dir.mkdir(parents=True, exist_ok=True)
     recorded.write_text(json.dumps({"command": command}, indent=1) + "\n")
@@ -164,9 +165,9 @@ def run_job(job: Job, log_dir: Path, dry_run: bool) -> None:
         tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
         sys.exit(f"{tail}\nerror: {label} failed (exit {rc}); full log: {log}")
     if STOPPED:  # the job checkpointed and exited 0: the same command resumes it
-        print(f"[stop] {label}: {STOPPED[0]}; run the same command again to resume", flush=True)
+        say(f"[stop] {label}: {STOPPED[0]}; run the same command again to resume")
         sys.exit(0)
-    print(f"[done] {label} in {(time.time() - t0) / 60:.1f} min", flush=True)
+    return f"[done] {label} in {(time.time() - t0) / 60:.1f} min"
 
 
 def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> dict:
@@ -236,7 +237,7 @@ def report(run_dirs: list[Path], out: Path) -> None:
     """`ssl-vit report` over all runs (its figures need the `report` extra, matplotlib)."""
     cmd = ["report", *map(str, run_dirs), "--output", str(out)]
     rc = subprocess.run([sys.executable, "-m", "ssl_vit.cli", *cmd]).returncode
-    print(f"report: {'written to ' + str(out) if rc == 0 else f'failed (exit {rc})'}")
+    print(f"report: {out / 'report.html' if rc == 0 else f'failed (exit {rc})'}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -272,8 +273,14 @@ def main(argv: list[str] | None = None) -> dict | None:
         save_config(cfg, out / "study.yaml")
     t0 = time.time()
     print(f"study: {len(jobs)} jobs, {preset} budget, in {out}", flush=True)
+    # Job by job, with the share done and an ETA from the jobs run so far (a bar on a terminal).
+    bar = progress_bar(len(jobs), enabled=not args.dry_run, desc="study", unit="job")
+    say = print if args.dry_run else bar.write
     for job in jobs:
-        run_job(job, out / "logs", args.dry_run)
+        line = run_job(job, out / "logs", args.dry_run, say)
+        bar.update(1)
+        say(line)
+    bar.close()
     if args.dry_run:
         return None
     summary = summarize(cfg, budget, out, preset)

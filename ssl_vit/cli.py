@@ -8,13 +8,20 @@ To add a sub-command, write `_add_<name>(subparsers)` that registers its parser 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import logging
+import shutil
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
 
 __all__ = [
+    "JOBS",
     "build_parser",
+    "cmd_configs",
     "cmd_export",
     "cmd_import",
     "cmd_make_shards",
@@ -104,10 +111,11 @@ def _add_make_synthetic(sub: argparse._SubParsersAction) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     """`ssl-vit export`: checkpoint -> timm or transformers directory with a model card."""
     from ssl_vit.publish import export_checkpoint
-    from ssl_vit.train.checkpoint import CheckpointError
+    from ssl_vit.train.checkpoint import CheckpointError, resolve_checkpoint
 
-    try:
-        info = export_checkpoint(args.checkpoint, args.to, args.outdir, keep_head=args.keep_head)
+    try:  # a run directory -> its newest valid checkpoint (logged)
+        checkpoint = resolve_checkpoint(args.checkpoint)
+        info = export_checkpoint(checkpoint, args.to, args.outdir, keep_head=args.keep_head)
     except CheckpointError as e:  # a missing or damaged checkpoint: a user error, one line
         raise ValueError(str(e)) from None
     print(
@@ -119,7 +127,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a checkpoint's encoder for timm or transformers")
-    p.add_argument("checkpoint", help="checkpoint directory or encoder.safetensors")
+    p.add_argument(
+        "checkpoint",
+        help="checkpoint directory, encoder.safetensors, or a run directory (its newest valid "
+        "checkpoint)",
+    )
     p.add_argument("--to", required=True, choices=["timm", "hf"], help="target library")
     p.add_argument("outdir", help="output directory (model.safetensors, config.json, README.md)")
     p.add_argument(
@@ -185,11 +197,83 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_report)
 
 
+JOBS = {
+    "pretrain": "masked patch prediction pretraining (pipelines/pretrain.py)",
+    "finetune": "fine-tune an encoder as a classifier (pipelines/finetune.py)",
+    "fewshot": "few-shot linear evaluation of a frozen encoder (pipelines/fewshot.py)",
+}
+
+
+def pipeline_module(name: str) -> ModuleType:
+    """The job `name` of pipelines/: `ssl_vit.pipelines.<name>` in an installed package (the
+    wheel ships pipelines/ there), else `pipelines/<name>.py` of the checkout."""
+    try:
+        return importlib.import_module(f"ssl_vit.pipelines.{name}")
+    except ModuleNotFoundError as e:
+        if e.name not in ("ssl_vit.pipelines", f"ssl_vit.pipelines.{name}"):
+            raise  # a missing dependency of the pipeline itself
+    path = Path(__file__).resolve().parents[1] / "pipelines" / f"{name}.py"
+    if not path.is_file():
+        raise OSError(f"pipeline {name} not found (neither ssl_vit.pipelines nor {path})")
+    spec = importlib.util.spec_from_file_location(f"ssl_vit_pipeline_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_job(name: str, argv: list[str]) -> int:
+    """`ssl-vit pretrain|finetune|fewshot ARGS`: the pipeline's own command line, unchanged."""
+    pipeline_module(name).main(argv)
+    return 0
+
+
+def _add_job(sub: argparse._SubParsersAction, name: str) -> None:
+    # Listed for `ssl-vit --help` only: main() hands the arguments to the pipeline as they are.
+    sub.add_parser(name, help=f"{JOBS[name]}; `ssl-vit {name} --help` for its arguments")
+
+
+def cmd_configs(args: argparse.Namespace) -> int:
+    """`ssl-vit configs`: list the shipped configs, or copy them (`--copy DIR [NAME ...]`)."""
+    from ssl_vit.config.shipped import configs_dir, shipped_configs
+
+    root, names = configs_dir(), shipped_configs()
+    if root is None:
+        raise OSError("no shipped configs found (neither ssl_vit/configs nor a checkout)")
+    unknown = sorted(set(args.names) - set(names))
+    if unknown:
+        raise ValueError(f"unknown config(s) {unknown}; `ssl-vit configs` lists them")
+    if args.copy is None:
+        for name in args.names or names:
+            print(f"{name:32s} {root / name}.yaml")
+        return 0
+    copied = 0
+    for name in args.names or names:
+        dest = Path(args.copy) / f"{name}.yaml"
+        if dest.exists():
+            print(f"exists, kept: {dest}")
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / f"{name}.yaml", dest)
+        copied += 1
+    print(f"copied {copied} config(s) to {args.copy}")
+    return 0
+
+
+def _add_configs(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("configs", help="list the shipped configs, or copy them to edit")
+    p.add_argument("names", nargs="*", help="config names, e.g. pretrain/smoke (default: all)")
+    p.add_argument("--copy", metavar="DIR", help="copy them to DIR/<name>.yaml (kept if there)")
+    p.set_defaults(func=cmd_configs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ssl-vit", description="Masked patch prediction pretraining for ViTs."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in JOBS:
+        _add_job(sub, name)
+    _add_configs(sub)
     _add_make_shards(sub)
     _add_make_synthetic(sub)
     _add_export(sub)
@@ -200,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `ssl-vit` with `argv` (default: sys.argv[1:]); returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in JOBS:  # the job parses its own arguments (and exits on errors)
+        return run_job(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -233,6 +233,21 @@ def test_cli_export_import_round_trip_is_bitwise(ckpt, tmp_path, capsys):
     assert "no such checkpoint" in capsys.readouterr().err
 
 
+def test_cli_export_of_a_run_directory_uses_its_newest_valid_checkpoint(ckpt, tmp_path, caplog):
+    from ssl_vit.train.checkpoint import rng_state, save_checkpoint
+
+    enc, run = ckpt[1], tmp_path / "run"
+    for step in (1, 2):
+        state = {"model": {f"encoder.{k}": v for k, v in enc.state_dict().items()}}
+        save_checkpoint(
+            run / "checkpoints", step, encoder=enc, model_config=CFG, state=state, rng=rng_state()
+        )
+    with caplog.at_level("INFO"):
+        assert cli(["export", str(run), "--to", "timm", str(tmp_path / "timm")]) == 0
+    assert f"using checkpoint {run / 'checkpoints' / 'step_00000002'}" in caplog.text
+    assert (tmp_path / "timm" / "model.safetensors").is_file()
+
+
 def test_model_card_and_kept_head(tmp_path):
     """A checkpoint inside a run directory: the card has the pretraining settings and the
     results of the run and of a fine-tuning run started from it; --keep-head writes the head."""

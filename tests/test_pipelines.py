@@ -102,7 +102,7 @@ def test_bad_config_stops_before_starting(synthetic_shards, tmp_path):
 
 
 def test_finetune_at_higher_resolution_improves(pretrained, synthetic_shards, tmp_path):
-    ckpt = pretrained[0] / "checkpoints" / "step_00000060"
+    ckpt = pretrained[0]  # a run directory: its newest valid checkpoint, recorded as such
     results = pipeline("finetune")(
         [
             "--config",
@@ -128,6 +128,7 @@ def test_finetune_at_higher_resolution_improves(pretrained, synthetic_shards, tm
     assert results["top1"] > 0.18 and "top1_ema" in log[-1]
     assert json.loads((tmp_path / "labels.json").read_text())[0] == "disc"
     assert (tmp_path / "model.safetensors").is_file()
+    assert results["init"] == str(ckpt / "checkpoints" / "step_00000060")
 
 
 def test_finetune_rejects_other_architecture(pretrained, synthetic_shards, tmp_path):
@@ -155,11 +156,10 @@ def test_fewshot_pipeline_random_and_pretrained(pretrained, synthetic_shards, tm
         f"data.eval={synthetic_shards}",
     ]
     rand = main(["--checkpoint", "random", *common, f"output_dir={tmp_path / 'r'}"])
-    ckpt = pretrained[0] / "checkpoints" / "step_00000060"
     res = main(
         [
             "--checkpoint",
-            str(ckpt),
+            str(pretrained[0]),  # a run directory: its newest valid checkpoint
             *common,
             f"output_dir={tmp_path / 'p'}",
             "model.patch_size=null",
@@ -173,4 +173,5 @@ def test_fewshot_pipeline_random_and_pretrained(pretrained, synthetic_shards, tm
         assert len(r["shots"][5]["l2_reg"]["1024.0"]["per_seed"]) == 2
         assert r["num_test"] == 96 and 0.0 <= r["5shot"] <= 1.0
     saved = json.loads((tmp_path / "p" / "results.json").read_text())
+    assert saved["checkpoint"] == str(pretrained[0] / "checkpoints" / "step_00000060")
     assert saved["summary"]["5shot"] == pytest.approx(res["5shot"])

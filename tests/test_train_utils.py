@@ -12,6 +12,7 @@ from ssl_vit.train.checkpoint import (
     latest_valid_checkpoint,
     load_checkpoint,
     load_encoder,
+    resolve_checkpoint,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -75,6 +76,25 @@ def test_corrupted_checkpoint_is_detected_and_skipped(tmp_path):
     assert latest_valid_checkpoint(tmp_path).name == "step_00000001"
     (tmp_path / "step_00000001" / "manifest.json").unlink()  # incomplete
     assert latest_valid_checkpoint(tmp_path) is None
+
+
+def test_resolve_checkpoint_takes_the_newest_valid_one_of_a_run(tmp_path, caplog):
+    vit, ckpts = ViT(8, 4, 16, 1, 2), tmp_path / "run" / "checkpoints"
+    first, second = _save(ckpts, 1, vit), _save(ckpts, 2, vit)
+    (second / "manifest.json").unlink()  # the newest is incomplete: the one before is used
+    with caplog.at_level("INFO", logger="ssl_vit.train.checkpoint"):
+        assert resolve_checkpoint(tmp_path / "run") == first
+    assert f"using checkpoint {first}" in caplog.text
+    assert resolve_checkpoint(ckpts) == first
+    assert resolve_checkpoint(second) == second  # a checkpoint itself: as given
+    assert resolve_checkpoint(first / "encoder.safetensors") == first / "encoder.safetensors"
+    (first / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match="no valid checkpoint"):
+        resolve_checkpoint(tmp_path / "run")
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        resolve_checkpoint(tmp_path / "nowhere")
+    (tmp_path / "hf").mkdir()  # not a run (e.g. transformers weights): left to the loader
+    assert resolve_checkpoint(tmp_path / "hf") == tmp_path / "hf"
 
 
 def test_load_encoder_errors(tmp_path):

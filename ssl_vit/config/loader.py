@@ -15,6 +15,8 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 
+from ssl_vit.config.shipped import find_config
+
 __all__ = ["ConfigError", "from_dict", "load_config", "parse_overrides", "to_dict", "save_config"]
 
 T = TypeVar("T")
@@ -142,7 +144,7 @@ def load_config(cls: type[T], path: str | Path | None, overrides: list[str] = ()
     """Load YAML `path` (optional) into `cls`, apply `key.sub=value` overrides, validate."""
     data: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
+        path = find_config(path)  # a file, or the name of a shipped config (pretrain/smoke)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         data = yaml.safe_load(path.read_text()) or {}

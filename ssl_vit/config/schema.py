@@ -109,6 +109,22 @@ class PretrainDataConfig:
             raise ConfigError("data.num_workers: must be >= 0")
 
 
+def check_log_with(log_with: list[str], tensorboard: bool, prefix: str) -> list[str]:
+    """The tracker names of `log_with` (+ tensorboard for the old `tensorboard: true`), each
+    one Accelerate knows (imported here only when trackers are asked for)."""
+    names = list(dict.fromkeys([*log_with, *(["tensorboard"] if tensorboard else [])]))
+    if names:
+        from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+        for name in names:
+            if name not in LOGGER_TYPE_TO_CLASS:
+                raise ConfigError(
+                    f"{prefix}log_with: unknown tracker {name!r}, one of "
+                    f"{sorted(LOGGER_TYPE_TO_CLASS)}"
+                )
+    return names
+
+
 @dataclass
 class OptimConfig:
     """Step-based schedule. `batch_size` is GLOBAL (all processes x accumulation steps)."""
@@ -126,7 +142,10 @@ class OptimConfig:
     mixed_precision: MixedPrecision = "auto"
     compile: bool = False
     log_every: int = 50
-    tensorboard: bool = False  # also write metrics as TensorBoard events in output_dir
+    # Experiment trackers (Accelerate's): tensorboard, wandb, mlflow, comet_ml, aim, ... Each
+    # metrics.jsonl row also goes to them, from the main process; offline unless configured.
+    log_with: list[str] = field(default_factory=list)
+    tensorboard: bool = False  # the same as log_with: [tensorboard] (kept for old configs)
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
     # Steps with a non-finite gradient norm are skipped; this many in a row stop the job.
@@ -146,6 +165,7 @@ class OptimConfig:
         for name in ("dist_timeout_s", "stop_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"train.{name}: must be > 0, got {getattr(self, name)}")
+        self.log_with = check_log_with(self.log_with, self.tensorboard, "train.")
 
 
 @dataclass
@@ -268,7 +288,9 @@ class FewshotConfig:
     pos_interp: Literal["bilinear", "bicubic"] = "bicubic"
     # --checkpoint's format: auto-detected ssl-vit checkpoint, timm weights or transformers dir
     checkpoint_format: Literal["auto", "ssl_vit", "timm", "hf"] = "auto"
-    tensorboard: bool = False  # also write the summary as TensorBoard events in output_dir
+    log_with: list[str] = field(default_factory=list)  # experiment trackers, as train.log_with
+    tensorboard: bool = False  # the same as log_with: [tensorboard] (kept for old configs)
 
     def validate(self) -> None:
         check_seed(self.seed)
+        self.log_with = check_log_with(self.log_with, self.tensorboard, "")

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from tqdm import tqdm
 
 from ssl_vit.data.shards import ShardWriter
 from ssl_vit.data.sources import open_raw_source
+from ssl_vit.progress import progress_iter
 
 __all__ = ["image_error", "make_shards"]
 
@@ -73,7 +73,7 @@ def make_shards(
     labelled = bool(src.label_names)
     skipped = 0
     with ShardWriter(output, shard_size) as writer:
-        for i in tqdm(order, unit="img", disable=not progress):
+        for i in progress_iter(order, len(order), desc="make-shards", unit="img", enabled=progress):
             rec = src[i]
             error = image_error(rec.data) if verify else None
             if error is not None:

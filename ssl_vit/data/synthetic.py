@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image
 
 from ssl_vit.data.shards import ShardWriter
+from ssl_vit.progress import progress_iter
 
 __all__ = ["SYNTHETIC_LABELS", "make_synthetic_shards", "render_shape", "synthetic_shapes"]
 
@@ -112,7 +113,8 @@ def make_synthetic_shards(
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     with ShardWriter(output, shard_size) as writer:
-        for key, data, label in synthetic_shapes(n, image_size, seed):
+        samples = synthetic_shapes(n, image_size, seed)
+        for key, data, label in progress_iter(samples, n, desc="make-synthetic", unit="img"):
             writer.write(key, "png", data, label)
         return writer.close(
             label_names=SYNTHETIC_LABELS,

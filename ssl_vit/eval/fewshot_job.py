@@ -19,6 +19,7 @@ from ssl_vit.data import decode_image, eval_loader, eval_transform, open_source
 from ssl_vit.eval.fewshot import fewshot_sweep, select_fewshot_indices
 from ssl_vit.model.pixels import normalize_pixels
 from ssl_vit.model.vit import ViT
+from ssl_vit.progress import progress_bar
 
 __all__ = ["extract_features", "fewshot_evaluate"]
 
@@ -71,6 +72,13 @@ def _subset_batches(
         yield torch.stack(xs), torch.tensor(ys)
 
 
+def _counted(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], bar) -> Iterator[tuple]:
+    """Pass (images, labels) batches through, advancing `bar` by the images of each."""
+    for x, y in batches:
+        yield x, y
+        bar.update(len(y))
+
+
 def fewshot_evaluate(
     encoder: ViT,
     train: str,
@@ -100,9 +108,12 @@ def fewshot_evaluate(
     num_classes = len(train_src.label_names) or int(labels.max()) + 1
     selection = select_fewshot_indices(labels, shots, seeds, num_classes=num_classes)
     rows = np.unique(np.concatenate(list(selection.values())))
+    num_eval = len(open_source(eval))
+    num_eval = min(num_eval, max_eval) if max_eval > 0 else num_eval
+    bar = progress_bar(len(rows) + num_eval, desc="few-shot features", unit="img", every_s=30)
     train_x, train_y = extract_features(
         encoder,
-        _subset_batches(train_src, rows, image_size, batch_size),
+        _counted(_subset_batches(train_src, rows, image_size, batch_size), bar),
         mean,
         std,
         pool,
@@ -112,7 +123,8 @@ def fewshot_evaluate(
         (b.images, b.labels)
         for b in eval_loader(eval, batch_size, image_size, num_workers=num_workers, limit=max_eval)
     )
-    test_x, test_y = extract_features(encoder, test_batches, mean, std, pool, device)
+    test_x, test_y = extract_features(encoder, _counted(test_batches, bar), mean, std, pool, device)
+    bar.close()
     t_features = time.perf_counter() - t0
     result = fewshot_sweep(
         train_x,

@@ -39,6 +39,7 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "latest_valid_checkpoint",
+    "resolve_checkpoint",
     "rng_state",
     "set_rng_state",
     "save_weights",
@@ -342,3 +343,23 @@ def encoder_from_checkpoint(
             f"unexpected {sorted(unexpected)})"
         )
     return LoadedEncoder(encoder, resolved, saved)
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """Where a checkpoint is expected, also accept a run directory or its `checkpoints/`:
+    those resolve to their newest checkpoint that passes verification (logged). A checkpoint
+    directory, a weights file or a foreign (timm / transformers) directory is returned as is.
+    Raises CheckpointError for a missing path or a run directory with no valid checkpoint."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint, run directory or weights file")
+    if path.is_file() or (path / ENCODER_FILE).is_file():
+        return path
+    root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    if not checkpoint_dirs(root):
+        return path  # not a run directory: e.g. timm / transformers weights, format detected later
+    found = latest_valid_checkpoint(root)
+    if found is None:
+        raise CheckpointError(f"{path}: no valid checkpoint in {root} (all failed verification)")
+    log.info("using checkpoint %s (the newest valid one in %s)", found, root)
+    return found

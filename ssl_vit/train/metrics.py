@@ -1,5 +1,6 @@
-"""Run outputs: `metrics.jsonl` (one JSON object per logged step) and `results.json`, and
-optionally TensorBoard event files in the run directory (the numeric values of each row).
+"""Run outputs: `metrics.jsonl` (one JSON object per logged step, the source of truth) and
+`results.json`, and optionally the same rows in experiment trackers through Accelerate's
+tracking API (`train.log_with`: tensorboard, wandb, mlflow, ...).
 
 Only the main process writes. Values are converted with `.item()` here, at log steps only,
 so the training step itself never waits on the device.
@@ -7,18 +8,31 @@ so the training step itself never waits on the device.
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import logging
 import math
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["MetricsWriter", "Stopwatch", "format_metrics", "progress_bar", "to_python"]
+from ssl_vit.progress import format_eta, progress_bar
+
+__all__ = [
+    "MetricsWriter",
+    "Stopwatch",
+    "check_trackers",
+    "format_eta",
+    "format_metrics",
+    "progress_bar",
+    "to_python",
+]
+
+log = logging.getLogger(__name__)
 
 
 def to_python(value: Any) -> Any:
@@ -43,60 +57,117 @@ def format_metrics(row: dict[str, Any], keys: tuple[str, ...]) -> str:
     return " | ".join(parts)
 
 
-_NO_TENSORBOARD = (
-    "tensorboard: true needs the tensorboard package: pip install 'ssl-vit[tensorboard]'"
-)
+PROJECT = "ssl-vit"  # wandb project / mlflow experiment (WANDB_PROJECT etc. still win)
 
 
-def _summary_writer(run_dir: Path, purge_step: int | None):
-    """A TensorBoard SummaryWriter for `run_dir` (imported here: tensorboard is an extra)."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise ImportError(_NO_TENSORBOARD) from None
-    return SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
+def check_trackers(names: Sequence[str]) -> None:
+    """Raise ImportError naming the package of a tracker that is not installed (at start-up,
+    not at the first log step), ValueError for a name Accelerate does not know."""
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
+
+    available = {str(t) for t in get_available_trackers()}
+    for name in names:
+        if name not in LOGGER_TYPE_TO_CLASS:
+            known = sorted(LOGGER_TYPE_TO_CLASS)
+            raise ValueError(f"log_with: unknown tracker {name!r}, one of {known}")
+        if name not in available:
+            raise ImportError(f"log_with: {name} needs its package: pip install {name}")
+
+
+def _tracker_args(name: str, run_dir: Path, purge_step: int | None) -> tuple[list, dict]:
+    """Positional and keyword arguments of Accelerate's tracker `name` for this run, offline
+    unless the user configured a server: wandb -> WANDB_MODE=offline (files under run_dir),
+    mlflow -> a file store in run_dir/mlruns unless MLFLOW_TRACKING_URI is set."""
+    if name == "tensorboard":  # events directly in the run directory, as `metrics.jsonl`
+        return [run_dir.name, str(run_dir.parent)], {"purge_step": purge_step}
+    if name == "wandb":
+        os.environ.setdefault("WANDB_MODE", "offline")
+        return [PROJECT], {"name": run_dir.name, "dir": str(run_dir)}
+    if name == "mlflow":
+        if "MLFLOW_TRACKING_URI" not in os.environ:
+            import mlflow
+
+            mlflow.set_tracking_uri((run_dir / "mlruns").resolve().as_uri())
+        return [PROJECT], {"run_name": run_dir.name}
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+    cls = LOGGER_TYPE_TO_CLASS[name]
+    return ([PROJECT, str(run_dir)] if cls.requires_logging_directory else [PROJECT]), {}
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config -> {"model.width": 128, ...}; lists and None as strings (hparams)."""
+    flat = {}
+    for k, v in config.items():
+        if isinstance(v, dict):
+            flat.update(_flat(v, f"{prefix}{k}."))
+        else:
+            flat[f"{prefix}{k}"] = v if isinstance(v, (bool, int, float, str)) else str(v)
+    return flat
 
 
 class MetricsWriter:
-    """Appends JSON lines to `run_dir/metrics.jsonl` and, with `tensorboard`, writes every
-    numeric value of a row as a TensorBoard scalar at the row's `step`; a no-op on non-main
-    processes."""
+    """Appends JSON lines to `run_dir/metrics.jsonl` and sends every numeric value of a row to
+    the trackers of `log_with` (Accelerate's tracking API) at the row's `step`; a no-op on
+    non-main processes. `config` is stored in the trackers as the run's hyperparameters."""
 
     def __init__(
-        self, run_dir: str | Path, enabled: bool = True, tensorboard: bool = False
+        self,
+        run_dir: str | Path,
+        enabled: bool = True,
+        log_with: Sequence[str] = (),
+        config: dict[str, Any] | None = None,
     ) -> None:
         self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
         self.run_dir = Path(run_dir)
-        self.tensorboard = tensorboard and enabled
-        self._tb = None
+        self.log_with = list(log_with) if enabled else []
+        self.config = config
+        self.trackers: list | None = None  # opened at the first row, after `truncate_after`
         self._purge_step: int | None = None
-        # Fail at start-up rather than at the first log step; the writer itself is opened at
-        # the first row, after `truncate_after` has said which steps a resume replaces.
-        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
-            raise ImportError(_NO_TENSORBOARD)
+        check_trackers(self.log_with)  # fail at start-up rather than at the first log step
 
     def log(self, row: dict[str, Any]) -> dict[str, Any]:
         row = to_python(row)
         if self.enabled:
             with open(self.path, "a") as f:
                 f.write(json.dumps(row, allow_nan=True) + "\n")
-        if self.tensorboard:
-            self._log_scalars(row)
+        if self.log_with:
+            self._log_trackers(row)
         return row
 
-    def _log_scalars(self, row: dict[str, Any]) -> None:
-        if self._tb is None:
-            self._tb = _summary_writer(self.run_dir, self._purge_step)
+    def _start_trackers(self) -> list:
+        from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+        trackers = []
+        for name in self.log_with:  # as Accelerator.init_trackers builds them
+            args, kwargs = _tracker_args(name, self.run_dir, self._purge_step)
+            tracker = LOGGER_TYPE_TO_CLASS[name](*args, **kwargs)
+            tracker.start()
+            # The config as the run's parameters; not for TensorBoard, whose hparams go to two
+            # timestamped folders per start: config.yaml is already next to its events.
+            if self.config is not None and name != "tensorboard":
+                tracker.store_init_configuration(_flat(self.config))
+            trackers.append(tracker)
+        log.info("metrics also go to %s", ", ".join(self.log_with))
+        return trackers
+
+    def _log_trackers(self, row: dict[str, Any]) -> None:
+        if self.trackers is None:
+            self.trackers = self._start_trackers()
         step = int(row.get("step", 0))
-        for key, value in row.items():
-            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                self._tb.add_scalar(key, value, global_step=step)
-        self._tb.flush()  # log steps are rare: keep the event file current for a live view
+        values = {
+            k: v
+            for k, v in row.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        for tracker in self.trackers:
+            tracker.log(values, step=step)
 
     def truncate_after(self, step: int) -> None:
         """On resume: drop rows logged after the checkpoint, so each step appears once (in
-        TensorBoard, events after `step` are purged when the writer opens)."""
+        TensorBoard, events after `step` are purged when the writer opens; wandb and mlflow
+        keep what they were sent)."""
         self._purge_step = step + 1
         if not (self.enabled and self.path.is_file()):
             return
@@ -105,9 +176,9 @@ class MetricsWriter:
         self.path.write_text("".join(r + "\n" for r in kept))
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        for tracker in self.trackers or []:
+            tracker.finish()
+        self.trackers = None
 
     def write_results(self, results: dict[str, Any]) -> None:
         if self.enabled:
@@ -147,31 +218,3 @@ class Stopwatch:
         elapsed = now - self.start - totals.pop("paused", 0.0)
         self.start, self.totals = now, {}
         return elapsed, totals
-
-
-class _LogOnly:
-    """Stand-in for a progress bar off a terminal (or on other ranks): prints log lines."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def write(self, line: str) -> None:
-        if self.enabled:
-            print(line, flush=True)
-
-    def close(self) -> None:
-        pass
-
-
-def progress_bar(total: int, initial: int, enabled: bool):
-    """A tqdm bar on a terminal, plain printed log lines otherwise (CI, log files)."""
-    import sys
-
-    from tqdm.auto import tqdm
-
-    if enabled and sys.stderr.isatty():
-        return tqdm(total=total, initial=initial, dynamic_ncols=True, unit="step")
-    return _LogOnly(enabled)

@@ -54,14 +54,22 @@ def check_writable(key: str, path: str | Path) -> None:
         raise ConfigError(f"{key}={str(path)!r}: not writable ({e.strerror or e})") from None
 
 
-def load_init_encoder(key: str, path: str, model_cfg: Any, pos_interp: str, fmt: str) -> Any:
-    """`encoder_from_checkpoint` (a `LoadedEncoder`) with its failures (missing, invalid,
-    another shape) as a one-line error naming `key`."""
-    from ssl_vit.train.checkpoint import CheckpointError, encoder_from_checkpoint
+def load_init_encoder(
+    key: str, path: str, model_cfg: Any, pos_interp: str, fmt: str
+) -> tuple[str, Any]:
+    """(the checkpoint used, `encoder_from_checkpoint`'s `LoadedEncoder`): a run directory
+    stands for its newest valid checkpoint; failures (missing, invalid, another shape) are a
+    one-line error naming `key`."""
+    from ssl_vit.train.checkpoint import (
+        CheckpointError,
+        encoder_from_checkpoint,
+        resolve_checkpoint,
+    )
 
     if not os.path.exists(os.path.expanduser(path)):
         raise ConfigError(f"{key}={path!r}: no such file or directory")
     try:
-        return encoder_from_checkpoint(path, model_cfg, pos_interp, fmt)
+        path = str(resolve_checkpoint(path))
+        return path, encoder_from_checkpoint(path, model_cfg, pos_interp, fmt)
     except (CheckpointError, FileNotFoundError, ValueError, KeyError) as e:
         raise ConfigError(f"{key}={path!r}: {e}") from None

@@ -1,0 +1,55 @@
+"""The quick start's flow (scripts/quickstart.sh -> configs/study/quickstart.yaml) at a tiny
+budget: pretraining, few-shot of the pretrained and of a random encoder, fine-tuning at a higher
+resolution from both, the table and the report's path."""
+
+from pathlib import Path
+
+import yaml
+from test_study import in_process, load_study
+
+from ssl_vit.config import StudyConfig, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs/study/quickstart.yaml"
+
+
+def test_quickstart_script_runs_the_study_on_both_synthetic_splits():
+    script = (ROOT / "scripts/quickstart.sh").read_text()
+    assert "make-synthetic --output data/shapes " in script
+    assert "make-synthetic --output data/shapes-test " in script
+    assert "scripts/study.py --config configs/study/quickstart.yaml" in script
+    cfg = load_config(StudyConfig, CONFIG)
+    assert (cfg.data.train, cfg.data.eval) == ("data/shapes", "data/shapes-test")
+    assert cfg.full == cfg.quick  # one budget: the same command on a CPU and on a GPU
+    assert cfg.quick.finetune_image_size > cfg.quick.model.image_size
+
+
+def test_quickstart_flow_at_a_tiny_budget(synthetic_shards, tmp_path, monkeypatch, capsys):
+    study = load_study()
+    monkeypatch.setattr(study, "execute", in_process)
+    reports = []
+    monkeypatch.setattr(study, "report", lambda runs, out: reports.append((runs, out)))
+    monkeypatch.chdir(ROOT)  # the config's base configs are relative to the checkout
+    tiny = {
+        "output_dir": str(tmp_path / "qs"),
+        "model": {"image_size": 16, "patch_size": 4, "width": 32, "depth": 1, "heads": 2},
+        "finetune_image_size": 24,
+        "pretrain": ["train.steps=2", "train.log_every=1", "train.checkpoint_every=0"],
+        "fewshot": ["shots=[1, 2]", "seeds=[0]", "pool=gap", "data.num_workers=0"],
+        "finetune": ["train.steps=2", "train.batch_size=8", "data.num_workers=0"],
+    }
+    overrides = [
+        f"data.train={synthetic_shards}",
+        f"data.eval={synthetic_shards}",
+        f"quick={yaml.safe_dump(tiny, default_flow_style=True, width=10_000).strip()}",
+    ]
+    summary = study.main(["--config", str(CONFIG), "--quick", *overrides])
+    rows = {r["variant"]: r for r in summary["rows"]}
+    assert set(rows) == {"random init", "mean_color_50"}
+    for r in rows.values():  # both inits: few-shot per shot and fine-tune top-1
+        assert set(r["fewshot"]) == {"1", "2"} and r["finetune_top1"] is not None
+        assert r["finetune_image_size"] == 24
+    out = capsys.readouterr().out
+    assert "| random init |" in out and "| mean_color_50 |" in out and "2-shot (%)" in out
+    ((runs, report_dir),) = reports
+    assert report_dir == tmp_path / "qs" and len(runs) == 5
