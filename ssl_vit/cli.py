@@ -27,6 +27,7 @@ __all__ = [
     "cmd_make_shards",
     "cmd_make_synthetic",
     "cmd_report",
+    "entry",
     "main",
 ]
 
@@ -301,5 +302,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The `ssl-vit` console script: a job runs under `guard.run_job`, which ends the process
+    on every path in bounded time (an exception, a dead loader worker, a signal)."""
+    argv = sys.argv[1:]
+    if argv and argv[0] in JOBS:
+        from ssl_vit.train.guard import run_job as run_guarded
+
+        run_guarded(pipeline_module(argv[0]).main, argv[1:])
+    sys.exit(main(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
