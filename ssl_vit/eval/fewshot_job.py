@@ -24,11 +24,11 @@ from ssl_vit.eval.knn import knn_top1
 from ssl_vit.eval.readouts import (
     Readout,
     extract_layer_features,
+    frozen_forward,
     layer_sweep,
     parse_layers,
     plan_readouts,
 )
-from ssl_vit.model.pixels import normalize_pixels
 from ssl_vit.model.vit import ViT
 
 __all__ = ["extract_features", "fewshot_evaluate", "knn_train_rows"]
@@ -47,20 +47,12 @@ def extract_features(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(uint8 images [B, 3, S, S], labels [B]) batches -> (features [M, D] float32 on CPU,
     labels [M]). The representation is the pooled output of the final LayerNorm."""
-    was_training = encoder.training
-    encoder.eval()
     feats, labels = [], []
-    autocast = torch.autocast(
-        device_type=torch.device(device).type,
-        dtype=torch.bfloat16,
-        enabled=torch.device(device).type == "cuda",
-    )
-    for x_u8, y in images:
-        x = normalize_pixels(x_u8.to(device, non_blocking=True), mean, std)
-        with autocast:
-            feats.append(encoder(x, pool).float().cpu())
+    for x, y in frozen_forward(
+        encoder, images, mean, std, device, lambda x: encoder(x, pool).float().cpu()
+    ):
+        feats.append(x)
         labels.append(y)
-    encoder.train(was_training)
     if not feats:
         raise ValueError("no images to extract features from")
     return torch.cat(feats), torch.cat(labels)

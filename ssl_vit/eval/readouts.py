@@ -13,9 +13,9 @@ Shape legend: B batch, M images, D width.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -30,11 +30,13 @@ __all__ = [
     "best_readout",
     "extract_layer_features",
     "format_layer_table",
+    "frozen_forward",
     "layer_sweep",
     "parse_layers",
     "plan_readouts",
 ]
 
+T = TypeVar("T")
 # {block index: {"cls": [M, D], "gap": [M, D]}}, float32 on CPU.
 LayerFeatures = dict[int, dict[str, torch.Tensor]]
 
@@ -88,6 +90,30 @@ def plan_readouts(
 
 
 @torch.no_grad()
+def frozen_forward(
+    encoder: ViT,
+    images: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    mean: tuple[float, float, float],
+    std: tuple[float, float, float],
+    device: torch.device | str,
+    forward: Callable[[torch.Tensor], T],
+) -> Iterator[tuple[T, torch.Tensor]]:
+    """(uint8 images [B, 3, S, S], labels [B]) batches -> (forward(normalized images), labels)
+    per batch: the encoder in eval mode (its mode restored after), bf16 autocast on a GPU."""
+    was_training = encoder.training
+    encoder.eval()
+    dev = torch.device(device)
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
+    try:
+        for x_u8, y in images:
+            x = normalize_pixels(x_u8.to(dev, non_blocking=True), mean, std)
+            with autocast:
+                out = forward(x)
+            yield out, y
+    finally:
+        encoder.train(was_training)
+
+
 def extract_layer_features(
     encoder: ViT,
     images: Iterable[tuple[torch.Tensor, torch.Tensor]],
@@ -97,22 +123,19 @@ def extract_layer_features(
     device: torch.device | str = "cpu",
 ) -> tuple[LayerFeatures, torch.Tensor]:
     """(uint8 images [B, 3, S, S], labels [B]) batches -> ({block: {"cls", "gap"}}, labels
-    [M]): one forward pass per batch for all `layers`, pooled on the device."""
-    was_training = encoder.training
-    encoder.eval()
-    dev = torch.device(device)
-    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
+    [M]): one forward pass per batch for all `layers` (sorted), pooled on the device."""
     parts: dict[int, dict[str, list[torch.Tensor]]] = {i: {"cls": [], "gap": []} for i in layers}
     labels = []
-    for x_u8, y in images:
-        x = normalize_pixels(x_u8.to(dev, non_blocking=True), mean, std)
-        with autocast:
-            outs = encoder.forward_features(x, layers=list(layers))
-        for i, tokens_BTD in zip(sorted(layers), outs, strict=True):
-            for p in ("cls", "gap"):
-                parts[i][p].append(ViT.pool(tokens_BTD, p).float().cpu())
+
+    def pooled(x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        outs = encoder.forward_features(x, layers=list(layers))
+        return [{p: ViT.pool(t, p).float().cpu() for p in ("cls", "gap")} for t in outs]
+
+    for outs, y in frozen_forward(encoder, images, mean, std, device, pooled):
+        for i, by_pool in zip(layers, outs, strict=True):
+            for p, x in by_pool.items():
+                parts[i][p].append(x)
         labels.append(y)
-    encoder.train(was_training)
     if not labels:
         raise ValueError("no images to extract features from")
     feats = {i: {p: torch.cat(v) for p, v in by_pool.items()} for i, by_pool in parts.items()}
