@@ -77,7 +77,10 @@ def curve_sections(runs: list[Run], groups: dict):
     else:
         s_few.notes.append("No few-shot results in the runs given.")
     layer_curves = [
-        (f"{r.name} ({origin(r, groups)})", r.results["layers"])
+        (
+            r.name if len(origin(r, groups)) > 24 else f"{r.name} ({origin(r, groups)})",
+            r.results["layers"],
+        )
         for r in runs
         if r.kind == "fewshot" and r.finished and r.results.get("layers")
     ]

@@ -171,7 +171,7 @@ def fewshot_vs_layer(curves: list[tuple[str, dict[str, Any]]]) -> Figure | None:
         return None
     shots = sorted({int(k) for _, t in curves for r in t["readouts"].values() for k in r["shots"]})
     depth = max(t["depth"] for _, t in curves)
-    fig, axes = new_figure(3.6 * len(shots), 3.6, ncols=len(shots), squeeze=False)
+    fig, axes = new_figure(3.6 * len(shots), 4.4, ncols=len(shots), squeeze=False)
     styles = {"cls+gap": "-", "gap": "--", "cls": ":"}
     for ax, k in zip(axes[0], shots, strict=True):
         for i, (label, table) in enumerate(curves):
@@ -191,7 +191,8 @@ def fewshot_vs_layer(curves: list[tuple[str, dict[str, Any]]]) -> Figure | None:
         ax.set_xticks(range(depth + 1), [str(b) for b in range(depth)] + ["cat"])
         ax.set(xlabel="block", ylabel="test accuracy (%)", title=f"{k}-shot")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=8)
     fig.suptitle("Few-shot accuracy vs layer (star: last blocks concatenated, cls+gap)")
     return fig
 
