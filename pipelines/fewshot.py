@@ -21,6 +21,7 @@ from accelerate.utils import set_seed
 
 from ssl_vit.config import FewshotConfig, load_config, save_config, to_dict
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
+from ssl_vit.eval.readouts import format_layer_table
 from ssl_vit.model import build_vit
 from ssl_vit.train import preflight
 from ssl_vit.train.guard import one_line_errors, run_job
@@ -81,6 +82,11 @@ def main(argv: list[str] | None = None) -> dict:
         max_eval=d.max_eval,
         device=device,
         pool=cfg.pool,
+        layers=cfg.layers,
+        concat_last=cfg.concat_last,
+        knn_k=cfg.knn_k,
+        knn_train=cfg.knn_train,
+        knn_temperature=cfg.knn_temperature,
     )
     res.update(
         checkpoint=args.checkpoint,
@@ -89,6 +95,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
     (run_dir / "results.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
     metrics.log({"step": 0, **{f"fewshot/{k}": v for k, v in res["summary"].items()}})
+    if "knn" in res:
+        metrics.log({"step": 0, "knn/top1": res["knn"]["top1"]})
     metrics.close()
     for k in cfg.shots:
         row = res["shots"][k]["l2_reg"]
@@ -98,6 +106,11 @@ def main(argv: list[str] | None = None) -> dict:
                 f"l2={l2}: {100 * r['mean']:.2f} +- {100 * r['std']:.2f}%" for l2, r in row.items()
             )
         )
+    if "layers" in res:
+        print(format_layer_table(res["layers"]))
+    if "knn" in res:
+        print(f"k-NN (k={cfg.knn_k}, {res['knn']['num_train']} train images): "
+              f"{100 * res['knn']['top1']:.2f}%")  # fmt: skip
     return res
 
 

@@ -254,8 +254,13 @@ def fewshot(cfg, encoder, acc, metrics, step, model) -> dict | None:
             num_workers=f.num_workers,
             max_eval=f.max_eval,
             device=acc.device,
+            knn_k=f.knn_k,
+            knn_train=f.knn_train,
+            knn_temperature=f.knn_temperature,
         )
         metrics.log({"step": step, **{f"fewshot/{k}": v for k, v in res["summary"].items()}})
+        if "knn" in res:  # the k-NN monitor (fewshot.knn_k > 0), on the same test features
+            metrics.log({"step": step, "knn/top1": res["knn"]["top1"]})
         log.info("few-shot at step %d: %s", step, res["summary"])
     acc.wait_for_everyone()
     model.train()

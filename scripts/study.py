@@ -11,7 +11,11 @@ A finished job (results.json) is skipped and an interrupted pretraining or fine-
 from its newest checkpoint, so the study can be stopped (SIGTERM, Ctrl-C: the running job
 checkpoints, then the study exits 0) and started again; a failed job stops it with exit 1.
 At the end: `summary.json` and `summary.md` (the table), then `ssl-vit report` over all runs.
-`--quick` picks the `quick` budget (a CPU), default `full`.
+`--quick` picks the `quick` budget (a CPU), `--preset NAME` any (`full`, `quick`, `gpu`),
+default `full`. `--only NAME` runs one variant's chain (pretrain -> few-shot -> fine-tune;
+`baseline`: random-init few-shot and fine-tuning from scratch) and writes the summary of what
+has finished, without the report; `--copy-small DIR` copies the study's small artifacts
+(results, metrics, configs, logs, summary, report) to DIR, every `checkpoints/` left out.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -103,6 +108,26 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
         ckpt = lambda pre_dir=pre_dir: checkpoint_of(pre_dir)  # noqa: E731
         jobs += [fewshot(v.name, ckpt), finetune(v.name, ckpt)]
     return jobs
+
+
+BASELINES = ("random", "scratch")  # the random-init rows' job names
+
+
+def only(jobs: list[Job], name: str) -> list[Job]:
+    """The jobs of one chain: a variant's, or the baselines' (`baseline`, `random`, `scratch`)."""
+    names = BASELINES if name in ("baseline", *BASELINES) else (name,)
+    chosen = [j for j in jobs if j.name in names]
+    if not chosen:
+        known = sorted({j.name for j in jobs} - set(BASELINES)) + ["baseline"]
+        sys.exit(f"error: --only {name}: no such variant (known: {', '.join(known)})")
+    return chosen
+
+
+def copy_small(out: Path, dest: Path) -> None:
+    """The study's tree without its checkpoints (the large part): results, metrics, configs,
+    logs, summary and report, to move or archive apart from the weights."""
+    shutil.copytree(out, dest, ignore=shutil.ignore_patterns("checkpoints"), dirs_exist_ok=True)
+    print(f"small artifacts of {out} copied to {dest} (checkpoints/ left out)")
 
 
 STOPPED: list[str] = []  # the stop signal the study received while a job ran, if any
@@ -244,6 +269,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--config", required=True, help="study YAML (see configs/study/)")
     p.add_argument("--quick", action="store_true", help="the `quick` budget (a CPU machine)")
+    p.add_argument("--preset", choices=("full", "quick", "gpu"), help="the budget (default full)")
+    p.add_argument("--only", metavar="NAME", help="one variant's chain, or `baseline`")
+    p.add_argument("--copy-small", metavar="DIR", help="copy the small artifacts to DIR, then exit")
     p.add_argument("--dry-run", action="store_true", help="print the jobs' commands only")
     p.add_argument(
         "--summary", action="store_true", help="only tabulate the finished jobs (summary.*)"
@@ -258,12 +286,16 @@ def main(argv: list[str] | None = None) -> dict | None:
         cfg = load_config(StudyConfig, args.config, args.overrides)
     except ConfigError as e:
         sys.exit(f"error: {e}")
-    preset = "quick" if args.quick else "full"
+    preset = args.preset or ("quick" if args.quick else "full")
     budget = getattr(cfg, preset)
     if not budget.output_dir:
         sys.exit(f"error: {preset}.output_dir: required")
     out = Path(budget.output_dir)
     jobs = plan(cfg, budget, out)
+    if args.copy_small:
+        return copy_small(out, Path(args.copy_small))
+    if args.only:
+        jobs = only(jobs, args.only)
     if args.summary:  # e.g. while a long study runs, or after it was stopped
         summarize(cfg, budget, out, preset)
         print((out / "summary.md").read_text())
@@ -287,6 +319,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     print(f"study: done in {(time.time() - t0) / 60:.1f} min this time "
           f"({summary['jobs_wall_time_s'] / 60:.1f} min of jobs in all)\n")  # fmt: skip
     print((out / "summary.md").read_text())
+    if args.only:  # the report is of the whole study: the run without --only writes it
+        return summary
     report([job.run_dir for job in jobs], out)
     return summary
 

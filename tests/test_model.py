@@ -56,3 +56,36 @@ def test_variant_parameter_counts(name, params_m):
 def test_build_requires_a_shape():
     with pytest.raises(ValueError, match="model.variant"):
         build_vit(ModelConfig(image_size=32, patch_size=4))
+
+
+def test_layer_outputs_equal_the_truncated_model():
+    """Block i's output from one pass is the residual stream of the model cut after block i
+    (depth i + 1, same weights): the final LN of the cut model applied to it gives the cut
+    model's features exactly; the last block's output is forward_features' own."""
+    torch.manual_seed(0)
+    vit = ViT(16, 4, 32, 3, 4).eval()
+    x = torch.randn(2, 3, 16, 16)
+    outs = vit.forward_features(x, layers=[0, 1, 2])
+    assert len(outs) == 3 and all(o.shape == (2, 17, 32) for o in outs)
+    state = vit.state_dict()
+    for i in range(3):
+        cut = ViT(16, 4, 32, i + 1, 4).eval()
+        cut.load_state_dict(
+            {k: v for k, v in state.items() if not k.startswith("blocks.") or int(k[7]) <= i}
+        )
+        features = cut.forward_features(x)
+        assert torch.equal(outs[i] if i == 2 else vit.norm(outs[i]), features)
+    assert torch.equal(outs[2], vit.forward_features(x))
+    # Negative indices count from the end; a subset comes back in block order, deduplicated.
+    sub = vit.forward_features(x, layers=[-1, 0, 2])
+    assert len(sub) == 2 and torch.equal(sub[0], outs[0]) and torch.equal(sub[1], outs[2])
+    with pytest.raises(ValueError, match="layer 3"):
+        vit.forward_features(x, layers=[3])
+
+
+def test_cls_plus_gap_pool_is_the_concatenation():
+    tokens = torch.randn(2, 5, 8)
+    both = ViT.pool(tokens, "cls+gap")
+    assert both.shape == (2, 16)
+    assert torch.equal(both[:, :8], tokens[:, 0])
+    assert torch.allclose(both[:, 8:], tokens[:, 1:].mean(1))

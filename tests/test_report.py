@@ -52,6 +52,7 @@ def _make_runs(synthetic_shards, root):
         "fewshot.num_workers=0",
         "fewshot.every=5",
         "fewshot.max_eval=32",
+        "fewshot.knn_k=5",
     ]
     pipeline("pretrain")(
         [
@@ -73,6 +74,8 @@ def _make_runs(synthetic_shards, root):
         "seeds=[0,1]",
         "l2_reg=[1024.0]",
         "data.max_eval=32",
+        "layers=all",  # the per-layer table and its figure
+        "concat_last=2",
     ]
     pipeline("fewshot")(["--checkpoint", ckpt, *few, f"output_dir={root / 'few-pre'}"])
     pipeline("fewshot")(["--checkpoint", "random", *few, f"output_dir={root / 'few-rand'}"])
@@ -95,16 +98,16 @@ def test_report_is_self_contained_with_all_sections(runs, tmp_path):
     assert cli_main(["report", str(runs), "--output", str(tmp_path), "--examples", "4"]) == 0
     page = (tmp_path / "report.html").read_text()
     srcs = re.findall(r"src='([^']*)'", page) + re.findall(r'src="([^"]*)"', page)
-    # pretrain curves, few-shot over steps, few-shot vs shots, fine-tune curves,
-    # position similarity, filter components, examples
-    assert len(srcs) == 7 and all(s.startswith("data:image/png;base64,") for s in srcs)
+    # pretrain curves, few-shot over steps, few-shot vs shots, few-shot vs layer, fine-tune
+    # curves, position similarity, filter components, examples
+    assert len(srcs) == 8 and all(s.startswith("data:image/png;base64,") for s in srcs)
     assert "href='http" not in page and "<link" not in page and "<script" not in page
     for title in SECTIONS:
         assert f">{title}</h2>" in page
     assert "skipped" not in page  # every figure was drawn
     md = (tmp_path / "report.md").read_text()
     pngs = re.findall(r"!\[[^]]*\]\((figures/[^)]+\.png)\)", md)
-    assert len(pngs) == 7
+    assert len(pngs) == 8 and "figures/fewshot_vs_layer.png" in pngs
     for p in pngs:
         assert (tmp_path / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The summary table: one row for the pretraining run, one for random init / scratch.
@@ -112,6 +115,22 @@ def test_report_is_self_contained_with_all_sections(runs, tmp_path):
     rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
     assert [r.split(" | ")[0] for r in rows] == ["| pre", "| random init / scratch"]
     assert "mean_color" in rows[0] and "50%" in rows[0]
+
+
+def test_knn_monitor_and_layer_table_in_the_runs(runs):
+    """The k-NN monitor logs next to the few-shot rows; the per-layer figure needs the table."""
+    from ssl_vit.report import figures
+
+    by_name = {r.name: r for r in load_runs([runs])}
+    knn_steps = [r["step"] for r in by_name["pre"].rows if "knn/top1" in r]
+    few_steps = [r["step"] for r in by_name["pre"].rows if "fewshot/1shot" in r]
+    assert knn_steps == few_steps == [5, 10]
+    assert by_name["pre"].results["fewshot"]["knn"]["k"] == 5
+    table = by_name["few-pre"].results["layers"]
+    assert table["depth"] == 2 and "last2/cls+gap" in table["readouts"]
+    assert figures.fewshot_vs_layer([("pre", table)]) is not None
+    assert figures.fewshot_vs_layer([("rand", by_name["few-rand"].results["layers"])]) is not None
+    assert figures.fewshot_vs_layer([("no table", {}), ("none", None)]) is None
 
 
 def test_report_of_incomplete_runs_says_what_is_missing(runs, tmp_path):

@@ -87,3 +87,40 @@ def test_study_config_rejects_bad_variants():
         from_dict(StudyConfig, {**data, "variants": [{"name": "x", "objective": {"target": "y"}}]})
     with pytest.raises(ConfigError, match="unknown config key 'quick.steps'"):
         from_dict(StudyConfig, {**data, "variants": [{"name": "x"}], "quick": {"steps": 1}})
+
+
+def test_only_plans_one_chain_of_the_gpu_preset(tmp_path, capsys):
+    """`--only NAME` plans exactly that variant's pretrain -> few-shot -> fine-tune (or the two
+    baselines), in the `gpu` budget of the shipped config; an unknown name is refused."""
+    study = load_study()
+    cfg = [f"gpu.output_dir={tmp_path / 'gpu'}"]
+    base = ["--config", str(REPO / "configs/study/cifar10.yaml"), "--preset", "gpu", "--dry-run"]
+    study.main([*base, "--only", "color_4x4", *cfg])
+    plan = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[plan]")]
+    assert [line.split(":")[0] for line in plan] == [
+        "[plan] pretrain/color_4x4",
+        "[plan] fewshot/color_4x4",
+        "[plan] finetune/color_4x4",
+    ]
+    assert "fewshot.knn_k=20" in plan[0] and "model.width=384" in plan[0]
+    assert "layers=all" in plan[1] and "pool=cls+gap" in plan[1]
+    assert "model.image_size=48" in plan[2]
+    study.main([*base, "--only", "baseline", *cfg])
+    out = capsys.readouterr().out
+    assert "[plan] fewshot/random:" in out and "[plan] finetune/scratch:" in out
+    assert out.count("[plan]") == 2
+    with pytest.raises(SystemExit, match="no such variant"):
+        study.main([*base, "--only", "nope", *cfg])
+    assert not (tmp_path / "gpu").exists()  # a dry run writes nothing
+
+
+def test_copy_small_leaves_the_checkpoints_out(tmp_path):
+    out = tmp_path / "study"
+    (out / "pretrain/x/checkpoints/step_00000001").mkdir(parents=True)
+    (out / "pretrain/x/checkpoints/step_00000001/model.safetensors").write_bytes(b"big")
+    (out / "pretrain/x/results.json").write_text("{}")
+    (out / "summary.md").write_text("| table |")
+    load_study().copy_small(out, tmp_path / "small")
+    assert (tmp_path / "small/pretrain/x/results.json").is_file()
+    assert (tmp_path / "small/summary.md").is_file()
+    assert not (tmp_path / "small/pretrain/x/checkpoints").exists()

@@ -31,6 +31,25 @@ __all__ = [
 MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
 
 
+def check_knn(k: int, num_train: int, temperature: float, prefix: str = "") -> None:
+    if k < 0 or num_train < 0 or temperature <= 0:
+        raise ConfigError(
+            f"{prefix}knn_k, {prefix}knn_train: must be >= 0, {prefix}knn_temperature > 0; "
+            f"got {k}, {num_train}, {temperature}"
+        )
+
+
+def check_layers(layers: str | list[int], concat_last: int) -> None:
+    if isinstance(layers, str) and layers not in ("last", "all"):
+        raise ConfigError(
+            f"layers: expected 'last', 'all' or a list of block indices, got {layers!r}"
+        )
+    if isinstance(layers, list) and not layers:
+        raise ConfigError("layers: an empty list")
+    if concat_last < 0:
+        raise ConfigError(f"concat_last: must be >= 0, got {concat_last}")
+
+
 def check_seed(seed: int) -> None:
     # Each process seeds with seed + its rank, and NumPy takes seeds below 2**32.
     if not 0 <= seed < 2**31:
@@ -181,6 +200,14 @@ class FewshotEvalConfig:
     num_workers: int = 2
     max_eval: int = 0  # evaluate on the first N test images only (0: the whole split)
     every: int = 0  # pretraining only: run every N steps (0: only at the end, if train is set)
+    # k-NN monitor next to it (eval.knn: cosine, k neighbours, votes weighted by exp(sim / T)):
+    # `knn/top1` of the test split against knn_train train images (0: all); knn_k=0: off.
+    knn_k: int = 0
+    knn_train: int = 10000
+    knn_temperature: float = 0.07
+
+    def validate(self) -> None:
+        check_knn(self.knn_k, self.knn_train, self.knn_temperature, "fewshot.")
 
 
 @dataclass
@@ -279,7 +306,15 @@ class FewshotDataConfig:
 class FewshotConfig:
     output_dir: str = "runs/fewshot"
     seed: int = 0
-    pool: Literal["cls", "gap"] = "cls"
+    # The summarized readout: the last block's output pooled so (cls+gap: both, concatenated).
+    pool: Literal["cls", "gap", "cls+gap"] = "cls"
+    # Also every block asked for (`all`, or indices, negative from the end) x cls/gap/cls+gap,
+    # and the last `concat_last` blocks concatenated: results.json `layers` (eval.readouts).
+    layers: str | list[int] = "last"
+    concat_last: int = 0
+    knn_k: int = 0  # also weighted k-NN top-1 (eval.knn) of the readout; 0: off
+    knn_train: int = 10000  # train images the k-NN compares against (0: all)
+    knn_temperature: float = 0.07
     model: ModelConfig = field(default_factory=ModelConfig)
     data: FewshotDataConfig = field(default_factory=FewshotDataConfig)
     shots: list[int] = field(default_factory=lambda: [1, 5, 10, 25])
@@ -294,3 +329,5 @@ class FewshotConfig:
     def validate(self) -> None:
         check_seed(self.seed)
         self.log_with = check_log_with(self.log_with, self.tensorboard, "")
+        check_layers(self.layers, self.concat_last)
+        check_knn(self.knn_k, self.knn_train, self.knn_temperature)

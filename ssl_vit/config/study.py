@@ -48,6 +48,7 @@ class StudyConfig:
     finetune_config: str = ""
     full: StudyBudget = field(default_factory=StudyBudget)
     quick: StudyBudget = field(default_factory=StudyBudget)
+    gpu: StudyBudget = field(default_factory=StudyBudget)  # one GPU, one chain in minutes
 
     def validate(self) -> None:
         if not self.data.train or not self.data.eval:

@@ -2,7 +2,10 @@
 
 Features are extracted once per call: for the train split only for the samples that some
 (seed, shot) subset uses (a few hundred, not the whole split), for the test split for all of
-it; then every shot x seed x l2_reg is solved in closed form from those features.
+it; then every shot x seed x l2_reg is solved in closed form from those features. With
+`layers` other than `last`, one pass extracts every block asked for and each readout
+(`eval.readouts`) gets its own sweep; with `knn_k` > 0 the test features also go to a
+weighted k-NN classifier over `knn_train` train images (`eval.knn`).
 """
 
 from __future__ import annotations
@@ -17,11 +20,19 @@ import torch
 
 from ssl_vit.data import decode_image, eval_loader, eval_transform, open_source
 from ssl_vit.eval.fewshot import fewshot_sweep, select_fewshot_indices
-from ssl_vit.model.pixels import normalize_pixels
+from ssl_vit.eval.knn import knn_top1
+from ssl_vit.eval.readouts import (
+    Readout,
+    extract_layer_features,
+    frozen_forward,
+    layer_sweep,
+    parse_layers,
+    plan_readouts,
+)
 from ssl_vit.model.vit import ViT
 from ssl_vit.progress import progress_bar
 
-__all__ = ["extract_features", "fewshot_evaluate"]
+__all__ = ["extract_features", "fewshot_evaluate", "knn_train_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -37,20 +48,12 @@ def extract_features(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(uint8 images [B, 3, S, S], labels [B]) batches -> (features [M, D] float32 on CPU,
     labels [M]). The representation is the pooled output of the final LayerNorm."""
-    was_training = encoder.training
-    encoder.eval()
     feats, labels = [], []
-    autocast = torch.autocast(
-        device_type=torch.device(device).type,
-        dtype=torch.bfloat16,
-        enabled=torch.device(device).type == "cuda",
-    )
-    for x_u8, y in images:
-        x = normalize_pixels(x_u8.to(device, non_blocking=True), mean, std)
-        with autocast:
-            feats.append(encoder(x, pool).float().cpu())
+    for x, y in frozen_forward(
+        encoder, images, mean, std, device, lambda x: encoder(x, pool).float().cpu()
+    ):
+        feats.append(x)
         labels.append(y)
-    encoder.train(was_training)
     if not feats:
         raise ValueError("no images to extract features from")
     return torch.cat(feats), torch.cat(labels)
@@ -95,14 +98,29 @@ def fewshot_evaluate(
     max_eval: int = 0,
     device: torch.device | str = "cpu",
     pool: str = "cls",
+    layers: str | int | Sequence[int] = "last",
+    concat_last: int = 0,
+    knn_k: int = 0,
+    knn_train: int = 10000,
+    knn_temperature: float = 0.07,
 ) -> dict[str, Any]:
     """Few-shot linear accuracy of `encoder` (frozen).
 
     `train` and `eval` are labelled sources (shards, image folder, HF dataset); `max_eval` > 0
-    uses only the first N test images. Returns `fewshot_sweep`'s dict plus 'summary'
-    ({"{k}shot": mean accuracy at the first l2_reg}) and timing.
+    uses only the first N test images. Returns `fewshot_sweep`'s dict for the last block's
+    output pooled by `pool`, plus 'summary' ({"{k}shot": mean accuracy at the first l2_reg})
+    and timing. `layers` (`last`, `all` or block indices) other than `last`, or `concat_last`
+    > 1, adds 'layers' (`layer_sweep`: every block x cls/gap/cls+gap, the last N concatenated,
+    the best readout). `knn_k` > 0 adds 'knn' ({"top1", "k", "temperature", "num_train"}):
+    weighted k-NN of the same test features against `knn_train` train images (0: all; a
+    fixed random draw otherwise).
     """
     t0 = time.perf_counter()
+    depth = len(encoder.blocks)
+    wanted = parse_layers(layers, depth)
+    per_layer = layers != "last" or concat_last > 1
+    last = Readout("last", (depth - 1,), pool)
+    extract_at = sorted({*wanted, *range(depth - max(concat_last, 1), depth)})
     train_src = open_source(train)
     labels = train_src.labels()
     num_classes = len(train_src.label_names) or int(labels.max()) + 1
@@ -111,33 +129,50 @@ def fewshot_evaluate(
     num_eval = len(open_source(eval))
     num_eval = min(num_eval, max_eval) if max_eval > 0 else num_eval
     bar = progress_bar(len(rows) + num_eval, desc="few-shot features", unit="img", every_s=30)
-    train_x, train_y = extract_features(
-        encoder,
-        _counted(_subset_batches(train_src, rows, image_size, batch_size), bar),
-        mean,
-        std,
-        pool,
-        device,
-    )
+
+    def features(batches):
+        if not per_layer:  # the one readout: pooled last output (unchanged default path)
+            x, y = extract_features(encoder, batches, mean, std, pool, device)
+            return {depth - 1: {pool: x}}, y
+        return extract_layer_features(encoder, batches, mean, std, extract_at, device)
+
+    train_f = features(_counted(_subset_batches(train_src, rows, image_size, batch_size), bar))
     test_batches = (
         (b.images, b.labels)
         for b in eval_loader(eval, batch_size, image_size, num_workers=num_workers, limit=max_eval)
     )
-    test_x, test_y = extract_features(encoder, _counted(test_batches, bar), mean, std, pool, device)
+    test_f = features(_counted(test_batches, bar))
     bar.close()
     t_features = time.perf_counter() - t0
-    result = fewshot_sweep(
-        train_x,
-        train_y,
-        test_x,
-        test_y,
+    sweep = dict(
         shots=shots,
         seeds=seeds,
         l2_regs=l2_regs,
         num_classes=num_classes,
         selection={s: np.searchsorted(rows, idx) for s, idx in selection.items()},
     )
+    train_x, test_x = last.features(train_f[0]), last.features(test_f[0])
+    result = fewshot_sweep(train_x, train_f[1], test_x, test_f[1], **sweep)
     result["summary"] = {f"{k}shot": result[f"{k}shot"] for k in shots}
+    if per_layer:
+        readouts = plan_readouts(wanted, depth, concat_last=concat_last)
+        result["layers"] = {"depth": depth, **layer_sweep(readouts, train_f, test_f, **sweep)}
+        log.info("best frozen readout: %s", result["layers"]["best"])
+    if knn_k > 0:
+        t_knn = time.perf_counter()
+        knn_rows = knn_train_rows(len(labels), knn_train)
+        knn_x, knn_y = extract_features(
+            encoder,
+            _subset_batches(train_src, knn_rows, image_size, batch_size),
+            *(mean, std, pool, device),
+        )
+        result["knn"] = {
+            "top1": knn_top1(knn_x, knn_y, test_x, test_f[1], knn_k, knn_temperature, num_classes),
+            "k": knn_k,
+            "temperature": knn_temperature,
+            "num_train": len(knn_x),
+            "time_s": time.perf_counter() - t_knn,
+        }
     result["num_train_features"] = len(train_x)
     result["num_test"] = len(test_x)
     result["feature_time_s"] = t_features
@@ -146,3 +181,11 @@ def fewshot_evaluate(
         "few-shot: %s (%d test images, %.1fs)", result["summary"], len(test_x), result["time_s"]
     )
     return result
+
+
+def knn_train_rows(n: int, num_train: int) -> np.ndarray:
+    """Sorted indices of the k-NN train images: all `n`, or a fixed draw (seed 0) of
+    `num_train` of them, the same at every pretraining step so that the values compare."""
+    if not 0 < num_train < n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(0).choice(n, num_train, replace=False))

@@ -4,12 +4,15 @@ embeddings, pre-LayerNorm blocks (multi-head self-attention + GELU MLP), final L
 Shape legend: B batch, N patches, T = 1 + N tokens, D width, H heads, C channels.
 The encoder is split at the point where masked patch prediction corrupts its input:
 `embed_patches` (projection only) -> [objective corrupts here] -> `encode` (class token,
-position embeddings, blocks). Fine-tuning and few-shot use `forward_features` + `pool`.
+position embeddings, blocks). Fine-tuning and few-shot use `forward_features` + `pool`;
+`forward_features(x, layers=...)` returns the chosen blocks' outputs from one pass (frozen
+readouts below the last block).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +20,24 @@ from torch import nn
 
 from ssl_vit.config.schema import ModelConfig
 
-__all__ = ["Attention", "Block", "ViT", "build_vit"]
+__all__ = ["POOLS", "Attention", "Block", "ViT", "build_vit", "resolve_layers"]
+
+# Image representations `ViT.pool` knows: [class] token, mean of patches, both concatenated.
+POOLS = ("cls", "gap", "cls+gap")
+
+
+def resolve_layers(layers: int | Sequence[int], depth: int) -> list[int]:
+    """Block indices (negative counts from the end, as in Python) -> sorted unique indices in
+    [0, depth). ValueError naming the index when one is out of range."""
+    wanted = [layers] if isinstance(layers, int) else list(layers)
+    if not wanted:
+        raise ValueError("layers: empty")
+    out = set()
+    for i in wanted:
+        if not -depth <= i < depth:
+            raise ValueError(f"layer {i}: out of range for depth {depth} ({-depth}..{depth - 1})")
+        out.add(i % depth)
+    return sorted(out)
 
 
 class Attention(nn.Module):
@@ -110,24 +130,45 @@ class ViT(nn.Module):
 
     def encode(self, emb_BND: torch.Tensor) -> torch.Tensor:
         """[class] token + position embeddings + blocks + final LN: [B, N, D] -> [B, 1 + N, D]."""
+        return self.encode_layers(emb_BND, [len(self.blocks) - 1])[0]
+
+    def encode_layers(self, emb_BND: torch.Tensor, layers: Sequence[int]) -> list[torch.Tensor]:
+        """The outputs [B, 1 + N, D] of blocks `layers` (sorted indices in [0, depth)), one pass
+        that stops after the deepest one asked for. The last block's output goes through the
+        final LN (it is `encode`'s output); the others are the residual stream as it leaves
+        the block (the final LN belongs to the last block's readout, as in timm's
+        `forward_intermediates(norm=False)`)."""
         cls_B1D = self.cls_token.expand(emb_BND.shape[0], -1, -1)
         x_BTD = torch.cat([cls_B1D, emb_BND], dim=1) + self.pos_embed
-        for block in self.blocks:
+        last, wanted, out = len(self.blocks) - 1, set(layers), []
+        for i, block in enumerate(self.blocks[: max(layers) + 1]):
             x_BTD = block(x_BTD)
-        return self.norm(x_BTD)
+            if i in wanted:
+                out.append(self.norm(x_BTD) if i == last else x_BTD)
+        return out
 
-    def forward_features(self, images_BCHW: torch.Tensor) -> torch.Tensor:
-        """[B, 3, H, W] normalized images -> all output tokens [B, 1 + N, D]."""
-        return self.encode(self.embed_patches(images_BCHW))
+    def forward_features(
+        self, images_BCHW: torch.Tensor, layers: int | Sequence[int] | None = None
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """[B, 3, H, W] normalized images -> all output tokens [B, 1 + N, D]; with `layers`
+        (block indices, negative from the end) the list of those blocks' outputs, in
+        increasing block order, from one forward pass (see `encode_layers`)."""
+        emb_BND = self.embed_patches(images_BCHW)
+        if layers is None:
+            return self.encode(emb_BND)
+        return self.encode_layers(emb_BND, resolve_layers(layers, len(self.blocks)))
 
     @staticmethod
     def pool(tokens_BTD: torch.Tensor, how: str = "cls") -> torch.Tensor:
-        """Image representation [B, D]: the [class] token output, or the mean of patch outputs."""
+        """Image representation: the [class] token output [B, D], the mean of patch outputs
+        [B, D], or both concatenated (`cls+gap`, [B, 2D])."""
         if how == "cls":
             return tokens_BTD[:, 0]
         if how == "gap":
             return tokens_BTD[:, 1:].mean(dim=1)
-        raise ValueError(f"unknown pooling '{how}' (use 'cls' or 'gap')")
+        if how == "cls+gap":
+            return torch.cat([tokens_BTD[:, 0], tokens_BTD[:, 1:].mean(dim=1)], dim=-1)
+        raise ValueError(f"unknown pooling '{how}' (use one of {', '.join(POOLS)})")
 
     def forward(self, images_BCHW: torch.Tensor, pool: str = "cls") -> torch.Tensor:
         return self.pool(self.forward_features(images_BCHW), pool)

@@ -76,6 +76,22 @@ def curve_sections(runs: list[Run], groups: dict):
         )
     else:
         s_few.notes.append("No few-shot results in the runs given.")
+    layer_curves = [
+        (
+            r.name if len(origin(r, groups)) > 24 else f"{r.name} ({origin(r, groups)})",
+            r.results["layers"],
+        )
+        for r in runs
+        if r.kind == "fewshot" and r.finished and r.results.get("layers")
+    ]
+    if fig := figures.fewshot_vs_layer(layer_curves):
+        s_few.charts.append(
+            Chart(
+                "fewshot_vs_layer",
+                png_bytes(fig),
+                "Few-shot accuracy of each block's output (few-shot runs with `layers=all`).",
+            )
+        )
 
     s_ft = Section("Fine-tuning")
     if fig := figures.finetune_curves([r for r in runs if r.kind == "finetune"]):

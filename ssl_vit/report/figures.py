@@ -19,6 +19,7 @@ __all__ = [
     "pretrain_curves",
     "fewshot_over_steps",
     "fewshot_vs_shots",
+    "fewshot_vs_layer",
     "finetune_curves",
 ]
 
@@ -68,19 +69,29 @@ def _fewshot_keys(rows: list[dict]) -> list[str]:
     return sorted({k for r in rows for k in r if k.startswith("fewshot/")}, key=_shots_of)
 
 
+KNN_KEY = "knn/top1"  # the k-NN monitor's rows (pipelines/pretrain.py, fewshot.knn_k)
+
+
+def _monitor_keys(rows: list[dict]) -> list[str]:
+    """The few-shot keys by shots, then the k-NN monitor's if logged."""
+    return _fewshot_keys(rows) + ([KNN_KEY] if any(KNN_KEY in r for r in rows) else [])
+
+
 def fewshot_over_steps(runs: list[Run]) -> Figure | None:
-    """Few-shot accuracy logged during pretraining vs step: one panel per shot count, one line
-    per run."""
-    runs = [r for r in runs if _fewshot_keys(r.rows)]
+    """Few-shot accuracy (and k-NN top-1, when logged) during pretraining vs step: one panel
+    per shot count, one line per run."""
+    runs = [r for r in runs if _monitor_keys(r.rows)]
     if not runs:
         return None
     keys = sorted({k for r in runs for k in _fewshot_keys(r.rows)}, key=_shots_of)
+    keys += [KNN_KEY] if any(KNN_KEY in _monitor_keys(r.rows) for r in runs) else []
     fig, axes = new_figure(3.2 * len(keys), 3.2, ncols=len(keys), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
         for i, run in enumerate(runs):
             steps, acc = _series(run.rows, key)
             ax.plot(steps, [100 * a for a in acc], "o-", color=f"C{i}", label=run.name)
-        ax.set(xlabel="pretraining step", ylabel="accuracy (%)", title=key.split("/", 1)[1])
+        title = "k-NN top-1" if key == KNN_KEY else key.split("/", 1)[1]
+        ax.set(xlabel="pretraining step", ylabel="accuracy (%)", title=title)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     return fig
@@ -149,3 +160,43 @@ def finetune_curves(runs: list[Run]) -> Figure | None:
     for ax in (ax_loss, ax_top1):
         ax.grid(alpha=0.3)
     return fig
+
+
+def fewshot_vs_layer(curves: list[tuple[str, dict[str, Any]]]) -> Figure | None:
+    """Few-shot accuracy vs block, one panel per shot count: per (label, `layers` table of a
+    few-shot result) a line per pooling (solid cls+gap, dashed gap, dotted cls) and the
+    last blocks' concatenation as a star right of the last block."""
+    curves = [(label, t) for label, t in curves if t and t.get("readouts")]
+    if not curves:
+        return None
+    shots = sorted({int(k) for _, t in curves for r in t["readouts"].values() for k in r["shots"]})
+    depth = max(t["depth"] for _, t in curves)
+    fig, axes = new_figure(3.6 * len(shots), 4.4, ncols=len(shots), squeeze=False)
+    styles = {"cls+gap": "-", "gap": "--", "cls": ":"}
+    for ax, k in zip(axes[0], shots, strict=True):
+        for i, (label, table) in enumerate(curves):
+            for pool, ls in styles.items():
+                pts = sorted(
+                    (r["layers"][0], 100 * _shot(r, k)["mean"])
+                    for r in table["readouts"].values()
+                    if r["pool"] == pool and len(r["layers"]) == 1 and _shot(r, k)
+                )
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), ls=ls, marker="o", ms=3, color=f"C{i}",
+                            label=f"{label}, {pool}")  # fmt: skip
+            for name, r in table["readouts"].items():
+                if len(r["layers"]) > 1 and r["pool"] == "cls+gap" and _shot(r, k):
+                    ax.plot(depth, 100 * _shot(r, k)["mean"], "*", ms=10, color=f"C{i}")
+                    ax.annotate(name.split("/")[0], (depth, 100 * _shot(r, k)["mean"]), fontsize=7)
+        ax.set_xticks(range(depth + 1), [str(b) for b in range(depth)] + ["cat"])
+        ax.set(xlabel="block", ylabel="test accuracy (%)", title=f"{k}-shot")
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=8)
+    fig.suptitle("Few-shot accuracy vs layer (star: last blocks concatenated, cls+gap)")
+    return fig
+
+
+def _shot(readout: dict[str, Any], k: int) -> dict[str, Any] | None:
+    """A readout's entry for `k` shots (int keys in memory, str keys read back from JSON)."""
+    return readout["shots"].get(k) or readout["shots"].get(str(k))

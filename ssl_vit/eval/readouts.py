@@ -1,0 +1,204 @@
+"""Frozen readouts below the last block: which block's output, pooled how, makes the best
+few-shot features (masked-image models often carry their best linear features below the
+last block).
+
+A readout is a set of blocks and a pooling: `block3/gap` (block 3's mean-pooled patch
+outputs), `block3/cls` ([class] token), `block3/cls+gap` (both), `last2/gap` (the last two
+blocks' mean-pooled outputs concatenated). Features are extracted once per image for every
+block asked for (`ViT.forward_features(x, layers=...)`, one pass), and every readout is
+assembled from them.
+
+Shape legend: B batch, M images, D width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from ssl_vit.eval.fewshot import fewshot_sweep
+from ssl_vit.model.pixels import normalize_pixels
+from ssl_vit.model.vit import POOLS, ViT, resolve_layers
+
+__all__ = [
+    "LayerFeatures",
+    "Readout",
+    "best_readout",
+    "extract_layer_features",
+    "format_layer_table",
+    "frozen_forward",
+    "layer_sweep",
+    "parse_layers",
+    "plan_readouts",
+]
+
+T = TypeVar("T")
+# {block index: {"cls": [M, D], "gap": [M, D]}}, float32 on CPU.
+LayerFeatures = dict[int, dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Readout:
+    """Blocks (indices in [0, depth), concatenated in this order) and a pooling of `POOLS`."""
+
+    name: str
+    layers: tuple[int, ...]
+    pool: str
+
+    def features(self, store: LayerFeatures) -> torch.Tensor:
+        """[M, len(layers) x D (x 2 for cls+gap)] from extracted features."""
+        parts = [
+            store[i][self.pool]
+            if self.pool in store[i]
+            else torch.cat([store[i]["cls"], store[i]["gap"]], dim=1)
+            for i in self.layers
+        ]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def parse_layers(spec: str | int | Sequence[int], depth: int) -> list[int]:
+    """`last`, `all`, a block index or a list of them (negative from the end) -> sorted
+    block indices in [0, depth)."""
+    if spec == "last":
+        return [depth - 1]
+    if spec == "all":
+        return list(range(depth))
+    if isinstance(spec, str):
+        raise ValueError(f"layers: expected 'last', 'all' or block indices, got {spec!r}")
+    return resolve_layers(spec, depth)
+
+
+def plan_readouts(
+    layers: Sequence[int], depth: int, pools: Sequence[str] = POOLS, concat_last: int = 0
+) -> list[Readout]:
+    """Every (block, pool) of `layers` x `pools`, then for `concat_last` = N > 1 the
+    concatenation of the last N blocks under each pool."""
+    unknown = [p for p in pools if p not in POOLS]
+    if unknown:
+        raise ValueError(f"unknown pooling {unknown} (use {', '.join(POOLS)})")
+    if not 0 <= concat_last <= depth:
+        raise ValueError(f"concat_last: must be in [0, {depth}], got {concat_last}")
+    out = [Readout(f"block{i}/{p}", (i,), p) for i in layers for p in pools]
+    if concat_last > 1:
+        last = tuple(range(depth - concat_last, depth))
+        out += [Readout(f"last{concat_last}/{p}", last, p) for p in pools]
+    return out
+
+
+@torch.no_grad()
+def frozen_forward(
+    encoder: ViT,
+    images: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    mean: tuple[float, float, float],
+    std: tuple[float, float, float],
+    device: torch.device | str,
+    forward: Callable[[torch.Tensor], T],
+) -> Iterator[tuple[T, torch.Tensor]]:
+    """(uint8 images [B, 3, S, S], labels [B]) batches -> (forward(normalized images), labels)
+    per batch: the encoder in eval mode (its mode restored after), bf16 autocast on a GPU."""
+    was_training = encoder.training
+    encoder.eval()
+    dev = torch.device(device)
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
+    try:
+        for x_u8, y in images:
+            x = normalize_pixels(x_u8.to(dev, non_blocking=True), mean, std)
+            with autocast:
+                out = forward(x)
+            yield out, y
+    finally:
+        encoder.train(was_training)
+
+
+def extract_layer_features(
+    encoder: ViT,
+    images: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    mean: tuple[float, float, float],
+    std: tuple[float, float, float],
+    layers: Sequence[int],
+    device: torch.device | str = "cpu",
+) -> tuple[LayerFeatures, torch.Tensor]:
+    """(uint8 images [B, 3, S, S], labels [B]) batches -> ({block: {"cls", "gap"}}, labels
+    [M]): one forward pass per batch for all `layers` (sorted), pooled on the device."""
+    parts: dict[int, dict[str, list[torch.Tensor]]] = {i: {"cls": [], "gap": []} for i in layers}
+    labels = []
+
+    def pooled(x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        outs = encoder.forward_features(x, layers=list(layers))
+        return [{p: ViT.pool(t, p).float().cpu() for p in ("cls", "gap")} for t in outs]
+
+    for outs, y in frozen_forward(encoder, images, mean, std, device, pooled):
+        for i, by_pool in zip(layers, outs, strict=True):
+            for p, x in by_pool.items():
+                parts[i][p].append(x)
+        labels.append(y)
+    if not labels:
+        raise ValueError("no images to extract features from")
+    feats = {i: {p: torch.cat(v) for p, v in by_pool.items()} for i, by_pool in parts.items()}
+    return feats, torch.cat(labels)
+
+
+def layer_sweep(
+    readouts: Sequence[Readout],
+    train: tuple[LayerFeatures, torch.Tensor],
+    test: tuple[LayerFeatures, torch.Tensor],
+    **sweep: Any,
+) -> dict[str, Any]:
+    """`fewshot_sweep` (same subsets, `sweep` its keyword arguments) for every readout:
+    {"readouts": {name: {"layers": [...], "pool": str, "dim": D, "shots": {k: {"mean", "std",
+    "per_seed"}}}}, "best": best_readout(...)}, at the first l2_reg."""
+    table = {}
+    for r in readouts:
+        res = fewshot_sweep(r.features(train[0]), train[1], r.features(test[0]), test[1], **sweep)
+        shots = {
+            k: {key: v for key, v in next(iter(e["l2_reg"].values())).items()}
+            for k, e in res["shots"].items()
+        }
+        dim = r.features(test[0]).shape[1]
+        table[r.name] = {"layers": list(r.layers), "pool": r.pool, "dim": dim, "shots": shots}
+    return {"readouts": table, "best": best_readout(table)}
+
+
+def best_readout(table: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The readout with the highest accuracy averaged over shots, and the best one per shot:
+    {"readout": name, "mean_over_shots": float, "per_shot": {k: {"readout", "mean"}}}."""
+
+    def avg(name: str) -> float:
+        return float(np.mean([s["mean"] for s in table[name]["shots"].values()]))
+
+    best = max(table, key=avg)
+    shots = sorted({k for r in table.values() for k in r["shots"]}, key=int)
+    per_shot = {}
+    for k in shots:
+        having = [n for n in table if k in table[n]["shots"]]
+        name = max(having, key=lambda n: table[n]["shots"][k]["mean"])
+        per_shot[k] = {"readout": name, "mean": table[name]["shots"][k]["mean"]}
+    return {"readout": best, "mean_over_shots": avg(best), "per_shot": per_shot}
+
+
+def format_layer_table(layers: dict[str, Any]) -> str:
+    """`layer_sweep`'s result as a text table (readout x shots, mean +- std in %) and the
+    winning readout, for a command line."""
+    table, best = layers["readouts"], layers["best"]
+    shots = sorted({k for r in table.values() for k in r["shots"]}, key=int)
+    width = max(len(n) for n in table)
+    lines = [f"{'readout':<{width}} " + " ".join(f"{f'{k}-shot':>14}" for k in shots)]
+    for name, r in table.items():
+        cells = [r["shots"].get(k) for k in shots]
+        lines.append(
+            f"{name:<{width}} "
+            + " ".join(
+                f"{100 * c['mean']:>6.2f} +- {100 * c['std']:4.2f}" if c else f"{'-':>14}"
+                for c in cells
+            )
+        )
+    per_shot = ", ".join(f"{k}-shot: {v['readout']}" for k, v in best["per_shot"].items())
+    lines.append(
+        f"best readout: {best['readout']} ({100 * best['mean_over_shots']:.2f}% averaged over "
+        f"shots; per shot: {per_shot})"
+    )
+    return "\n".join(lines)
