@@ -2,7 +2,7 @@
 process group) returns control only once the checkpoint is complete and every training
 process has exited; --resume continues from that checkpoint.
 
-The model is large enough (width 512, depth 6: ~0.3 GB of checkpoint) that writing the
+The model is large enough (width 640, depth 8: ~0.6 GB of checkpoint) that writing the
 checkpoint takes seconds, so a launcher that returns early is caught."""
 
 import json
@@ -19,7 +19,7 @@ from test_pipelines import ROOT, pretrain_args
 from ssl_vit.train.checkpoint import checkpoint_dirs, latest_valid_checkpoint, verify_checkpoint
 
 BIG = [
-    *("model.width=512", "model.depth=6", "model.heads=8", "train.batch_size=4"),
+    *("model.width=640", "model.depth=8", "model.heads=8", "train.batch_size=4"),
     *("train.steps=100000", "train.log_every=1", "train.checkpoint_every=0"),
     "data.num_workers=1",
 ]
