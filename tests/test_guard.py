@@ -11,19 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+from test_distributed import LAUNCH
 from test_pipelines import ROOT, pretrain_args
 
 from ssl_vit.train.checkpoint import latest_valid_checkpoint
 
 BOUND_S = 60  # the bound for a dead loader worker; every fault here must meet it
-LAUNCH_2 = [
-    sys.executable,
-    "-m",
-    "accelerate.commands.launch",
-    "--multi_gpu",
-    "--num_processes",
-    "2",
-]
 
 
 def _launch(argv: list[str], out: Path, env: dict | None = None) -> subprocess.Popen:
@@ -142,8 +135,8 @@ def test_failing_rank_ends_every_rank(synthetic_shards, tmp_path):
     out = tmp_path / "run"
     (out / "keys_rank1.txt").mkdir(parents=True)  # rank 1 fails at its first batch, rank 0 not
     argv = [
-        *LAUNCH_2,
-        *("--main_process_port", str(_free_port()), "--mixed_precision", "no"),
+        *LAUNCH,  # the venv's `accelerate launch`, 2 processes, no mixed precision
+        *("--main_process_port", str(_free_port())),
         str(ROOT / "pipelines/pretrain.py"),
         *pretrain_args(synthetic_shards, out, "train.steps=1000", "data.record_keys=true"),
     ]

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_guard import LAUNCH_2, _alive, _free_port, _launch, _log, _wait_until
+from test_distributed import LAUNCH
+from test_guard import _alive, _free_port, _launch, _log, _wait_until
 from test_pipelines import ROOT, pretrain_args
 
 from ssl_vit.train.checkpoint import checkpoint_dirs, latest_valid_checkpoint, verify_checkpoint
@@ -27,8 +28,8 @@ BIG = [
 
 def _accelerate(port: int, script: str = "pipelines/pretrain.py") -> list[str]:
     return [
-        *LAUNCH_2,
-        *("--main_process_port", str(port), "--mixed_precision", "no", str(ROOT / script)),
+        *LAUNCH,  # the venv's `accelerate launch`, 2 processes, no mixed precision
+        *("--main_process_port", str(port), str(ROOT / script)),
     ]
 
 
