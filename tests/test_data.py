@@ -391,6 +391,29 @@ def test_synthetic_is_deterministic():
     assert (images.flatten(1).std(1) > 15).all()
 
 
+def test_synthetic_shape_colour_is_the_class_hue(monkeypatch):
+    """Each class has a typical colour: the shape's mean colour (its pixels, read through the
+    mask render_shape drew) has hue label/10 within HUE_JITTER, over 10 classes x 20 draws; and
+    the jitter is used (the hues spread), so neighbouring classes overlap in colour."""
+    import colorsys
+
+    from ssl_vit.data import synthetic as syn
+
+    masks = []
+    real_mask = syn._shape_mask
+    monkeypatch.setattr(syn, "_shape_mask", lambda *a: masks.append(real_mask(*a)) or masks[-1])
+    offsets = []
+    for label in range(10):
+        for seed in range(20):
+            img = syn.render_shape(label, 32, np.random.default_rng([7, label, seed]))
+            rgb = img[masks[-1]].astype(np.float64).mean(0) / 255
+            hue = colorsys.rgb_to_hsv(*rgb)[0]
+            offsets.append((hue - label / 10 + 0.5) % 1.0 - 0.5)  # signed, on the circle
+    offsets = np.array(offsets)
+    assert np.abs(offsets).max() <= syn.HUE_JITTER + 0.02  # noise sigma 4 moves the mean little
+    assert np.abs(offsets).max() > 0.8 * syn.HUE_JITTER and offsets.std() > 0.04
+
+
 # --------------------------------------------------------------------------------------------
 # CLI
 

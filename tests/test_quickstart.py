@@ -53,3 +53,41 @@ def test_quickstart_flow_at_a_tiny_budget(synthetic_shards, tmp_path, monkeypatc
     assert "| random init |" in out and "| mean_color_50 |" in out and "2-shot (%)" in out
     ((runs, report_dir),) = reports
     assert report_dir == tmp_path / "qs" and len(runs) == 5
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# Stands in for .venv/bin/python: logs pip installs, finds the package, prints a torch version.
+case "$*" in
+    "-m pip"*) echo pip >> "$(dirname "$0")/../calls" ;;
+    *"import torch"*) echo "torch 0.0" ;;
+esac
+"""
+
+
+def test_setup_installs_only_when_the_pins_change(tmp_path):
+    """scripts/setup.sh (the first step of both quick-start commands) runs pip when the venv has
+    no stamp of the current constraints + pyproject.toml, and only then."""
+    import shutil
+    import subprocess
+
+    (tmp_path / "scripts").mkdir()
+    for f in ("scripts/setup.sh", "scripts/constraints.txt", "pyproject.toml"):
+        shutil.copy(ROOT / f, tmp_path / f)
+    python = tmp_path / ".venv/bin/python"
+    python.parent.mkdir(parents=True)
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    calls = tmp_path / ".venv/calls"
+
+    def setup() -> int:
+        subprocess.run(["bash", "scripts/setup.sh"], cwd=tmp_path, check=True, timeout=60)
+        return len(calls.read_text().split()) if calls.exists() else 0
+
+    assert setup() == 1  # no stamp: install
+    assert setup() == 1  # same pins: nothing to do
+    with open(tmp_path / "pyproject.toml", "a") as f:
+        f.write("\n# a changed dependency\n")
+    assert setup() == 2
+    assert setup() == 2
+    (tmp_path / ".venv/.ssl-vit-setup").unlink()
+    assert setup() == 3

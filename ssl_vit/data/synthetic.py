@@ -2,14 +2,20 @@
 
 The project's embedded default (quick start, tests, smoke configs): no download, deterministic
 given (n, seed), and sample i does not depend on n. Each image is one shape of one of ten
-classes in a random flat colour on a random linear-gradient background, at a random position
-and size, with mild Gaussian noise. Masked mean-colour prediction has something to learn (the
-colour of a masked patch follows from the shape's extent and colour in the visible patches),
-and the class is visible in the shape alone, so few-shot accuracy rises above 10% chance.
+classes on a random linear-gradient background, at a random position and size, with mild
+Gaussian noise. As objects in natural images do, each class has a typical colour: the shape's
+hue is the class's own (one tenth of the colour wheel apart) give or take `HUE_JITTER`, so
+neighbouring classes overlap in colour and the shape still decides. The background is random,
+so the class colour must be told apart from it: masked mean-colour prediction learns exactly
+that (the colour of a masked patch follows from the shape's extent and colour in the visible
+patches), and its frozen features beat a random encoder's in few-shot evaluation. With fully
+random shape colours (the first version) colour was pure nuisance and pretraining on the
+quick-start budget made fine-tuning worse (22.6% against 38.6% from scratch).
 """
 
 from __future__ import annotations
 
+import colorsys
 import io
 import os
 from collections.abc import Iterator
@@ -21,7 +27,13 @@ from PIL import Image
 from ssl_vit.data.shards import ShardWriter
 from ssl_vit.progress import progress_iter
 
-__all__ = ["SYNTHETIC_LABELS", "make_synthetic_shards", "render_shape", "synthetic_shapes"]
+__all__ = [
+    "HUE_JITTER",
+    "SYNTHETIC_LABELS",
+    "make_synthetic_shards",
+    "render_shape",
+    "synthetic_shapes",
+]
 
 SYNTHETIC_LABELS = [
     "disc",
@@ -35,6 +47,8 @@ SYNTHETIC_LABELS = [
     "v_stripes",
     "checker",
 ]
+# A shape's hue is label / 10 plus a uniform draw in [-HUE_JITTER, HUE_JITTER] (hue in [0, 1)).
+HUE_JITTER = 0.1
 
 
 def _shape_mask(label: int, dx: np.ndarray, dy: np.ndarray, r: float) -> np.ndarray:
@@ -65,15 +79,17 @@ def render_shape(label: int, image_size: int, rng: np.random.Generator) -> np.nd
     """One uint8 [S,S,3] image of class `label`, all randomness drawn from `rng`."""
     S = image_size
     yy, xx = np.mgrid[0:S, 0:S].astype(np.float32) + 0.5
-    # Background: a linear gradient between two colours along a random direction.
+    # Foreground: the class's typical hue (jittered), random saturation and brightness.
+    hue = (label / len(SYNTHETIC_LABELS) + rng.uniform(-HUE_JITTER, HUE_JITTER)) % 1.0
+    fg = 255 * np.array(colorsys.hsv_to_rgb(hue, rng.uniform(0.5, 1), rng.uniform(0.5, 1)))
+    # Background: a linear gradient between two random colours along a random direction, its
+    # mean far enough from the shape's colour for the shape to be visible.
     c0, c1 = rng.uniform(0, 255, size=(2, 3))
+    while np.linalg.norm(fg - (c0 + c1) / 2) < 100:
+        c0, c1 = rng.uniform(0, 255, size=(2, 3))
     theta = rng.uniform(0, 2 * np.pi)
     t = ((xx - S / 2) * np.cos(theta) + (yy - S / 2) * np.sin(theta)) / S + 0.5
     img = c0 + np.clip(t, 0, 1)[..., None] * (c1 - c0)
-    # Foreground: a flat colour far enough from the background mean to be visible.
-    fg = rng.uniform(0, 255, size=3)
-    while np.linalg.norm(fg - (c0 + c1) / 2) < 100:
-        fg = rng.uniform(0, 255, size=3)
     r = rng.uniform(0.22, 0.4) * S
     cx, cy = rng.uniform(r, S - r, size=2)
     mask = _shape_mask(label, xx - cx, yy - cy, r)
