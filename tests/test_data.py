@@ -209,8 +209,12 @@ def test_stream_skips_bad_samples(tmp_path, num_workers):
 
 
 def test_truncated_and_broken_shards(tmp_path, synthetic_shards):
-    data = (synthetic_shards / "shard-000000.tar").read_bytes()
-    (tmp_path / "cut.tar").write_bytes(data[: len(data) // 2 + 700])  # cut inside a member
+    shard = synthetic_shards / "shard-000000.tar"
+    with tarfile.open(shard) as tar:  # cut in the middle of an image near the shard's middle
+        images = [m for m in tar.getmembers() if m.name.endswith(".png")]
+    image = images[len(images) // 2]
+    cut = image.offset_data + image.size // 2
+    (tmp_path / "cut.tar").write_bytes(shard.read_bytes()[:cut])
     (tmp_path / "junk.tar").write_bytes(b"this is not a tar file" * 100)
     spec = f"{tmp_path / 'cut.tar'}::{tmp_path / 'junk.tar'}"
     batches = list(eval_loader(spec, 8, 32, num_workers=0))

@@ -108,8 +108,10 @@ class _ShardStream(_PassStream):
         urls, filters, owner = _split_for_eval(
             self.urls, self.rank, self.world_size, worker, num_workers
         )
-        shards = iter([{"url": url} for url in urls])
-        raw = wds.tarfile_samples(shards, handler=ShardErrorHandler(stats, owner))
+        raw = itertools.chain.from_iterable(
+            wds.tarfile_samples(iter([{"url": url}]), handler=ShardErrorHandler(stats, owner))
+            for url in urls
+        )
         for offset, step in filters:
             raw = itertools.islice(raw, offset, None, step)
         return (to_sample(s, self.require_labels) for s in raw)

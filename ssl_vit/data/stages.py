@@ -109,13 +109,17 @@ def _seeded(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, seed: i
 
 
 class ShardErrorHandler:
-    """WebDataset exception handler: count and log tar-level errors, then go on."""
+    """WebDataset exception handler for one shard: count and log its first tar-level error,
+    then go on. One per shard, because WebDataset reports a truncated tar twice (the member
+    read fails, then the next header read) and the shard must count once."""
 
     def __init__(self, stats: Stats, count: bool) -> None:
         self.stats, self.count = stats, count  # count=False: another unit reports this shard
+        self.failed = False
 
     def __call__(self, exn: Exception) -> bool:
-        if self.count:
+        if self.count and not self.failed:
+            self.failed = True
             self.stats.skipped_shards += 1
             self.stats.total_shard_errors += 1
             if rate_limited(self.stats.total_shard_errors):
