@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import webdataset as wds
 from torch.utils.data import DataLoader, get_worker_info
 
 from ssl_vit.data.images import eval_transform
@@ -20,12 +19,12 @@ from ssl_vit.data.sources import open_source
 from ssl_vit.data.stages import (
     Batch,
     Sample,
-    ShardErrorHandler,
     Stats,
     StreamDataset,
     collate,
     decode_stage,
     make_loader,
+    shard_samples,
     to_sample,
 )
 
@@ -108,10 +107,7 @@ class _ShardStream(_PassStream):
         urls, filters, owner = _split_for_eval(
             self.urls, self.rank, self.world_size, worker, num_workers
         )
-        raw = itertools.chain.from_iterable(
-            wds.tarfile_samples(iter([{"url": url}]), handler=ShardErrorHandler(stats, owner))
-            for url in urls
-        )
+        raw = itertools.chain.from_iterable(shard_samples(url, stats, owner) for url in urls)
         for offset, step in filters:
             raw = itertools.islice(raw, offset, None, step)
         return (to_sample(s, self.require_labels) for s in raw)

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset
 
 from ssl_vit.data.images import decode_image
@@ -36,6 +37,7 @@ __all__ = [
     "make_loader",
     "rate_limited",
     "seed_of",
+    "shard_samples",
     "to_sample",
 ]
 
@@ -125,6 +127,12 @@ class ShardErrorHandler:
             if rate_limited(self.stats.total_shard_errors):
                 log.warning("skipping (rest of) shard after %s: %s", type(exn).__name__, exn.args)
         return True
+
+
+def shard_samples(url: str, stats: Stats, count: bool) -> Iterator[dict[str, Any]]:
+    """The raw WebDataset samples of one tar shard, with a handler of its own so that its read
+    errors count once (count=False: another unit reports this shard)."""
+    return wds.tarfile_samples(iter([{"url": url}]), handler=ShardErrorHandler(stats, count))
 
 
 def to_sample(sample: dict[str, Any], require_label: bool) -> Sample:

@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import webdataset as wds
 from torch.utils.data import DataLoader, get_worker_info
 
 from ssl_vit.config.schema import FinetuneDataConfig, PretrainDataConfig
@@ -46,13 +45,13 @@ from ssl_vit.data.sources import open_source
 from ssl_vit.data.stages import (
     Batch,
     Sample,
-    ShardErrorHandler,
     Stats,
     StreamDataset,
     collate,
     decode_stage,
     make_loader,
     seed_of,
+    shard_samples,
     to_sample,
 )
 
@@ -155,9 +154,7 @@ class _ShardTrainStream(_ResumableStream):
                 j = unit % n
                 url, keep, of = self.urls[perm[j]], unit // n, len(range(j, units, n))
         # A shard shared by several units reports its errors once (from the unit keeping 0).
-        handler = ShardErrorHandler(stats, count=keep == 0)
-        raw = wds.tarfile_samples(iter([{"url": url}]), handler=handler)
-        for i, sample in enumerate(raw):
+        for i, sample in enumerate(shard_samples(url, stats, count=keep == 0)):
             if i % of == keep:
                 yield to_sample(sample, self.require_labels)
 
