@@ -23,6 +23,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from ssl_vit.config import ConfigError, FinetuneConfig, load_config, to_dict
 from ssl_vit.data import eval_loader, train_loader
+from ssl_vit.data.device_augment import build_device_augment, load_size
 from ssl_vit.model import Classifier, build_vit, normalize_pixels
 from ssl_vit.train import preflight
 from ssl_vit.train.checkpoint import rng_state, save_classifier
@@ -117,6 +118,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     start = resume(run, args.resume, model, optimizer)
     start_step, counters = start.step, start.counters
+    # data.augment=device: crop + flip on the device, from a generator of its own (None: workers)
+    augment = build_device_augment(
+        cfg.data, cfg.model.image_size, acc.device, cfg.seed, acc.process_index
+    )
+    if augment is not None:
+        augment.load_state_dict(start.augment)
     if start.state and ema is not None:
         ema.load_state_dict(start.state["ema"])
     metrics = MetricsWriter(
@@ -134,6 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
         rank=acc.process_index,
         world_size=acc.num_processes,
         resume=start.stream,  # exactly where the consumed batches ended
+        load_size=load_size(cfg.data.load_size, cfg.model.image_size) if augment else None,
     )
     watch = Stopwatch()
     batches = Batches(loader, start, acc.num_processes, watch)
@@ -150,7 +158,11 @@ def main(argv: list[str] | None = None) -> dict:
             "config": to_dict(cfg),
             "label_names": label_names,
         },
-        rng=lambda: {**rng_state(), "stream": batches.tracker.state_dict()},
+        rng=lambda: {
+            **rng_state(),
+            "stream": batches.tracker.state_dict(),
+            "augment": augment.state_dict() if augment else None,
+        },
     )
 
     log.info(
@@ -174,6 +186,8 @@ def main(argv: list[str] | None = None) -> dict:
             for _ in range(tc.grad_accum):
                 batch = batches.next()
                 x = batch.images.to(acc.device, non_blocking=True)
+                if augment is not None:
+                    x = augment(x)
                 x = normalize_pixels(x, cfg.data.mean, cfg.data.std)
                 y = batch.labels.to(acc.device, non_blocking=True)
                 with acc.accumulate(model):

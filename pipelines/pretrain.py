@@ -19,6 +19,7 @@ import torch
 
 from ssl_vit.config import PretrainConfig, load_config, to_dict
 from ssl_vit.data import pretrain_loader
+from ssl_vit.data.device_augment import build_device_augment, load_size
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.model import build_vit
 from ssl_vit.objectives import NUM_COLOR_CLASSES, MaskedPatchPrediction
@@ -80,10 +81,16 @@ def main(argv: list[str] | None = None) -> dict:
     optimizer = build_adam(model, tc)
     # The corruption draws come from their own generator, on the device, saved with the RNGs.
     gen = torch.Generator(acc.device).manual_seed(cfg.seed * 7919 + acc.process_index)
+    # data.augment=device: crop + flip on the device, from a generator of its own (None: workers)
+    augment = build_device_augment(
+        cfg.data, cfg.model.image_size, acc.device, cfg.seed, acc.process_index
+    )
 
     # --- Resume --------------------------------------------------------------------------
     start = resume(run, args.resume, model, optimizer, gen)
     start_step, counters = start.step, start.counters
+    if augment is not None:
+        augment.load_state_dict(start.augment)
     target_hist = torch.zeros(NUM_COLOR_CLASSES, dtype=torch.long, device=acc.device)
     if start.state and acc.is_main_process:  # the saved histogram is already summed over ranks
         target_hist = start.state["target_hist"].to(acc.device)
@@ -106,6 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
         world_size=acc.num_processes,
         resume=start.stream,  # exactly where the consumed batches ended
         urls=urls,
+        load_size=load_size(cfg.data.load_size, cfg.model.image_size) if augment else None,
     )
     keys_file = run.run_dir / f"keys_rank{acc.process_index}.txt" if cfg.data.record_keys else None
     watch = Stopwatch()
@@ -127,7 +135,11 @@ def main(argv: list[str] | None = None) -> dict:
         encoder,
         to_dict(cfg.model),
         state=training_state,
-        rng=lambda: {**rng_state(gen), "stream": batches.tracker.state_dict()},
+        rng=lambda: {
+            **rng_state(gen),
+            "stream": batches.tracker.state_dict(),
+            "augment": augment.state_dict() if augment else None,
+        },
     )
 
     # --- Loop ----------------------------------------------------------------------------
@@ -154,6 +166,8 @@ def main(argv: list[str] | None = None) -> dict:
             applied = True
             for _ in range(tc.grad_accum):
                 images = batches.next().images.to(acc.device, non_blocking=True)
+                if augment is not None:  # uint8 in and out: the colour targets stay exact
+                    images = augment(images)
                 with acc.accumulate(model):
                     out = model(images, gen)  # autocast (mixed precision) comes from prepare()
                     acc.backward(out.loss)

@@ -7,6 +7,7 @@ holds the fully resolved values.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,6 +30,32 @@ __all__ = [
 ]
 
 MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
+# Where random-resized-crop + flip run: `device` (one batched op on the accelerator, the workers
+# only decode and resize to a square `load_size`), `workers` (per sample in the DataLoader
+# workers), `auto` (device on CUDA, workers elsewhere: the CPU quick start keeps its results).
+Augment = Literal["auto", "device", "workers"]
+MAX_AUTO_WORKERS = 8
+
+
+def auto_num_workers(requested: int) -> int:
+    """`data.num_workers`; -1 (auto) -> min(8, usable CPUs // processes on this node).
+
+    Each process of a node starts its own workers; LOCAL_WORLD_SIZE (set by accelerate launch
+    and torchrun) says how many share the node's CPUs."""
+    if requested >= 0:
+        return requested
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    local = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), 1)
+    return max(min(MAX_AUTO_WORKERS, (cpus or 1) // local), 1)
+
+
+def check_data_loading(num_workers: int, load_size: int) -> int:
+    """The resolved worker count, after checking the loading keys shared by the data configs."""
+    if num_workers < -1:
+        raise ConfigError(f"data.num_workers: must be >= 0 or -1 (auto), got {num_workers}")
+    if load_size < 0:
+        raise ConfigError(f"data.load_size: must be >= 0 (0: auto), got {load_size}")
+    return auto_num_workers(num_workers)
 
 
 def check_knn(k: int, num_train: int, temperature: float, prefix: str = "") -> None:
@@ -113,19 +140,22 @@ class ObjectiveConfig:
 @dataclass
 class PretrainDataConfig:
     train_shards: str = ""  # shard directory, index JSON or brace pattern
-    num_workers: int = 2
+    num_workers: int = -1  # -1: auto, min(8, CPUs // processes per node), resolved at load
     shuffle_buffer: int = 2000  # samples shuffled together in memory (a block of one shard)
     resampled: bool = False  # draw shards with replacement instead of epochs
     record_keys: bool = False  # append each rank's consumed sample keys to keys_rank{R}.txt
     crop_scale: tuple[float, float] = (0.08, 1.0)
     hflip: bool = True
+    augment: Augment = "auto"
+    # augment=device: the workers' square size (shorter side resized, centre crop); 0: auto
+    # (model.image_size up to 64 px, 8/7 of it above; ssl_vit.data.device_augment.load_size).
+    load_size: int = 0
     # Normalization applied on the device after the colour targets are taken from [0, 1] pixels.
     mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     std: tuple[float, float, float] = (0.5, 0.5, 0.5)
 
     def validate(self) -> None:
-        if self.num_workers < 0:
-            raise ConfigError("data.num_workers: must be >= 0")
+        self.num_workers = check_data_loading(self.num_workers, self.load_size)
 
 
 def check_log_with(log_with: list[str], tensorboard: bool, prefix: str) -> list[str]:
@@ -232,14 +262,19 @@ class PretrainConfig:
 class FinetuneDataConfig:
     train: str = ""
     eval: str = ""
-    num_workers: int = 2
+    num_workers: int = -1  # -1: auto, as PretrainDataConfig
     shuffle_buffer: int = 1000  # shards: samples shuffled together in memory
     resampled: bool = False  # shards: draw with replacement instead of epochs
     crop_scale: tuple[float, float] = (0.08, 1.0)
     hflip: bool = True
+    augment: Augment = "auto"  # as PretrainDataConfig
+    load_size: int = 0
     mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     std: tuple[float, float, float] = (0.5, 0.5, 0.5)
     max_eval: int = 0  # evaluate on the first N images only (0: the whole split)
+
+    def validate(self) -> None:
+        self.num_workers = check_data_loading(self.num_workers, self.load_size)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from torchvision.transforms.v2 import functional as TF
 __all__ = [
     "RandomResizedCropFlip",
     "decode_image",
+    "SquareLoad",
     "eval_transform",
     "torchvision_train_transform",
     "train_transform",
@@ -112,3 +113,21 @@ def torchvision_train_transform(
 def eval_transform(image_size: int) -> v2.Transform:
     """uint8 [3,H,W] -> uint8 [3,S,S]: resize the shorter side to S, then center crop."""
     return v2.Compose([v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size)])
+
+
+class SquareLoad:
+    """uint8 [3,H,W] -> uint8 [3,L,L]: the shorter side resized to L (antialiased), then the
+    central L x L; an image already L x L is returned as is (bit-identical).
+
+    The workers' only transform under `data.augment=device`, which needs equal-sized images to
+    batch. The aspect ratio is kept (no squashing); a non-square image loses the ends of its
+    longer side, as a centre crop does at evaluation."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        if tuple(image.shape[-2:]) != (self.size, self.size):
+            image = TF.resize_image(image, [self.size], antialias=True)
+            image = TF.center_crop_image(image, [self.size, self.size])
+        return image

@@ -28,6 +28,7 @@ batch order continues as if never interrupted.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import random
@@ -38,8 +39,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader, get_worker_info
 
-from ssl_vit.config.schema import FinetuneDataConfig, PretrainDataConfig
-from ssl_vit.data.images import train_transform
+from ssl_vit.config.schema import FinetuneDataConfig, PretrainDataConfig, auto_num_workers
+from ssl_vit.data.images import SquareLoad, train_transform
 from ssl_vit.data.shards import is_shard_spec, read_index, resolve_shards
 from ssl_vit.data.sources import open_source
 from ssl_vit.data.stages import (
@@ -77,6 +78,7 @@ class _ResumableStream(StreamDataset):
     shuffle_buffer: int = 0
     start: dict[int, tuple[int, int]] = field(default_factory=dict)  # role -> position
     role_offset: int = 0  # worker i plays role (role_offset + i) % num_workers
+    seeded: bool = True  # False: a deterministic transform, no per-sample RNG seeding
 
     def _visit(self, unit: int, units: int, v: int, stats: Stats) -> Iterator[Sample]:
         """The samples of visit `v` in stored order (shuffling happens in `_positions`)."""
@@ -118,6 +120,8 @@ class _ResumableStream(StreamDataset):
         stats = Stats()
         v, skip = self.start.get(role, (0, 0))
         samples = self._positions(unit, units, v, skip, stats)
+        if not self.seeded:
+            samples = ((s, None, position) for s, _, position in samples)
         items = decode_stage(samples, self.transform, stats, self.max_consecutive_failures)
         # Each batch is sent as soon as it is full: its position then covers exactly the samples
         # it holds and the skips it reports, so nothing is counted twice after a resume.
@@ -225,6 +229,12 @@ def _resume_fields(resume: dict | None, world_size: int, num_workers: int) -> di
 DataConfig = PretrainDataConfig | FinetuneDataConfig
 
 
+def _resolved(data: DataConfig) -> DataConfig:
+    """`data` with num_workers=-1 (auto) resolved (a loaded config is already; one built in
+    code may not be)."""
+    return dataclasses.replace(data, num_workers=auto_num_workers(data.num_workers))
+
+
 def _train_fields(
     data: DataConfig,
     *,
@@ -236,15 +246,22 @@ def _train_fields(
     resume: dict | None,
     require_labels: bool,
     max_consecutive_failures: int,
+    load_size: int | None,
 ) -> dict[str, Any]:
-    """The `_ResumableStream` fields shared by the training streams."""
+    """The `_ResumableStream` fields shared by the training streams; `load_size`: workers
+    only decode and resize to it (the batch is augmented on the device), None: they augment."""
     fields = _resume_fields(resume, world_size, data.num_workers)
     if fields.pop("reseed", False):  # a stream unlike the one before (same seed: same order)
         seed = seed_of(seed, sum(p[0] for p in resume["positions"].values()), _RESEED)
+    if load_size is None:
+        transform = train_transform(image_size, data.crop_scale, data.hflip)
+    else:
+        image_size, transform = load_size, SquareLoad(load_size)
     return dict(
         batch_size=batch_size,
         image_size=image_size,
-        transform=train_transform(image_size, data.crop_scale, data.hflip),
+        transform=transform,
+        seeded=load_size is None,
         seed=seed,
         rank=rank,
         world_size=world_size,
@@ -289,6 +306,7 @@ def pretrain_loader(
     labelled: bool = False,
     prefetch_factor: int = 2,
     max_consecutive_failures: int = 1000,
+    load_size: int | None = None,
 ) -> DataLoader:
     """Endless augmented batches of `batch_size` (per process) from the shards of
     `data.train_shards` (or `urls`, shards already resolved), with `data`'s workers, shuffle
@@ -297,8 +315,10 @@ def pretrain_loader(
     Non-resampled: epochs, each sample once per epoch across all ranks and workers; resampled:
     shards drawn with replacement. Labels come from `.cls` when present (-1 otherwise); with
     `labelled=True` a sample without one is skipped. `resume`: a `StreamTracker.state_dict()`.
+    `load_size`: batches of un-augmented uint8 [B,3,L,L] images for `DeviceAugment`.
     """
     urls = resolve_shards(data.train_shards) if urls is None else list(urls)
+    data = _resolved(data)
     return _shard_loader(
         urls,
         data,
@@ -311,6 +331,7 @@ def pretrain_loader(
         resume=resume,
         require_labels=labelled,
         max_consecutive_failures=max_consecutive_failures,
+        load_size=load_size,
     )
 
 
@@ -326,14 +347,16 @@ def train_loader(
     split: str | None = None,
     prefetch_factor: int = 2,
     max_consecutive_failures: int = 1000,
+    load_size: int | None = None,
 ) -> DataLoader:
     """Endless augmented labelled batches of `data.train` for fine-tuning, resumable like
     `pretrain_loader`.
 
     Shards: as `pretrain_loader(..., labelled=True)`. An image folder or HF dataset: per epoch a
     permutation seeded by (seed, epoch), split by rank and worker (`shuffle_buffer` unused).
+    `load_size`: as `pretrain_loader`.
     """
-    source = data.train
+    source, data = data.train, _resolved(data)
     stream: dict[str, Any] = dict(
         batch_size=batch_size,
         image_size=image_size,
@@ -343,6 +366,7 @@ def train_loader(
         resume=resume,
         require_labels=True,
         max_consecutive_failures=max_consecutive_failures,
+        load_size=load_size,
     )
     if is_shard_spec(source):
         index = read_index(source)

@@ -224,6 +224,7 @@ class Resumed:
     stream: dict[str, Any] | None = None
     counters: dict[str, int] = field(default_factory=new_counters)
     state: dict[str, Any] = field(default_factory=dict)
+    augment: dict[str, Any] | None = None  # the device augmentation's generator state
 
 
 def resume(
@@ -248,7 +249,7 @@ def resume(
     set_rng_state(rng, generator)
     counters = {**new_counters(), **state.pop("counters", {})}  # (older checkpoints: none)
     log.info("resumed from %s at step %d", path, state["step"])
-    return Resumed(state["step"], rng.get("stream"), counters, state)
+    return Resumed(state["step"], rng.get("stream"), counters, state, rng.get("augment"))
 
 
 def lap_row(watch: Stopwatch, steps: int, batch_size: int, counters: dict[str, int]) -> dict:

@@ -1,0 +1,153 @@
+"""Random-resized-crop + horizontal flip of a whole batch in one static-shape op on the device.
+
+Under `data.augment=device` the loader workers only decode, resize to a square `load_size`
+(`images.SquareLoad`) and collate; the training step calls `DeviceAugment` on the uint8 batch
+once it is on the accelerator, before the model (outside any compiled region). The boxes are
+drawn as torchvision's `RandomResizedCrop.get_params` draws them (area fraction uniform in
+`scale`, log aspect uniform in log(ratio), 10 tries, then the central crop of the nearest
+allowed ratio), the 10 tries of every sample at once; one bilinear `grid_sample` then resizes
+every box to S x S, flipped where drawn. Every draw comes from one `torch.Generator` on the
+device, seeded per rank and saved with the checkpoint, so a resumed run sees the same batches.
+No host sync: no `.item()`, no data-dependent shape.
+
+Differences from the per-sample path (`images.RandomResizedCropFlip`): the crop is taken from
+the L x L load, not from the stored image, and the resize is bilinear without antialiasing
+(only boxes larger than S are shrunk, by at most L / S, 8/7 by default).
+
+Shape legend: B batch, T tries (10), L load size, S output size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ssl_vit.config.schema import FinetuneDataConfig, PretrainDataConfig
+from ssl_vit.data.stages import seed_of
+
+__all__ = ["DeviceAugment", "build_device_augment", "load_size", "resolve_augment"]
+
+TRIES = 10  # torchvision's RandomResizedCrop.get_params
+RATIO = (3.0 / 4.0, 4.0 / 3.0)
+_AUGMENT_STREAM = 6  # mixed into the generator's seed (train_stream uses 1-5)
+
+
+def resolve_augment(augment: str, device: torch.device | str) -> str:
+    """`data.augment` -> 'device' or 'workers' ('auto': device on CUDA, workers elsewhere)."""
+    if augment == "auto":
+        return "device" if torch.device(device).type == "cuda" else "workers"
+    return augment
+
+
+def load_size(requested: int, image_size: int) -> int:
+    """`data.load_size` (0: auto) -> the workers' square size.
+
+    Auto: `image_size` up to 64 px (small-image sets such as CIFAR are stored at about the
+    training size: resizing up only costs memory), 8/7 of it above (256 for 224, the usual
+    resize-then-crop margin), rounded up to a multiple of 8."""
+    if requested:
+        return requested
+    return image_size if image_size <= 64 else -(-image_size * 8 // 7 // 8) * 8
+
+
+class DeviceAugment:
+    """uint8 [B,3,L,L] -> uint8 [B,3,S,S] on the images' device: per-sample random resized
+    crop (torchvision's box distribution) and horizontal flip with probability 1/2."""
+
+    def __init__(
+        self,
+        size: int,
+        generator: torch.Generator,
+        scale: Sequence[float] = (0.08, 1.0),
+        ratio: Sequence[float] = RATIO,
+        hflip: bool = True,
+    ) -> None:
+        self.size, self.generator, self.hflip = size, generator, hflip
+        self.scale, self.ratio = (float(scale[0]), float(scale[1])), tuple(ratio)
+        # As torchvision computes them: float32 bounds of the log ratio.
+        self.log_ratio = [float(v) for v in torch.log(torch.tensor(ratio))]
+
+    def boxes(
+        self, batch: int, height: int, width: int, device: torch.device
+    ) -> tuple[torch.Tensor, ...]:
+        """(top_B, left_B, h_B, w_B, flip_B): float64 pixel boxes and bool flips of `batch`
+        images of height x width, all tries drawn at once (5 + 2T uniforms per sample)."""
+        u = torch.rand(batch, 2 * TRIES + 3, generator=self.generator, device=device)
+        u = u.to(torch.float64)
+        lo, hi = self.scale
+        area_BT = height * width * (lo + (hi - lo) * u[:, :TRIES])
+        lr0, lr1 = self.log_ratio
+        aspect_BT = torch.exp(lr0 + (lr1 - lr0) * u[:, TRIES : 2 * TRIES])
+        # torch.round rounds half to even, as Python's round() in get_params does.
+        w_BT = torch.round(torch.sqrt(area_BT * aspect_BT))
+        h_BT = torch.round(torch.sqrt(area_BT / aspect_BT))
+        ok_BT = (w_BT > 0) & (w_BT <= width) & (h_BT > 0) & (h_BT <= height)
+        first_B1 = ok_BT.to(torch.uint8).argmax(dim=1, keepdim=True)  # first try that fits
+        found_B = ok_BT.any(dim=1)
+        fb_h, fb_w = _fallback_box(height, width, self.ratio)
+        h_B = torch.where(found_B, h_BT.gather(1, first_B1)[:, 0], fb_h)
+        w_B = torch.where(found_B, w_BT.gather(1, first_B1)[:, 0], fb_w)
+        # randint(0, n - h + 1): floor of a uniform over the n - h + 1 positions.
+        top_B = torch.minimum(torch.floor(u[:, -3] * (height - h_B + 1)), height - h_B)
+        left_B = torch.minimum(torch.floor(u[:, -2] * (width - w_B + 1)), width - w_B)
+        top_B = torch.where(found_B, top_B, float((height - fb_h) // 2))
+        left_B = torch.where(found_B, left_B, float((width - fb_w) // 2))
+        flip_B = (u[:, -1] < 0.5) & self.hflip
+        return top_B, left_B, h_B, w_B, flip_B
+
+    def __call__(self, images_B3LL: torch.Tensor) -> torch.Tensor:
+        B, _, H, W = images_B3LL.shape
+        top, left, h, w, flip = self.boxes(B, H, W, images_B3LL.device)
+        S = self.size
+        # Output pixel j samples box coordinate (j + 0.5) * w / S (pixel centres, as
+        # torchvision's resize); in grid_sample's [-1, 1] units (align_corners=False) that is
+        # (2 * left + (2j + 1) * w / S) / W - 1. A flipped row reads j from the other end.
+        j_S = torch.arange(S, device=images_B3LL.device, dtype=torch.float64)
+        col_BS = torch.where(flip[:, None], S - 1 - j_S, j_S)
+        gx_BS = (2 * left[:, None] + (2 * col_BS + 1) * (w[:, None] / S)) / W - 1
+        gy_BS = (2 * top[:, None] + (2 * j_S + 1) * (h[:, None] / S)) / H - 1
+        grid_BSS2 = torch.stack(
+            (gx_BS[:, None, :].expand(B, S, S), gy_BS[:, :, None].expand(B, S, S)), dim=-1
+        ).to(torch.float32)
+        out = F.grid_sample(
+            images_B3LL.float(), grid_BSS2, mode="bilinear", padding_mode="border",
+            align_corners=False,
+        )  # fmt: skip
+        if images_B3LL.dtype == torch.uint8:  # uint8 in, uint8 out: the targets stay exact
+            return out.round_().clamp_(0, 255).to(torch.uint8)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if state is not None:
+            self.generator.set_state(state["generator"])
+
+
+def _fallback_box(height: int, width: int, ratio: Sequence[float]) -> tuple[float, float]:
+    """(h, w) of get_params' fallback: the whole image, cut to the nearest allowed ratio."""
+    h, w = height, width
+    if width / height < min(ratio):
+        h = int(round(w / min(ratio)))
+    elif width / height > max(ratio):
+        w = int(round(h * max(ratio)))
+    return float(h), float(w)
+
+
+def build_device_augment(
+    data: PretrainDataConfig | FinetuneDataConfig,
+    image_size: int,
+    device: torch.device,
+    seed: int,
+    rank: int,
+) -> DeviceAugment | None:
+    """The job's device augmentation (None under `data.augment` workers, or auto off CUDA),
+    drawing from its own generator on `device`, seeded by (seed, rank)."""
+    if resolve_augment(data.augment, device) != "device":
+        return None
+    gen = torch.Generator(device).manual_seed(seed_of(seed, rank, _AUGMENT_STREAM))
+    return DeviceAugment(image_size, gen, data.crop_scale, hflip=data.hflip)
