@@ -1,6 +1,8 @@
 """Pretraining performance, measured side by side in one process (issue 5).
 
     python scripts/bench.py [--device cpu|cuda] [--model small,base] [--json OUT] [--quick]
+    python scripts/bench.py --suite gpu --out FILE.json [--markdown]  # the GPU table, <= 8 min
+    python scripts/bench.py --suite gpu --tiny --out FILE.json         # the same, tiny, on CPU
 
 Per model shape (the first is the default shape, whose figures are also the JSON's top level):
   1. training images/s of our step (corruption, targets, forward, loss on corrupted patches,
@@ -16,6 +18,10 @@ Per model shape (the first is the default shape, whose figures are also the JSON
   5. peak RSS while streaming 1x and 4x as many shards, peak accelerator memory on GPU.
 Every timing is a median over repeated calls after warm-up; contenders run in alternating
 rounds (A B C, C B A, ...) so that noise from other processes hits them alike.
+
+--suite gpu: the GPU table (ssl_vit.bench.gpu_suite): bf16 matmul peak, ours vs timm eager /
+compiled / reduce-overhead as % of it, host syncs of the step, loader img/s with device
+augmentation, the real pipeline's img/s; each section guarded, all under --budget-s.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from ssl_vit.bench.timing import (
     time_interleaved,
 )
 from ssl_vit.bench.timm_baseline import TimmMaskedPatch, copy_weights
-from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig, PretrainDataConfig
+from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig, auto_num_workers
 from ssl_vit.data import resolve_shards
 from ssl_vit.model import build_vit
 from ssl_vit.objectives import MaskedPatchPrediction, corrupt_patches, mean_color_classes
@@ -91,10 +97,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, help="alternating timing rounds (default 7, quick 3)")
     p.add_argument("--steps", type=int, help="timed steps per round (default 1)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per contender")
-    p.add_argument("--workers", type=int, default=PretrainDataConfig().num_workers)
+    p.add_argument("--workers", type=int, default=auto_num_workers(-1), help="default: auto")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     p.add_argument("--compile", action="store_true", help="torch.compile both models (LFL)")
     p.add_argument("--no-loader", action="store_true", help="skip the data-loading figures")
+    g = p.add_argument_group("--suite gpu")
+    g.add_argument("--suite", choices=["pretrain", "gpu"], default="pretrain")
+    g.add_argument("--out", help="write the suite's JSON here (--json works too)")
+    g.add_argument("--tiny", action="store_true", help="a tiny model: the suite in seconds on CPU")
+    g.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    g.add_argument(
+        "--budget-s", type=float, default=480.0, help="total time budget (default 8 min)"
+    )
+    g.add_argument("--data", help="shards for the loader and pipeline rows (default: synthetic)")
+    g.add_argument(
+        "--pipeline-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra pipelines/pretrain.py override, repeatable (e.g. train.compile=true)",
+    )
     args = p.parse_args(argv)
     args.rounds = args.rounds or (3 if args.quick else 7)
     args.steps = args.steps or 1
@@ -343,12 +365,37 @@ def print_table(result: dict) -> None:
     print(result["timing"])
 
 
+def gpu_suite(args, device: torch.device) -> dict:
+    """--suite gpu: every row of the GPU table (skipped rows say why), JSON and a table."""
+    import logging
+
+    from ssl_vit.bench.gpu_suite import Suite, markdown_table, run_suite
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    suite = Suite(
+        device,
+        size="tiny" if args.tiny else "full",
+        budget_s=args.budget_s,
+        data=args.data,
+        pipeline=ROOT / "pipelines/pretrain.py",
+        overrides=args.pipeline_override,
+    )
+    result = run_suite(suite)
+    out = args.out or args.json
+    if out:
+        Path(out).write_text(json.dumps(result, indent=1))
+    print(markdown_table(result) if args.markdown else json.dumps(result["rows"], indent=1))
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # as pipelines do (ssl_vit.train.runtime)
+    if args.suite == "gpu":
+        return gpu_suite(args, device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

@@ -88,3 +88,54 @@ def test_bench_quick_tiny_writes_every_figure(tmp_path):
         assert shape[k] == res[k] and res[k] > 0, k
     assert 0 < res["utilization"] < 1.5 and 0 < res["overhead_fraction"] < 1.5
     assert "ratio ours/timm same precision" in proc.stdout
+
+
+def test_gpu_suite_tiny_on_cpu_writes_every_row(tmp_path):
+    """`--suite gpu --tiny` on the CPU: every section answers, CUDA-only rows say so."""
+    out = tmp_path / "gpu.json"
+    cmd = [sys.executable, str(ROOT / "scripts/bench.py"), "--suite", "gpu", "--tiny"]
+    cmd += ["--device", "cpu", "--threads", "1", "--out", str(out), "--markdown"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    rows = {r["name"]: r for r in res["rows"]}
+    assert res["device"] == "cpu" and res["size"] == "tiny"
+    assert rows["matmul peak"]["status"] == "ok" and rows["matmul peak"]["flops_per_s"] > 0
+    for who in ("ours", "timm"):
+        r = rows[f"{who} tiny_w32_p4_16 eager"]
+        assert r["status"] == "ok" and r["img_per_s"] > 0 and r["pct_of_peak"] > 0, r
+        assert r["step_gflop"] == rows["ours tiny_w32_p4_16 eager"]["step_gflop"]  # same model
+        for mode in ("compiled", "reduce-overhead"):
+            assert rows[f"{who} tiny_w32_p4_16 {mode}"]["status"] == "skipped: no CUDA"
+    assert rows["ours/timm tiny_w32_p4_16 eager"]["ratio"] > 0
+    assert rows["set_sync_debug_mode(error)"]["status"] == "skipped: no CUDA"
+    assert rows["host syncs per step (counted)"]["host_syncs_per_step"] >= 0
+    loader = rows["loader img/s at the GPU batch"]
+    assert loader["status"] == "ok", loader
+    assert loader["img_per_s_device_augment"] > 0 and loader["img_per_s_workers_augment"] > 0
+    assert loader["augment_ms_per_batch"] > 0
+    pipe = rows["pipelines/pretrain.py img/s"]
+    assert pipe["status"] == "ok" and pipe["img_per_s"] > 0 and len(pipe["img_per_s_laps"]) == 2
+    assert "| models | ours tiny_w32_p4_16 eager | ok |" in proc.stdout
+
+
+def test_gpu_suite_guards_sections_and_budget():
+    from ssl_vit.bench.gpu_suite import Suite, markdown_table, run_suite
+
+    suite = Suite(torch.device("cpu"), size="tiny", budget_s=60)
+
+    def boom():
+        raise RuntimeError("first line\nsecond line")
+
+    suite.row("x", "fails", 0, boom)
+    suite.row("x", "runs after", 0, lambda: {"v": 1.0})
+    suite.row("x", "too long", 1e6, lambda: {"v": 2.0})
+    fails, after, too_long = suite.rows
+    assert fails["status"] == "error: RuntimeError: first line" and "traceback" in fails
+    assert after["status"] == "ok" and after["v"] == 1.0
+    assert too_long["status"].startswith("skipped: time budget") and "v" not in too_long
+    # Out of budget: every row is skipped, the document is still complete.
+    res = run_suite(Suite(torch.device("cpu"), size="tiny", budget_s=0))
+    assert res["rows"] and all(r["status"].startswith("skipped") for r in res["rows"])
+    assert "| peak | matmul peak | skipped: time budget" in markdown_table(res)
