@@ -23,7 +23,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from ssl_vit.config import ConfigError, FinetuneConfig, load_config, to_dict
 from ssl_vit.data import eval_loader, train_loader
-from ssl_vit.data.device_augment import build_device_augment, load_size
+from ssl_vit.data.device_augment import build_device_augment
 from ssl_vit.model import Classifier, build_vit, normalize_pixels
 from ssl_vit.train import preflight
 from ssl_vit.train.checkpoint import rng_state, save_classifier
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
         rank=acc.process_index,
         world_size=acc.num_processes,
         resume=start.stream,  # exactly where the consumed batches ended
-        load_size=load_size(cfg.data.load_size, cfg.model.image_size) if augment else None,
+        load_size=augment.load_size if augment else None,  # device: only decode + resize
     )
     watch = Stopwatch()
     batches = Batches(loader, start, acc.num_processes, watch)

@@ -19,7 +19,7 @@ import torch
 
 from ssl_vit.config import PretrainConfig, load_config, to_dict
 from ssl_vit.data import pretrain_loader
-from ssl_vit.data.device_augment import build_device_augment, load_size
+from ssl_vit.data.device_augment import build_device_augment
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.model import build_vit
 from ssl_vit.objectives import NUM_COLOR_CLASSES, MaskedPatchPrediction
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
         world_size=acc.num_processes,
         resume=start.stream,  # exactly where the consumed batches ended
         urls=urls,
-        load_size=load_size(cfg.data.load_size, cfg.model.image_size) if augment else None,
+        load_size=augment.load_size if augment else None,  # device: only decode + resize
     )
     keys_file = run.run_dir / f"keys_rank{acc.process_index}.txt" if cfg.data.record_keys else None
     watch = Stopwatch()

@@ -181,16 +181,23 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
-def test_resumed_pretraining_sees_the_same_batches(synthetic_shards, tmp_path):
-    """Device augmentation on the CPU: a run resumed from its step-10 checkpoint logs the same
-    losses as the uninterrupted run (the augmentation generator is saved and restored)."""
-    main = _pipeline("pretrain")
-    args = [
-        *("--config", str(ROOT / "configs/pretrain/smoke.yaml")),
-        f"data.train_shards={synthetic_shards}",
+def _job_args(job: str, shards: Path) -> list[str]:
+    if job == "pretrain":
+        data = [f"data.train_shards={shards}"]
+    else:  # from scratch, no evaluation: the training losses are what is compared
+        data = [f"data.train={shards}", "data.eval=", "init.checkpoint=none", "eval_every=0"]
+    return [
+        *("--config", str(ROOT / f"configs/{job}/smoke.yaml"), *data),
         *("data.augment=device", "data.load_size=32", "train.steps=20", "train.log_every=5"),
         *("train.checkpoint_every=10", "train.keep_checkpoints=3"),
     ]
+
+
+@pytest.mark.parametrize("job", ["pretrain", "finetune"])
+def test_resumed_run_sees_the_same_batches(job, synthetic_shards, tmp_path):
+    """Device augmentation on the CPU: a run resumed from its step-10 checkpoint logs the same
+    losses as the uninterrupted run (the augmentation generator is saved and restored)."""
+    main, args = _pipeline(job), _job_args(job, synthetic_shards)
     full, cut = tmp_path / "full", tmp_path / "cut"
     main([*args, f"output_dir={full}"])
     shutil.copytree(full, cut)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -295,12 +297,18 @@ def sync_debug_row(suite: Suite) -> dict:
         for i in range(steps):
             try:
                 step()
-            except RuntimeError as e:
-                where = [ln for ln in traceback.format_exc().splitlines() if "File" in ln][-2:]
-                return {"steps": i, "syncs": False, "first_sync": _one_line(e), "where": where}
+            except RuntimeError as e:  # the first synchronizing call, and our line that made it
+                ours = [f for f in traceback.extract_tb(e.__traceback__) if "ssl_vit" in f.filename]
+                where = [f"{Path(f.filename).name}:{f.lineno} {f.line}" for f in ours[-2:]]
+                return {
+                    "steps_ok": i,
+                    "sync_free": False,
+                    "first_sync": _one_line(e),
+                    "where": where,
+                }
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    return {"steps": steps, "syncs": True}
+    return {"steps_ok": steps, "sync_free": True}
 
 
 # --- loader ----------------------------------------------------------------------------------
@@ -358,7 +366,9 @@ def pipeline_row(suite: Suite) -> dict:
         *suite.overrides,
     ]
     timeout = max(suite.left_s() - 5, 1)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    root = str(suite.pipeline.resolve().parent.parent)  # the pipeline imports ssl_vit from there
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=root)
     if proc.returncode != 0:
         raise RuntimeError(f"exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
     laps = [r for r in _jsonl(out / "metrics.jsonl") if "img_per_s" in r]
@@ -384,14 +394,10 @@ def _jsonl(path: Path) -> Iterator[dict]:
 # --- the suite -------------------------------------------------------------------------------
 def run_suite(suite: Suite) -> dict:
     """Every section in order of importance and cost; -> the JSON document."""
-    suite.row("peak", "matmul peak", 10, lambda: peak_row(suite))
-    model_rows(suite, ["eager"])  # cheap rows first; compiled ones last (they take the longest)
-    suite.row("sync", "host syncs per step (counted)", 10, lambda: sync_count_row(suite))
-    debug = "set_sync_debug_mode(error)"
-    suite.row("sync", debug, 20, lambda: sync_debug_row(suite), cuda_only=True)
-    suite.row("loader", "loader img/s at the GPU batch", 30, lambda: loader_rows(suite))
-    suite.row("pipeline", "pipelines/pretrain.py img/s", 60, lambda: pipeline_row(suite))
-    model_rows(suite, ["compiled", "reduce-overhead"])
+    try:
+        _sections(suite)
+    finally:
+        shutil.rmtree(suite.tmp, ignore_errors=True)
     return {
         "suite": "gpu",
         "size": suite.size,
@@ -402,6 +408,17 @@ def run_suite(suite: Suite) -> dict:
         "elapsed_s": time.monotonic() - suite.start,
         "rows": suite.rows,
     }
+
+
+def _sections(suite: Suite) -> None:
+    suite.row("peak", "matmul peak", 10, lambda: peak_row(suite))
+    model_rows(suite, ["eager"])  # cheap rows first; compiled ones last (they take the longest)
+    suite.row("sync", "host syncs per step (counted)", 10, lambda: sync_count_row(suite))
+    debug = "set_sync_debug_mode(error)"
+    suite.row("sync", debug, 20, lambda: sync_debug_row(suite), cuda_only=True)
+    suite.row("loader", "loader img/s at the GPU batch", 30, lambda: loader_rows(suite))
+    suite.row("pipeline", "pipelines/pretrain.py img/s", 60, lambda: pipeline_row(suite))
+    model_rows(suite, ["compiled", "reduce-overhead"])
 
 
 COLUMNS = (

@@ -19,6 +19,7 @@ Shape legend: B batch, T tries (10), L load size, S output size.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ from ssl_vit.data.stages import seed_of
 
 __all__ = ["DeviceAugment", "build_device_augment", "load_size", "resolve_augment"]
 
+log = logging.getLogger(__name__)
 TRIES = 10  # torchvision's RandomResizedCrop.get_params
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
 _AUGMENT_STREAM = 6  # mixed into the generator's seed (train_stream uses 1-5)
@@ -64,8 +66,10 @@ class DeviceAugment:
         scale: Sequence[float] = (0.08, 1.0),
         ratio: Sequence[float] = RATIO,
         hflip: bool = True,
+        load_size: int | None = None,
     ) -> None:
         self.size, self.generator, self.hflip = size, generator, hflip
+        self.load_size = load_size  # the square size the loader delivers (None: any)
         self.scale, self.ratio = (float(scale[0]), float(scale[1])), tuple(ratio)
         # As torchvision computes them: float32 bounds of the log ratio.
         self.log_ratio = [float(v) for v in torch.log(torch.tensor(ratio))]
@@ -146,8 +150,12 @@ def build_device_augment(
     rank: int,
 ) -> DeviceAugment | None:
     """The job's device augmentation (None under `data.augment` workers, or auto off CUDA),
-    drawing from its own generator on `device`, seeded by (seed, rank)."""
+    drawing from its own generator on `device`, seeded by (seed, rank); its `load_size` is
+    what the loader must deliver."""
     if resolve_augment(data.augment, device) != "device":
+        log.info("augmentation: per sample in the loader workers")
         return None
     gen = torch.Generator(device).manual_seed(seed_of(seed, rank, _AUGMENT_STREAM))
-    return DeviceAugment(image_size, gen, data.crop_scale, hflip=data.hflip)
+    load = load_size(data.load_size, image_size)
+    log.info("augmentation: on %s, batched; workers decode and load at %d px", device, load)
+    return DeviceAugment(image_size, gen, data.crop_scale, hflip=data.hflip, load_size=load)
