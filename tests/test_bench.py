@@ -115,8 +115,9 @@ def test_gpu_suite_tiny_on_cpu_writes_every_row(tmp_path):
     assert loader["status"] == "ok", loader
     assert loader["img_per_s_device_augment"] > 0 and loader["img_per_s_workers_augment"] > 0
     assert loader["augment_ms_per_batch"] > 0
-    pipe = rows["pipelines/pretrain.py img/s"]
+    pipe = rows["pipelines/pretrain.py eager"]
     assert pipe["status"] == "ok" and pipe["img_per_s"] > 0 and len(pipe["img_per_s_laps"]) == 2
+    assert rows["pipelines/pretrain.py compiled"]["status"] == "skipped: no CUDA"
     assert "| models | ours tiny_w32_p4_16 eager | ok |" in proc.stdout
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from ssl_vit.bench.host_sync import sync_count_row, sync_debug_row
 from ssl_vit.bench.timing import make_train_step, step_flops, sync
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig, auto_num_workers
 
@@ -233,84 +234,6 @@ def _ratio_row(suite: Suite, name: str, mode: str) -> None:
         )  # fmt: skip
 
 
-# --- sync ------------------------------------------------------------------------------------
-def _training_step(suite: Suite) -> Callable[[], None]:
-    """The pretraining step as pipelines/pretrain.py runs it (device augmentation, the model
-    under Accelerate, backward, clip + step, the on-device statistics)."""
-    from accelerate import Accelerator
-
-    from ssl_vit.data.device_augment import DeviceAugment
-    from ssl_vit.model import build_vit
-    from ssl_vit.objectives import MaskedPatchPrediction
-    from ssl_vit.train.loop import StepStats
-    from ssl_vit.train.optim import apply_step, build_adam
-
-    shape, dev = list(SIZES[suite.size].values())[-1], suite.device
-    acc = Accelerator(mixed_precision=suite.precision, cpu=not suite.cuda)
-    model = MaskedPatchPrediction(build_vit(_shape_cfg(shape)), ObjectiveConfig()).to(dev)
-    optimizer = build_adam(model, OptimConfig())
-    model, optimizer = acc.prepare(model, optimizer)
-    augment = DeviceAugment(shape["image_size"], torch.Generator(dev).manual_seed(0))
-    gen = torch.Generator(dev).manual_seed(1)
-    stats = StepStats({"loss": 1, "micro": 1, "kinds": 4}, dev)
-    size, batch = shape["image_size"], shape["batch"]
-    loaded = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, device=dev)
-
-    def step() -> None:
-        images = augment(loaded)
-        with acc.accumulate(model):
-            out = model(images, gen)
-            acc.backward(out.loss)
-            applied = apply_step(acc, model, optimizer, 1.0)
-            optimizer.zero_grad(set_to_none=True)
-        stats.add(loss=out.loss, micro=1, kinds=out.kind_counts())
-        stats.end_step(applied)
-
-    return step
-
-
-def sync_count_row(suite: Suite) -> dict:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func is torch.ops.aten._local_scalar_dense.default:
-                Count.n += 1
-            return func(*args, **(kwargs or {}))
-
-    step, steps = _training_step(suite), 3
-    step()
-    with Count():
-        for _ in range(steps):
-            step()
-    return {"steps": steps, "host_syncs_per_step": Count.n / steps}
-
-
-def sync_debug_row(suite: Suite) -> dict:
-    step, steps = _training_step(suite), 20
-    step()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for i in range(steps):
-            try:
-                step()
-            except RuntimeError as e:  # the first synchronizing call, and our line that made it
-                ours = [f for f in traceback.extract_tb(e.__traceback__) if "ssl_vit" in f.filename]
-                where = [f"{Path(f.filename).name}:{f.lineno} {f.line}" for f in ours[-2:]]
-                return {
-                    "steps_ok": i,
-                    "sync_free": False,
-                    "first_sync": _one_line(e),
-                    "where": where,
-                }
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    return {"steps_ok": steps, "sync_free": True}
-
-
 # --- loader ----------------------------------------------------------------------------------
 def loader_rows(suite: Suite) -> dict:
     from ssl_vit.bench.loaders import interleaved_rates
@@ -348,12 +271,14 @@ def loader_rows(suite: Suite) -> dict:
 
 
 # --- pipeline --------------------------------------------------------------------------------
-def pipeline_row(suite: Suite) -> dict:
+def pipeline_row(suite: Suite, compile: bool) -> dict:
+    """pipelines/pretrain.py with data.augment=device and train.compile=`compile`, then the
+    suite's overrides (e.g. train.compile_mode=reduce-overhead)."""
     if suite.pipeline is None:
         raise ValueError("no pipelines/pretrain.py given")
     shape = list(SIZES[suite.size].values())[-1]
-    steps, every = (4, 2) if suite.tiny else (400, 100)
-    out = suite.tmp / "pipeline_run"
+    steps, every = (4, 2) if suite.tiny else (300, 100)
+    out = suite.tmp / f"pipeline_run_{'compiled' if compile else 'eager'}"
     model = [
         f"model.{k}={shape[k]}" for k in ("image_size", "patch_size", "width", "depth", "heads")
     ]
@@ -361,7 +286,7 @@ def pipeline_row(suite: Suite) -> dict:
         *(sys.executable, str(suite.pipeline), f"data.train_shards={suite.shards()}"),
         *(f"output_dir={out}", *model, f"train.batch_size={shape['batch']}"),
         *(f"train.steps={steps}", f"train.log_every={every}", "train.warmup_steps=2"),
-        *("train.checkpoint_every=0", "data.augment=device"),
+        *("train.checkpoint_every=0", "data.augment=device", f"train.compile={compile}"),
         *(["data.num_workers=0"] if suite.tiny else []),
         *suite.overrides,
     ]
@@ -413,12 +338,16 @@ def run_suite(suite: Suite) -> dict:
 def _sections(suite: Suite) -> None:
     suite.row("peak", "matmul peak", 10, lambda: peak_row(suite))
     model_rows(suite, ["eager"])  # cheap rows first; compiled ones last (they take the longest)
-    suite.row("sync", "host syncs per step (counted)", 10, lambda: sync_count_row(suite))
+    step = (list(SIZES[suite.size].values())[-1], suite.device, suite.precision)
+    suite.row("sync", "host syncs per step (counted)", 10, lambda: sync_count_row(*step))
     debug = "set_sync_debug_mode(error)"
-    suite.row("sync", debug, 20, lambda: sync_debug_row(suite), cuda_only=True)
+    suite.row("sync", debug, 20, lambda: sync_debug_row(*step), cuda_only=True)
     suite.row("loader", "loader img/s at the GPU batch", 30, lambda: loader_rows(suite))
-    suite.row("pipeline", "pipelines/pretrain.py img/s", 60, lambda: pipeline_row(suite))
-    model_rows(suite, ["compiled", "reduce-overhead"])
+    suite.row("pipeline", "pipelines/pretrain.py eager", 60, lambda: pipeline_row(suite, False))
+    model_rows(suite, ["compiled"])
+    pipe = "pipelines/pretrain.py compiled"
+    suite.row("pipeline", pipe, 120, lambda: pipeline_row(suite, True), cuda_only=True)
+    model_rows(suite, ["reduce-overhead"])
 
 
 COLUMNS = (

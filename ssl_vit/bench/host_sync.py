@@ -1,0 +1,102 @@
+"""The host-sync rows of the GPU suite (ssl_vit.bench.gpu_suite): the pretraining step as
+pipelines/pretrain.py runs it, its `aten._local_scalar_dense` calls counted (any device: each
+is a device -> host read), and N steps under `torch.cuda.set_sync_debug_mode("error")` (CUDA:
+any synchronizing call raises; the first one is reported with our line that made it)."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig
+
+__all__ = ["sync_count_row", "sync_debug_row", "training_step"]
+
+
+def _one_line(e: BaseException) -> str:
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"error: {type(e).__name__}: {first[:300]}"
+
+
+def training_step(shape: dict, device: torch.device, precision: str) -> Callable[[], None]:
+    """The pretraining step as pipelines/pretrain.py runs it (device augmentation, the model
+    under Accelerate, backward, clip + step, the on-device statistics)."""
+    from accelerate import Accelerator
+
+    from ssl_vit.data.device_augment import DeviceAugment
+    from ssl_vit.model import build_vit
+    from ssl_vit.objectives import MaskedPatchPrediction
+    from ssl_vit.train.loop import StepStats
+    from ssl_vit.train.optim import apply_step, build_adam
+
+    dev = device  # (short: it is on every line below)
+    acc = Accelerator(mixed_precision=precision, cpu=device.type != "cuda")
+    keys = ("image_size", "patch_size", "width", "depth", "heads")
+    mcfg = ModelConfig(**{k: shape[k] for k in keys})
+    model = MaskedPatchPrediction(build_vit(mcfg), ObjectiveConfig()).to(dev)
+    optimizer = build_adam(model, OptimConfig())
+    model, optimizer = acc.prepare(model, optimizer)
+    augment = DeviceAugment(shape["image_size"], torch.Generator(dev).manual_seed(0))
+    gen = torch.Generator(dev).manual_seed(1)
+    stats = StepStats({"loss": 1, "micro": 1, "kinds": 4}, dev)
+    size, batch = shape["image_size"], shape["batch"]
+    loaded = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, device=dev)
+
+    def step() -> None:
+        images = augment(loaded)
+        with acc.accumulate(model):
+            out = model(images, gen)
+            acc.backward(out.loss)
+            applied = apply_step(acc, model, optimizer, 1.0)
+            optimizer.zero_grad(set_to_none=True)
+        stats.add(loss=out.loss, micro=1, kinds=out.kind_counts())
+        stats.end_step(applied)
+
+    return step
+
+
+def sync_count_row(shape: dict, device: torch.device, precision: str) -> dict:
+    """Device -> host reads per step (`.item()`, `float()`, ...), counted over 3 steps."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    step, steps = training_step(shape, device, precision), 3
+    step()
+    with Count():
+        for _ in range(steps):
+            step()
+    return {"steps": steps, "host_syncs_per_step": Count.n / steps}
+
+
+def sync_debug_row(shape: dict, device: torch.device, precision: str) -> dict:
+    """20 steps with every synchronizing CUDA call an error: sync_free, or the first one."""
+    step, steps = training_step(shape, device, precision), 20
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for i in range(steps):
+            try:
+                step()
+            except RuntimeError as e:  # the first synchronizing call, and our line that made it
+                ours = [f for f in traceback.extract_tb(e.__traceback__) if "ssl_vit" in f.filename]
+                where = [f"{Path(f.filename).name}:{f.lineno} {f.line}" for f in ours[-2:]]
+                return {
+                    "steps_ok": i,
+                    "sync_free": False,
+                    "first_sync": _one_line(e),
+                    "where": where,
+                }
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return {"steps_ok": steps, "sync_free": True}
