@@ -1,6 +1,7 @@
 """Data layer: shards (writing, finding), image sources, the synthetic dataset, the loaders."""
 
 from ssl_vit.data.convert import make_shards
+from ssl_vit.data.device_augment import DeviceAugment, build_device_augment
 from ssl_vit.data.eval_stream import eval_loader
 from ssl_vit.data.images import decode_image, eval_transform, train_transform
 from ssl_vit.data.shards import (
@@ -28,6 +29,7 @@ __all__ = [
     "SHARD_FORMAT",
     "SYNTHETIC_LABELS",
     "Batch",
+    "DeviceAugment",
     "FolderSource",
     "HFSource",
     "ImageSource",
@@ -35,6 +37,7 @@ __all__ = [
     "ShardSource",
     "ShardWriter",
     "StreamTracker",
+    "build_device_augment",
     "decode_image",
     "eval_loader",
     "eval_transform",
