@@ -286,7 +286,8 @@ def pipeline_row(suite: Suite, compile: bool) -> dict:
         *(sys.executable, str(suite.pipeline), f"data.train_shards={suite.shards()}"),
         *(f"output_dir={out}", *model, f"train.batch_size={shape['batch']}"),
         *(f"train.steps={steps}", f"train.log_every={every}", "train.warmup_steps=2"),
-        *("train.checkpoint_every=0", "data.augment=device", f"train.compile={compile}"),
+        *("train.checkpoint_every=0", "data.augment=device"),
+        "train.compile=" + ("true" if compile else "false"),
         *(["data.num_workers=0"] if suite.tiny else []),
         *suite.overrides,
     ]
