@@ -118,7 +118,9 @@ class _ResumableStream(StreamDataset):
         stats = Stats()
         v, skip = self.start.get(role, (0, 0))
         samples = self._positions(unit, units, v, skip, stats)
-        items = decode_stage(samples, self.transform, stats, self.max_consecutive_failures)
+        items = decode_stage(
+            samples, self.transform, stats, self.max_consecutive_failures, self.num_classes
+        )
         # Each batch is sent as soon as it is full: its position then covers exactly the samples
         # it holds and the skips it reports, so nothing is counted twice after a resume.
         for chunk in _chunks(items, self.batch_size):
@@ -236,6 +238,7 @@ def _train_fields(
     resume: dict | None,
     require_labels: bool,
     max_consecutive_failures: int,
+    num_classes: int = 0,
 ) -> dict[str, Any]:
     """The `_ResumableStream` fields shared by the training streams."""
     fields = _resume_fields(resume, world_size, data.num_workers)
@@ -250,6 +253,7 @@ def _train_fields(
         world_size=world_size,
         require_labels=require_labels,
         max_consecutive_failures=max_consecutive_failures,
+        num_classes=num_classes,
         **fields,
     )
 
@@ -326,9 +330,11 @@ def train_loader(
     split: str | None = None,
     prefetch_factor: int = 2,
     max_consecutive_failures: int = 1000,
+    num_classes: int = 0,
 ) -> DataLoader:
     """Endless augmented labelled batches of `data.train` for fine-tuning, resumable like
-    `pretrain_loader`.
+    `pretrain_loader`. `num_classes` K > 0: samples labelled outside [0, K) are skipped and
+    counted (a label the classifier head has no output for).
 
     Shards: as `pretrain_loader(..., labelled=True)`. An image folder or HF dataset: per epoch a
     permutation seeded by (seed, epoch), split by rank and worker (`shuffle_buffer` unused).
@@ -343,6 +349,7 @@ def train_loader(
         resume=resume,
         require_labels=True,
         max_consecutive_failures=max_consecutive_failures,
+        num_classes=num_classes,
     )
     if is_shard_spec(source):
         index = read_index(source)
