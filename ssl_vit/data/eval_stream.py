@@ -129,7 +129,7 @@ class _IndexedStream(_PassStream):
         order = np.arange(len(source)) if self.indices is None else np.unique(self.indices)
         for rec in source.iter_records(order[self.rank :: self.world_size][worker::num_workers]):
             label = None if self.require_labels and rec.label < 0 else rec.label
-            yield Sample(rec.key, f"{self.spec}", rec.data or None, label)
+            yield Sample(rec.key, source.describe(rec.index), rec.data or None, label)
 
 
 def eval_loader(

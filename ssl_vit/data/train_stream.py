@@ -175,7 +175,7 @@ class _IndexedTrainStream(_ResumableStream):
         for i in order[unit::units].tolist():  # (iter_records would read them in sorted order)
             rec = source[i]
             label = None if self.require_labels and rec.label < 0 else rec.label
-            yield Sample(rec.key, self.spec, rec.data or None, label)
+            yield Sample(rec.key, source.describe(i), rec.data or None, label)  # logs: the file
 
 
 class StreamTracker:
