@@ -54,10 +54,11 @@ def check_fraction(key: str, value: float, low_open: bool = True) -> None:
 
 
 def check_pixels_norm(
-    prefix: str, mean: tuple[float, ...], std: tuple[float, ...], crop_scale=None
+    prefix: str, std: tuple[float, ...], crop_scale: tuple[float, float] | None = None
 ) -> None:
-    """Normalization (std > 0: it divides) and the random-resized-crop area range
-    0 < low <= high <= 1 (a crop cannot be larger than the image)."""
+    """Normalization (std > 0: it divides; the mean only needs to be finite, as every float
+    key) and the random-resized-crop area range 0 < low <= high <= 1 (a crop cannot be larger
+    than the image)."""
     if min(std) <= 0:
         raise ConfigError(f"{prefix}std: every value must be > 0, got {list(std)}")
     if crop_scale is not None:
@@ -183,7 +184,7 @@ class PretrainDataConfig:
 
     def validate(self) -> None:
         check_min("data.", self, ("num_workers", "shuffle_buffer"), 0)
-        check_pixels_norm("data.", self.mean, self.std, self.crop_scale)
+        check_pixels_norm("data.", self.std, self.crop_scale)
 
 
 def check_log_with(log_with: list[str], tensorboard: bool, prefix: str) -> list[str]:
@@ -317,7 +318,7 @@ class FinetuneDataConfig:
 
     def validate(self) -> None:
         check_min("data.", self, ("num_workers", "shuffle_buffer", "max_eval"), 0)
-        check_pixels_norm("data.", self.mean, self.std, self.crop_scale)
+        check_pixels_norm("data.", self.std, self.crop_scale)
 
 
 @dataclass
@@ -380,7 +381,7 @@ class FewshotDataConfig:
             raise ConfigError("data.train and data.eval: both required for few-shot evaluation")
         check_min("data.", self, ("batch_size",), 1)
         check_min("data.", self, ("num_workers", "max_eval"), 0)
-        check_pixels_norm("data.", self.mean, self.std)
+        check_pixels_norm("data.", self.std)
 
 
 @dataclass
