@@ -284,7 +284,7 @@ def test_fewshot_train_labels_out_of_range_are_counted_skips(tmp_path, caplog):
         image_size=16,
         mean=(0.5,) * 3,
         std=(0.5,) * 3,
-        shots=[5],
+        shots=[2],  # each class has 2 samples with a valid label
         seeds=[0, 1],
         num_workers=0,
     )
@@ -431,3 +431,23 @@ def test_bad_study_files_are_one_line_and_write_nothing(tmp_path, text, message)
         study(["--config", str(path)])
     assert str(err.value).startswith("error: ") and message in str(err.value)
     assert "\n" not in str(err.value) and not (tmp_path / "out").exists()
+
+
+def test_hf_dataset_16bit_huge_and_unlabelled_rows(tmp_path, caplog):
+    datasets = pytest.importorskip("datasets")
+    grey = np.full((8, 8), 32896, dtype=np.uint16)
+    rows = [(png16(grey), 0), (huge_png(), 1), (encode(Image.new("RGB", (8, 8))), -1)]
+    features = datasets.Features(
+        {"img": datasets.Image(), "y": datasets.ClassLabel(names=["a", "b"])}
+    )
+    ds = datasets.Dataset.from_dict(
+        {"img": [{"bytes": b, "path": None} for b, _ in rows], "y": [y for _, y in rows]},
+        features=features,
+    )
+    ds.save_to_disk(tmp_path / "hf")
+    batches = list(eval_loader(str(tmp_path / "hf"), 4, 8, num_workers=0, num_classes=2))
+    assert sum(b.skipped for b in batches) == 2
+    (image,) = torch.cat([b.images for b in batches])
+    assert image.unique().tolist() == [128]  # 32896 / 257
+    assert f"{tmp_path / 'hf'} row 1" in caplog.text and "more than" in caplog.text
+    assert "label -1 out of range [0, 2)" in caplog.text
