@@ -4,6 +4,7 @@ counted and skipped, every numeric config key range-checked, malformed YAML / st
 shards named in one `error:` line."""
 
 import io
+import math
 import os
 import struct
 import subprocess
@@ -249,17 +250,22 @@ def _fewshot_sources(tmp_path: Path) -> tuple[Path, Path]:
     return train, test
 
 
-def test_pretraining_monitor_survives_bad_images_and_labels(tmp_path, synthetic_shards, capfd):
+def test_pretraining_monitor_survives_bad_images_and_labels(tmp_path, capfd):
+    """Pretraining on 16-bit images only, its few-shot monitor on a train side with a corrupt
+    image and a test side with an out-of-range label: the job ends with finite losses."""
     train, test = _fewshot_sources(tmp_path)
+    _uniform_folder(tmp_path / "img16", {"a": [(v, v // 2, 65535 - v) for v in LEVELS16]})
+    make_shards(tmp_path / "img16", tmp_path / "shards16", progress=False)
     main = pipeline("pretrain")
     res = main(
         [
             *("--config", str(ROOT / "configs/pretrain/smoke.yaml"), *TINY, "train.steps=2"),
-            *(f"data.train_shards={synthetic_shards}", f"output_dir={tmp_path / 'run'}"),
+            *(f"data.train_shards={tmp_path / 'shards16'}", f"output_dir={tmp_path / 'run'}"),
             *(f"fewshot.train={train}", f"fewshot.eval={test}", "fewshot.num_workers=0"),
             *("fewshot.shots=[4]", "fewshot.seeds=[0]"),
         ]
     )
+    assert math.isfinite(res["loss"]) and res["skipped_samples"] == 0
     few = res["fewshot"]
     assert (few["skipped_train"], few["skipped_train_labels"], few["skipped_eval"]) == (1, 0, 1)
     assert few["num_train_features"] == 7 and few["num_test"] == 2
