@@ -3,6 +3,7 @@ RGB, one pixel limit everywhere, class names compared before compute, bad labels
 counted and skipped, every numeric config key range-checked, malformed YAML / study files /
 shards named in one `error:` line."""
 
+import gzip
 import io
 import math
 import os
@@ -227,7 +228,13 @@ def test_pretraining_monitor_class_names_and_bad_shards(tmp_path, synthetic_shar
     # A zero-byte, random or empty .tar: named before compute.
     bad = tmp_path / "bad"
     bad.mkdir()
-    for name, content in (("zero", b""), ("random", os.urandom(3000)), ("empty", b"\0" * 1024)):
+    garbage_gz = gzip.compress(b"not a tar" * 100)
+    cases = [
+        ("zero", b""),
+        ("random", np.random.default_rng(0).bytes(3000)),
+        ("empty", b"\0" * 1024),
+    ]
+    for name, content in [*cases, ("gz", garbage_gz)]:
         tar = bad / f"{name}.tar"
         tar.write_bytes(content)
         with pytest.raises(

@@ -40,19 +40,40 @@ def check_shards(key: str, spec: str) -> list[str]:
 
 
 def check_tars(key: str, urls: list[str]) -> None:
-    """Every local shard starts with a tar header (tarfile reads its first one: ~0.1 ms a
-    shard). A zero-byte, empty or non-tar file is named here, before compute; a tar cut short
-    further in is a counted skip while reading (data.stages)."""
+    """Every local shard starts with a valid tar header: one 512-byte read a shard (0.3 s for
+    1,000 local shards on a loaded 2-core machine). A zero-byte, empty or non-tar file is named
+    here, before compute; a tar cut short further in is a counted skip while reading."""
     for url in urls:
         if _REMOTE.match(url) or not os.path.isfile(url):
             continue
         try:
-            with tarfile.open(url, mode="r:*") as tar:
-                empty = tar.next() is None
-        except (tarfile.TarError, OSError, EOFError) as e:
-            raise ConfigError(f"{key}: shard {url} is not a readable tar ({e})") from None
-        if empty:
-            raise ConfigError(f"{key}: shard {url} is an empty tar (no samples)")
+            why = _tar_head_problem(url)
+        except (tarfile.TarError, OSError, EOFError) as e:  # tarfile's may span lines
+            why = f"not a readable tar ({type(e).__name__}: {str(e).splitlines()[0]})"
+        if why:
+            raise ConfigError(f"{key}: shard {url} is {why}")
+
+
+def _tar_head_problem(url: str) -> str | None:
+    """What is wrong with the start of the tar `url`, or None."""
+    with open(url, "rb") as f:
+        head = f.read(512)
+    if head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ")):  # compressed: tarfile reads it
+        try:
+            tar = tarfile.open(url, mode="r:*")
+        except tarfile.ReadError:
+            return "not a readable tar (compressed, but no tar inside)"
+        with tar:
+            return None if tar.next() is not None else "an empty tar (no samples)"
+    if len(head) < 512:
+        return f"not a readable tar ({len(head)} bytes: shorter than one tar header)"
+    if not head.strip(b"\0"):
+        return "an empty tar (no samples)"
+    try:
+        tarfile.TarInfo.frombuf(head, "utf-8", "surrogateescape")
+    except tarfile.HeaderError as e:
+        return f"not a readable tar ({e})"
+    return None
 
 
 def check_same_labels(train: tuple[str, list[str]], eval: tuple[str, list[str]]) -> None:
