@@ -50,8 +50,9 @@ def main(argv: list[str] | None = None) -> dict:
     setup_logging(True)
     with one_line_errors():
         cfg = load_config(FewshotConfig, args.config, args.overrides)
-        preflight.check_labelled_source("data.train", cfg.data.train)
-        preflight.check_labelled_source("data.eval", cfg.data.eval)
+        train_names = preflight.check_labelled_source("data.train", cfg.data.train)
+        eval_names = preflight.check_labelled_source("data.eval", cfg.data.eval)
+        preflight.check_same_labels(("data.train", train_names), ("data.eval", eval_names))
         set_seed(cfg.seed)
         if args.checkpoint == "random":
             encoder = build_vit(cfg.model)

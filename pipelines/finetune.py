@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from ssl_vit.config import ConfigError, FinetuneConfig, load_config, to_dict
+from ssl_vit.config import FinetuneConfig, load_config, to_dict
 from ssl_vit.data import eval_loader, train_loader
 from ssl_vit.data.device_augment import build_device_augment
 from ssl_vit.model import Classifier, build_vit, normalize_pixels
@@ -61,8 +61,7 @@ def check(cfg: FinetuneConfig):
     label_names = preflight.check_labelled_source("data.train", cfg.data.train)
     if cfg.data.eval:
         eval_names = preflight.check_labelled_source("data.eval", cfg.data.eval)
-        if eval_names and eval_names != label_names:
-            raise ConfigError(f"data.eval={cfg.data.eval!r}: label names differ from data.train's")
+        preflight.check_same_labels(("data.train", label_names), ("data.eval", eval_names))
     loaded = None
     if not cfg.init.scratch:
         i = cfg.init
@@ -87,6 +86,7 @@ def evaluate(model, source: str, cfg: FinetuneConfig, acc) -> float:
         rank=acc.process_index,
         world_size=acc.num_processes,
         limit=cfg.data.max_eval,
+        num_classes=acc.unwrap_model(model).head.out_features,  # other labels: counted skips
     ):
         x = normalize_pixels(batch.images.to(acc.device), cfg.data.mean, cfg.data.std)
         with acc.autocast():
@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
         world_size=acc.num_processes,
         resume=start.stream,  # exactly where the consumed batches ended
         load_size=augment.load_size if augment else None,  # device: only decode + resize
+        num_classes=len(label_names),  # a label outside [0, K): a counted skip, not a crash
     )
     watch = Stopwatch()
     batches = Batches(loader, start, acc.num_processes, watch)

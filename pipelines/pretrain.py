@@ -60,8 +60,9 @@ def check(cfg: PretrainConfig) -> list[str]:
     """Everything the job will touch, before any compute: shards, few-shot sources, output."""
     urls = preflight.check_shards("data.train_shards", cfg.data.train_shards)
     if cfg.fewshot.train:  # few-shot evaluation is on when fewshot.train is set
-        preflight.check_labelled_source("fewshot.train", cfg.fewshot.train)
-        preflight.check_labelled_source("fewshot.eval", cfg.fewshot.eval)
+        train_names = preflight.check_labelled_source("fewshot.train", cfg.fewshot.train)
+        eval_names = preflight.check_labelled_source("fewshot.eval", cfg.fewshot.eval)
+        preflight.check_same_labels(("fewshot.train", train_names), ("fewshot.eval", eval_names))
     preflight.check_writable("output_dir", cfg.output_dir)
     return urls
 

@@ -8,6 +8,7 @@ it starts instead of silently training with a default (nanoGPT's configurator do
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -70,14 +71,15 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return from_dict(tp, value, prefix=f"{key}.")
     if tp is Any:
         return value
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp is float and isinstance(value, str):
+    if tp is float and not isinstance(value, bool) and isinstance(value, (int, float, str)):
         # YAML 1.1 reads `1e-3` (no dot) as a string; accept any numeric float spelling.
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
             raise ConfigError(f"{key}: expected float, got {value!r}") from None
+        if not math.isfinite(number):  # inf / nan would end a job "done" with a NaN loss
+            raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+        return number
     if tp is bool and not isinstance(value, bool):
         raise ConfigError(f"{key}: expected true/false, got {value!r}")
     if tp is int and isinstance(value, bool):
@@ -126,8 +128,20 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override '{item}' conflicts with another override")
-        node[leaf] = yaml.safe_load(raw) if raw.strip() else ""
+        node[leaf] = _parse_yaml(raw, f"override '{item}'") if raw.strip() else ""
     return out
+
+
+def _parse_yaml(text: str, where: str) -> Any:
+    """`yaml.safe_load(text)`; malformed YAML is one ConfigError line naming `where` and the
+    place of the problem."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: malformed YAML{at}: {problem}") from None
 
 
 def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
@@ -147,7 +161,7 @@ def load_config(cls: type[T], path: str | Path | None, overrides: list[str] = ()
         path = find_config(path)  # a file, or the name of a shipped config (pretrain/smoke)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        data = yaml.safe_load(path.read_text()) or {}
+        data = _parse_yaml(path.read_text(), str(path)) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
     return from_dict(cls, _merge(data, parse_overrides(list(overrides))))

@@ -58,6 +58,59 @@ def check_data_loading(num_workers: int, load_size: int) -> int:
     return auto_num_workers(num_workers)
 
 
+def check_min(prefix: str, obj: Any, names: tuple[str, ...], minimum: int) -> None:
+    """Every `obj.<name>` (an int) is >= `minimum`; the error names `prefix + name`."""
+    for name in names:
+        if getattr(obj, name) < minimum:
+            raise ConfigError(f"{prefix}{name}: must be >= {minimum}, got {getattr(obj, name)}")
+
+
+def check_positive(prefix: str, obj: Any, names: tuple[str, ...]) -> None:
+    """Every `obj.<name>` (a number, None skipped) is > 0; the error names `prefix + name`."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not value > 0:
+            raise ConfigError(f"{prefix}{name}: must be > 0, got {value}")
+
+
+def check_fraction(key: str, value: float, low_open: bool = True) -> None:
+    """`value` in (0, 1] (low_open) or [0, 1)."""
+    ok = 0.0 < value <= 1.0 if low_open else 0.0 <= value < 1.0
+    if not ok:
+        raise ConfigError(f"{key}: must be in {'(0, 1]' if low_open else '[0, 1)'}, got {value}")
+
+
+def check_pixels_norm(
+    prefix: str, std: tuple[float, ...], crop_scale: tuple[float, float] | None = None
+) -> None:
+    """Normalization (std > 0: it divides; the mean only needs to be finite, as every float
+    key) and the random-resized-crop area range 0 < low <= high <= 1 (a crop cannot be larger
+    than the image)."""
+    if min(std) <= 0:
+        raise ConfigError(f"{prefix}std: every value must be > 0, got {list(std)}")
+    if crop_scale is not None:
+        low, high = crop_scale
+        if not 0.0 < low <= high <= 1.0:
+            raise ConfigError(
+                f"{prefix}crop_scale: need 0 < low <= high <= 1, got {list(crop_scale)}"
+            )
+
+
+def check_fewshot_grid(
+    prefix: str, shots: list[int], seeds: list[int], l2_reg: list[float]
+) -> None:
+    """Shots >= 1 each, seeds >= 0 (NumPy draws), l2_reg > 0 (a ridge needs it); none empty."""
+    for key, values, ok, need in (
+        ("shots", shots, lambda k: k >= 1, ">= 1"),
+        ("seeds", seeds, lambda k: k >= 0, ">= 0"),
+        ("l2_reg", l2_reg, lambda k: k > 0, "> 0"),
+    ):
+        if not values:
+            raise ConfigError(f"{prefix}{key}: an empty list")
+        if not all(ok(v) for v in values):
+            raise ConfigError(f"{prefix}{key}: every value must be {need}, got {values}")
+
+
 def check_knn(k: int, num_train: int, temperature: float, prefix: str = "") -> None:
     if k < 0 or num_train < 0 or temperature <= 0:
         raise ConfigError(
@@ -104,6 +157,12 @@ class ModelConfig:
             for key, value in shape.items():  # explicit values override the variant
                 if getattr(self, key) is None:
                     setattr(self, key, value)
+        names = ("image_size", "patch_size", "width", "depth", "heads", "mlp_ratio", "norm_eps")
+        check_positive("model.", self, names)
+        if self.width and self.heads and self.width % self.heads:
+            raise ConfigError(
+                f"model.width ({self.width}) must be divisible by model.heads ({self.heads})"
+            )
         if self.patch_size and self.image_size % self.patch_size:
             raise ConfigError(
                 f"model.image_size ({self.image_size}) must be a multiple of "
@@ -155,6 +214,8 @@ class PretrainDataConfig:
     std: tuple[float, float, float] = (0.5, 0.5, 0.5)
 
     def validate(self) -> None:
+        check_min("data.", self, ("shuffle_buffer",), 0)
+        check_pixels_norm("data.", self.std, self.crop_scale)
         self.num_workers = check_data_loading(self.num_workers, self.load_size)
 
 
@@ -209,11 +270,17 @@ class OptimConfig:
         for name in ("steps", "batch_size", "grad_accum", "log_every", "max_bad_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
-        if self.warmup_steps < 0 or self.checkpoint_every < 0 or self.keep_checkpoints < 1:
-            raise ConfigError("train.warmup_steps/checkpoint_every must be >= 0, keep >= 1")
-        for name in ("dist_timeout_s", "stop_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"train.{name}: must be > 0, got {getattr(self, name)}")
+        check_min("train.", self, ("warmup_steps", "checkpoint_every"), 0)
+        check_min("train.", self, ("keep_checkpoints",), 1)
+        check_positive("train.", self, ("lr", "dist_timeout_s", "stop_timeout_s"))
+        for name in ("min_lr", "weight_decay", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name}: must be >= 0, got {getattr(self, name)}")
+        if self.min_lr > self.lr:
+            raise ConfigError(f"train.min_lr ({self.min_lr}) must be <= train.lr ({self.lr})")
+        check_fraction("train.momentum", self.momentum, low_open=False)
+        for i, beta in enumerate(self.betas):
+            check_fraction(f"train.betas[{i}]", beta, low_open=False)
         self.log_with = check_log_with(self.log_with, self.tensorboard, "train.")
 
 
@@ -238,6 +305,9 @@ class FewshotEvalConfig:
 
     def validate(self) -> None:
         check_knn(self.knn_k, self.knn_train, self.knn_temperature, "fewshot.")
+        check_fewshot_grid("fewshot.", self.shots, self.seeds, self.l2_reg)
+        check_min("fewshot.", self, ("batch_size",), 1)
+        check_min("fewshot.", self, ("num_workers", "max_eval", "every"), 0)
 
 
 @dataclass
@@ -256,6 +326,13 @@ class PretrainConfig:
             raise ConfigError("data.train_shards: required (a shard directory, index or pattern)")
         if self.objective.target == "color_4x4" and (self.model.patch_size or 0) < 4:
             raise ConfigError("objective.target color_4x4: needs model.patch_size >= 4")
+        if self.model.patch_size:
+            num_patches = (self.model.image_size // self.model.patch_size) ** 2
+            if round(self.objective.mask_ratio * num_patches) == 0:  # as objectives.corruption
+                raise ConfigError(
+                    f"objective.mask_ratio: {self.objective.mask_ratio} x {num_patches} patches "
+                    "corrupts none (nothing to predict); raise it"
+                )
 
 
 @dataclass
@@ -274,6 +351,8 @@ class FinetuneDataConfig:
     max_eval: int = 0  # evaluate on the first N images only (0: the whole split)
 
     def validate(self) -> None:
+        check_min("data.", self, ("shuffle_buffer", "max_eval"), 0)
+        check_pixels_norm("data.", self.std, self.crop_scale)
         self.num_workers = check_data_loading(self.num_workers, self.load_size)
 
 
@@ -318,8 +397,8 @@ class FinetuneConfig:
         check_seed(self.seed)
         if not self.data.train:
             raise ConfigError("data.train: required (shards, image folder or HF dataset)")
-        if not 0.0 <= self.ema < 1.0:
-            raise ConfigError(f"ema: must be in [0, 1), got {self.ema}")
+        check_fraction("ema", self.ema, low_open=False)
+        check_min("", self, ("eval_every",), 0)
 
 
 @dataclass
@@ -335,6 +414,9 @@ class FewshotDataConfig:
     def validate(self) -> None:
         if not self.train or not self.eval:
             raise ConfigError("data.train and data.eval: both required for few-shot evaluation")
+        check_min("data.", self, ("batch_size",), 1)
+        check_min("data.", self, ("num_workers", "max_eval"), 0)
+        check_pixels_norm("data.", self.std)
 
 
 @dataclass
@@ -366,3 +448,4 @@ class FewshotConfig:
         self.log_with = check_log_with(self.log_with, self.tensorboard, "")
         check_layers(self.layers, self.concat_last)
         check_knn(self.knn_k, self.knn_train, self.knn_temperature)
+        check_fewshot_grid("", self.shots, self.seeds, self.l2_reg)

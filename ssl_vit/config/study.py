@@ -5,9 +5,10 @@ injects the data paths, the model shape and each variant's objective into them.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-from ssl_vit.config.loader import ConfigError
+from ssl_vit.config.loader import ConfigError, parse_overrides
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig
 
 __all__ = ["StudyBudget", "StudyConfig", "StudyDataConfig", "StudyVariant"]
@@ -37,6 +38,18 @@ class StudyBudget:
     fewshot: list[str] = field(default_factory=list)
     finetune: list[str] = field(default_factory=list)
 
+    def validate(self) -> None:
+        if self.finetune_image_size < 0 or self.pretrain_fewshot_every < 0:
+            raise ConfigError(
+                "finetune_image_size, pretrain_fewshot_every: must be >= 0, got "
+                f"{self.finetune_image_size}, {self.pretrain_fewshot_every}"
+            )
+        for job in ("pretrain", "fewshot", "finetune"):
+            try:  # each is `key.sub=value`; the job checks the keys themselves when it starts
+                parse_overrides(getattr(self, job))
+            except ConfigError as e:
+                raise ConfigError(f"{job}: {e}") from None
+
 
 @dataclass
 class StudyConfig:
@@ -56,5 +69,11 @@ class StudyConfig:
         names = [v.name for v in self.variants]
         if not names or "" in names or len(set(names)) != len(names):
             raise ConfigError(f"variants: need unique non-empty names, got {names}")
+        for name in names:  # each names a run directory inside the study's output_dir
+            if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) or ".." in name:
+                raise ConfigError(
+                    f"variants: name {name!r} must be a simple name (letters, digits, _ . -; "
+                    "no '/' or '..'): it names a run directory in the study folder"
+                )
         if {"random", "scratch"} & set(names):
             raise ConfigError("variants: 'random' and 'scratch' name the random-init baselines")

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from ssl_vit.data.decode import check_pixels
 from ssl_vit.data.shards import ShardWriter
 from ssl_vit.data.sources import open_raw_source
 from ssl_vit.progress import progress_iter
@@ -33,6 +34,7 @@ def image_error(data: bytes) -> str | None:
         return "empty file"
     try:
         with Image.open(io.BytesIO(data)) as im:
+            check_pixels(im.size)  # the limit every reader applies (data.decode)
             im.verify()
     except Exception as e:  # PIL raises many types for bad data
         return f"{type(e).__name__}: {e}"

@@ -93,7 +93,9 @@ class _PassStream(StreamDataset):
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         stats = Stats()
         samples = ((s, None, None) for s in self._samples(worker, num_workers, stats))
-        images = decode_stage(samples, self.transform, stats, self.max_consecutive_failures)
+        images = decode_stage(
+            samples, self.transform, stats, self.max_consecutive_failures, self.num_classes
+        )
         return _batch_stage(images, self.batch_size, self.image_size, stats)
 
 
@@ -127,7 +129,7 @@ class _IndexedStream(_PassStream):
         order = np.arange(len(source)) if self.indices is None else np.unique(self.indices)
         for rec in source.iter_records(order[self.rank :: self.world_size][worker::num_workers]):
             label = None if self.require_labels and rec.label < 0 else rec.label
-            yield Sample(rec.key, f"{self.spec}", rec.data or None, label)
+            yield Sample(rec.key, source.describe(rec.index), rec.data or None, label)
 
 
 def eval_loader(
@@ -142,6 +144,7 @@ def eval_loader(
     indices: Sequence[int] | np.ndarray | None = None,
     limit: int = 0,
     max_consecutive_failures: int = 1000,
+    num_classes: int = 0,
 ) -> DataLoader:
     """One pass over a labelled source (shards, image folder, HF dataset), resize + center crop.
 
@@ -150,6 +153,7 @@ def eval_loader(
     samples are split by index modulo instead. Ranks may get different numbers of batches:
     gather with that in mind. `indices` restricts the pass to those samples (source order) and
     `limit` > 0 to the first N of them; both read shards by index instead of streaming them.
+    `num_classes` K > 0: samples labelled outside [0, K) are skipped and counted.
     """
     common = dict(
         batch_size=batch_size,
@@ -160,6 +164,7 @@ def eval_loader(
         world_size=world_size,
         require_labels=False,
         max_consecutive_failures=max_consecutive_failures,
+        num_classes=num_classes,
     )
     if indices is None and limit <= 0 and is_shard_spec(source):
         dataset: StreamDataset = _ShardStream(urls=resolve_shards(source), **common)

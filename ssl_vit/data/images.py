@@ -3,18 +3,14 @@ accelerator normalizes)."""
 
 from __future__ import annotations
 
-import io
 import math
-import warnings
 from collections.abc import Sequence
 
-import numpy as np
 import torch
-from PIL import Image
-from torchvision.io import ImageReadMode
-from torchvision.io import decode_image as _tv_decode_image
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
+
+from ssl_vit.data.decode import decode_image  # re-exported: the one decoding path
 
 __all__ = [
     "RandomResizedCropFlip",
@@ -24,23 +20,6 @@ __all__ = [
     "torchvision_train_transform",
     "train_transform",
 ]
-
-
-def decode_image(data: bytes) -> torch.Tensor:
-    """Encoded image bytes -> uint8 [3,H,W] RGB. Raises on empty, corrupt or non-image data."""
-    if not data:
-        raise ValueError("empty image data")
-    try:
-        # torchvision 0.29 warns on every call that its codecs are deprecated (for TorchCodec).
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            return _tv_decode_image(buf, mode=ImageReadMode.RGB)
-    except RuntimeError:
-        pass  # no BMP/TIFF/PPM decoder in torchvision: try PIL, which also rejects corrupt data
-    with Image.open(io.BytesIO(data)) as im:
-        pixels = np.asarray(im.convert("RGB"))
-    return torch.from_numpy(pixels.copy()).permute(2, 0, 1).contiguous()
 
 
 class RandomResizedCropFlip:

@@ -273,8 +273,12 @@ class HFSource(ImageSource):
         # and store PNG. Rare, slow, and lossless.
         import io
 
+        from PIL import Image
+
+        from ssl_vit.data.decode import pil_to_rgb8  # 16-bit scaled, not clipped
+
         buf = io.BytesIO()
-        self._decoded[int(index)][self.image_col].convert("RGB").save(buf, format="PNG")
+        Image.fromarray(pil_to_rgb8(self._decoded[int(index)][self.image_col])).save(buf, "PNG")
         return buf.getvalue(), "png"
 
     def iter_records(self, indices: Iterable[int] | None = None) -> Iterator[Record]:

@@ -149,14 +149,18 @@ def decode_stage(
     transform: Callable,
     stats: Stats,
     limit: int,
+    num_classes: int = 0,
 ) -> Iterator[tuple[torch.Tensor, int, str, Any]]:
-    """(sample, augmentation seed, tag) -> (image, label, key, tag), skipping bad samples."""
+    """(sample, augmentation seed, tag) -> (image, label, key, tag), skipping bad samples
+    (and, with `num_classes` K > 0, samples whose label is outside [0, K))."""
     for s, aug_seed, tag in samples:
         try:
             if s.data is None:
                 raise ValueError("no image member")
             if s.label is None:
                 raise ValueError("no valid .cls label")
+            if num_classes and not 0 <= s.label < num_classes:
+                raise ValueError(f"label {s.label} out of range [0, {num_classes})")
             image = _seeded(transform, decode_image(s.data), aug_seed)
         except Exception as e:  # any bad sample is skipped, whatever the decoder raised
             stats.skipped += 1
@@ -201,6 +205,7 @@ class StreamDataset(IterableDataset):
     world_size: int
     require_labels: bool
     max_consecutive_failures: int
+    num_classes: int = 0  # > 0: a sample whose label is outside [0, K) is skipped and counted
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

@@ -122,7 +122,9 @@ class _ResumableStream(StreamDataset):
         samples = self._positions(unit, units, v, skip, stats)
         if not self.seeded:
             samples = ((s, None, position) for s, _, position in samples)
-        items = decode_stage(samples, self.transform, stats, self.max_consecutive_failures)
+        items = decode_stage(
+            samples, self.transform, stats, self.max_consecutive_failures, self.num_classes
+        )
         # Each batch is sent as soon as it is full: its position then covers exactly the samples
         # it holds and the skips it reports, so nothing is counted twice after a resume.
         for chunk in _chunks(items, self.batch_size):
@@ -177,7 +179,7 @@ class _IndexedTrainStream(_ResumableStream):
         for i in order[unit::units].tolist():  # (iter_records would read them in sorted order)
             rec = source[i]
             label = None if self.require_labels and rec.label < 0 else rec.label
-            yield Sample(rec.key, self.spec, rec.data or None, label)
+            yield Sample(rec.key, source.describe(i), rec.data or None, label)  # logs: the file
 
 
 class StreamTracker:
@@ -247,6 +249,7 @@ def _train_fields(
     require_labels: bool,
     max_consecutive_failures: int,
     load_size: int | None,
+    num_classes: int = 0,
 ) -> dict[str, Any]:
     """The `_ResumableStream` fields shared by the training streams; `load_size`: workers
     only decode and resize to it (the batch is augmented on the device), None: they augment."""
@@ -267,6 +270,7 @@ def _train_fields(
         world_size=world_size,
         require_labels=require_labels,
         max_consecutive_failures=max_consecutive_failures,
+        num_classes=num_classes,
         **fields,
     )
 
@@ -348,9 +352,11 @@ def train_loader(
     prefetch_factor: int = 2,
     max_consecutive_failures: int = 1000,
     load_size: int | None = None,
+    num_classes: int = 0,
 ) -> DataLoader:
     """Endless augmented labelled batches of `data.train` for fine-tuning, resumable like
-    `pretrain_loader`.
+    `pretrain_loader`. `num_classes` K > 0: samples labelled outside [0, K) are skipped and
+    counted (a label the classifier head has no output for).
 
     Shards: as `pretrain_loader(..., labelled=True)`. An image folder or HF dataset: per epoch a
     permutation seeded by (seed, epoch), split by rank and worker (`shuffle_buffer` unused).
@@ -367,6 +373,7 @@ def train_loader(
         require_labels=True,
         max_consecutive_failures=max_consecutive_failures,
         load_size=load_size,
+        num_classes=num_classes,
     )
     if is_shard_spec(source):
         index = read_index(source)

@@ -60,14 +60,25 @@ def extract_features(
 
 
 def _subset_batches(
-    source, indices: np.ndarray, image_size: int, batch_size: int
+    source, indices: np.ndarray, image_size: int, batch_size: int, kept: list[int] | None = None
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Decode only the chosen samples of a large source, in index order."""
+    """Decode only the chosen samples of a large source, in index order. A sample that fails
+    to decode is skipped and logged with where it comes from, as the streams do; `kept`
+    collects the indices that were decoded."""
     transform = eval_transform(image_size)
     xs, ys = [], []
-    for _, data, label in source.iter_samples(indices):
-        xs.append(transform(decode_image(data)))
-        ys.append(label)
+    for rec in source.iter_records(indices):
+        try:
+            xs.append(transform(decode_image(rec.data)))
+        except Exception as e:  # any bad sample is skipped, whatever the decoder raised
+            log.warning(
+                "few-shot train: skipping %s (key %s): %s: %s",
+                *(source.describe(rec.index), rec.key, type(e).__name__, e),
+            )
+            continue
+        ys.append(rec.label)
+        if kept is not None:
+            kept.append(rec.index)
         if len(xs) == batch_size:
             yield torch.stack(xs), torch.tensor(ys)
             xs, ys = [], []
@@ -124,7 +135,11 @@ def fewshot_evaluate(
     train_src = open_source(train)
     labels = train_src.labels()
     num_classes = len(train_src.label_names) or int(labels.max()) + 1
-    selection = select_fewshot_indices(labels, shots, seeds, num_classes=num_classes)
+    labelled = _labelled_rows(train_src, labels, num_classes)
+    # Out-of-range labels -> K: bincount(minlength=K)[:K] and the per-class draws ignore them.
+    selection = select_fewshot_indices(
+        np.where(labelled, labels, num_classes), shots, seeds, num_classes=num_classes
+    )
     rows = np.unique(np.concatenate(list(selection.values())))
     num_eval = len(open_source(eval))
     num_eval = min(num_eval, max_eval) if max_eval > 0 else num_eval
@@ -136,20 +151,36 @@ def fewshot_evaluate(
             return {depth - 1: {pool: x}}, y
         return extract_layer_features(encoder, batches, mean, std, extract_at, device)
 
-    train_f = features(_counted(_subset_batches(train_src, rows, image_size, batch_size), bar))
-    test_batches = (
-        (b.images, b.labels)
-        for b in eval_loader(eval, batch_size, image_size, num_workers=num_workers, limit=max_eval)
-    )
-    test_f = features(_counted(test_batches, bar))
+    kept: list[int] = []  # the train rows that decoded: features row i is sample kept[i]
+    train_batches = _subset_batches(train_src, rows, image_size, batch_size, kept)
+    train_f = features(_counted(train_batches, bar))
+    skipped_eval = [0]
+
+    def test_batches():
+        loader = eval_loader(
+            *(eval, batch_size, image_size),
+            num_workers=num_workers,
+            limit=max_eval,
+            num_classes=num_classes,  # a test label outside [0, K): a counted skip
+        )
+        for b in loader:
+            skipped_eval[0] += b.skipped + b.skipped_shards
+            yield b.images, b.labels
+
+    test_f = features(_counted(test_batches(), bar))
     bar.close()
     t_features = time.perf_counter() - t0
+    kept_rows = np.asarray(kept, dtype=np.int64)  # ascending, as iter_records yields
     sweep = dict(
         shots=shots,
         seeds=seeds,
         l2_regs=l2_regs,
         num_classes=num_classes,
-        selection={s: np.searchsorted(rows, idx) for s, idx in selection.items()},
+        # A skipped image leaves its class one shot short in that seed's subsets.
+        selection={
+            s: np.searchsorted(kept_rows, idx[np.isin(idx, kept_rows)])
+            for s, idx in selection.items()
+        },
     )
     train_x, test_x = last.features(train_f[0]), last.features(test_f[0])
     result = fewshot_sweep(train_x, train_f[1], test_x, test_f[1], **sweep)
@@ -160,7 +191,8 @@ def fewshot_evaluate(
         log.info("best frozen readout: %s", result["layers"]["best"])
     if knn_k > 0:
         t_knn = time.perf_counter()
-        knn_rows = knn_train_rows(len(labels), knn_train)
+        valid = np.flatnonzero(labelled)
+        knn_rows = valid[knn_train_rows(len(valid), knn_train)]
         knn_x, knn_y = extract_features(
             encoder,
             _subset_batches(train_src, knn_rows, image_size, batch_size),
@@ -174,6 +206,9 @@ def fewshot_evaluate(
             "time_s": time.perf_counter() - t_knn,
         }
     result["num_train_features"] = len(train_x)
+    result["skipped_train"] = len(rows) - len(kept)  # images that failed to decode
+    result["skipped_train_labels"] = int((~labelled).sum())  # labels outside [0, K)
+    result["skipped_eval"] = skipped_eval[0]
     result["num_test"] = len(test_x)
     result["feature_time_s"] = t_features
     result["time_s"] = time.perf_counter() - t0
@@ -181,6 +216,19 @@ def fewshot_evaluate(
         "few-shot: %s (%d test images, %.1fs)", result["summary"], len(test_x), result["time_s"]
     )
     return result
+
+
+def _labelled_rows(source, labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """bool [N]: the train samples labelled in [0, K); the others are skipped, logged once
+    with the first of them (an unlabelled row, or a `.cls` no class name stands for)."""
+    labelled = (labels >= 0) & (labels < num_classes)
+    bad = np.flatnonzero(~labelled)
+    if bad.size:
+        log.warning(
+            "few-shot train: skipping %d samples labelled outside [0, %d), e.g. %s (label %d)",
+            *(bad.size, num_classes, source.describe(int(bad[0])), int(labels[bad[0]])),
+        )
+    return labelled
 
 
 def knn_train_rows(n: int, num_train: int) -> np.ndarray:

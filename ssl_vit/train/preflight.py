@@ -8,14 +8,23 @@ from __future__ import annotations
 
 import os
 import re
+import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from ssl_vit.config import ConfigError
 from ssl_vit.data import open_source, resolve_shards
+from ssl_vit.data.sources import ShardSource
 
-__all__ = ["check_labelled_source", "check_shards", "check_writable", "load_init_encoder"]
+__all__ = [
+    "check_labelled_source",
+    "check_same_labels",
+    "check_shards",
+    "check_tars",
+    "check_writable",
+    "load_init_encoder",
+]
 
 _REMOTE = re.compile(r"^(pipe:|[a-zA-Z][a-zA-Z0-9+.-]*://)")  # read only when the job gets there
 
@@ -23,9 +32,64 @@ _REMOTE = re.compile(r"^(pipe:|[a-zA-Z][a-zA-Z0-9+.-]*://)")  # read only when t
 def check_shards(key: str, spec: str) -> list[str]:
     """The shard URLs of `spec`; every local shard must exist."""
     try:
-        return resolve_shards(spec)
+        urls = resolve_shards(spec)
     except (FileNotFoundError, ValueError) as e:
         raise ConfigError(f"{key}={spec!r}: {e}") from None
+    check_tars(key, urls)
+    return urls
+
+
+def check_tars(key: str, urls: list[str]) -> None:
+    """Every local shard starts with a valid tar header: one 512-byte read a shard (0.3 s for
+    1,000 local shards on a loaded 2-core machine). A zero-byte, empty or non-tar file is named
+    here, before compute; a tar cut short further in is a counted skip while reading."""
+    for url in urls:
+        if _REMOTE.match(url) or not os.path.isfile(url):
+            continue
+        try:
+            why = _tar_head_problem(url)
+        except (tarfile.TarError, OSError, EOFError) as e:  # tarfile's may span lines
+            why = f"not a readable tar ({type(e).__name__}: {str(e).splitlines()[0]})"
+        if why:
+            raise ConfigError(f"{key}: shard {url} is {why}")
+
+
+def _tar_head_problem(url: str) -> str | None:
+    """What is wrong with the start of the tar `url`, or None."""
+    with open(url, "rb") as f:
+        head = f.read(512)
+    if head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ")):  # compressed: tarfile reads it
+        try:
+            tar = tarfile.open(url, mode="r:*")
+        except tarfile.ReadError:
+            return "not a readable tar (compressed, but no tar inside)"
+        with tar:
+            return None if tar.next() is not None else "an empty tar (no samples)"
+    if len(head) < 512:
+        return f"not a readable tar ({len(head)} bytes: shorter than one tar header)"
+    if not head.strip(b"\0"):
+        return "an empty tar (no samples)"
+    try:
+        tarfile.TarInfo.frombuf(head, "utf-8", "surrogateescape")
+    except tarfile.HeaderError as e:
+        return f"not a readable tar ({e})"
+    return None
+
+
+def check_same_labels(train: tuple[str, list[str]], eval: tuple[str, list[str]]) -> None:
+    """The eval source's class names are the train source's, in the same order (label i means
+    the same class on both sides); `train` / `eval`: (config key, label names). A source without
+    names (remote shards without an index) is not compared."""
+    (train_key, train_names), (eval_key, eval_names) = train, eval
+    if not train_names or not eval_names or train_names == eval_names:
+        return
+    only_train = [n for n in train_names if n not in eval_names]
+    only_eval = [n for n in eval_names if n not in train_names]
+    if only_train or only_eval:
+        diff = f"only in {train_key}: {only_train}, only in {eval_key}: {only_eval}"
+    else:
+        diff = f"same names in another order: {train_names} vs {eval_names}"
+    raise ConfigError(f"{eval_key}: label names differ from {train_key}'s ({diff})")
 
 
 def check_labelled_source(key: str, spec: str) -> list[str]:
@@ -36,6 +100,8 @@ def check_labelled_source(key: str, spec: str) -> list[str]:
         source = open_source(spec)
     except (FileNotFoundError, NotADirectoryError, ValueError) as e:
         raise ConfigError(f"{key}={spec!r}: {e}") from None
+    if isinstance(source, ShardSource):
+        check_tars(key, source.urls)
     if not source.label_names and not _REMOTE.match(spec):
         raise ConfigError(
             f"{key}={spec!r}: has no labels (shards without label names in index.json, or an "

@@ -30,6 +30,12 @@ __all__ = [
 
 def resolve_mixed_precision(setting: str) -> str:
     """'auto' -> bf16 on a GPU that supports it, else full precision ('no')."""
+    if setting == "fp16" and not torch.cuda.is_available():
+        # Accelerate would run fp32 while config.yaml recorded fp16: refuse instead.
+        raise ConfigError(
+            "train.mixed_precision=fp16: needs a CUDA GPU (this machine has none); use 'auto', "
+            "'no' or 'bf16'"
+        )
     if setting != "auto":
         return setting
     if torch.cuda.is_available() and torch.cuda.is_bf16_supported():

@@ -1,0 +1,466 @@
+"""Every bad input is one line (issue 21, the input half): images of any mode decode to 8-bit
+RGB, one pixel limit everywhere, class names compared before compute, bad labels and bad images
+counted and skipped, every numeric config key range-checked, malformed YAML / study files /
+shards named in one `error:` line."""
+
+import gzip
+import io
+import math
+import os
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from ssl_vit.config import ConfigError, load_config
+from ssl_vit.config.schema import FewshotConfig, FinetuneConfig, PretrainConfig
+from ssl_vit.config.study import StudyConfig
+from ssl_vit.data import decode_image, eval_loader
+from ssl_vit.data.convert import make_shards
+from ssl_vit.data.decode import MAX_PIXELS, _header_size
+from ssl_vit.data.shards import ShardWriter
+from ssl_vit.objectives.targets import mean_color_classes
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["model.image_size=16", "model.patch_size=4", "model.width=16", "model.depth=1"]
+TINY += ["model.heads=2"]
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def png16(pixels: np.ndarray) -> bytes:
+    """A real 16-bit PNG (grey [H, W] or RGB [H, W, 3] uint16): Pillow cannot write 16-bit RGB."""
+    h, w = pixels.shape[:2]
+    color_type = 2 if pixels.ndim == 3 else 0
+    rows = b"".join(b"\0" + pixels[y].astype(">u2").tobytes() for y in range(h))
+    header = struct.pack(">IIBBBBB", w, h, 16, color_type, 0, 0, 0)
+    body = _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(rows)) + _chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + body
+
+
+def huge_png(side: int = 20000) -> bytes:
+    """A PNG whose header says side x side (8-bit grey): what a reader sees before decoding."""
+    header = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(b"\0"))
+
+
+def encode(im: Image.Image, fmt: str = "PNG") -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def to8(v16: int) -> int:
+    return round(v16 / 257)
+
+
+# 16-bit levels whose 8-bit values are all different; PIL's own convert clips all but 0 to 255.
+LEVELS16 = [0, 4112, 32896, 61680, 65535]
+
+
+def test_16bit_png_scaled_not_clipped():
+    grey = np.array([LEVELS16] * 2, dtype=np.uint16)  # [2, 5]
+    via_pil = Image.fromarray(grey)
+    assert via_pil.mode == "I;16"
+    for data in (encode(via_pil), png16(grey)):
+        out = decode_image(data)
+        assert out.dtype == torch.uint8 and out.shape == (3, 2, 5)
+        assert out[:, 0].tolist() == [[to8(v) for v in LEVELS16]] * 3
+    rgb = np.zeros((3, 4, 3), dtype=np.uint16)
+    rgb[..., 0], rgb[..., 1], rgb[..., 2] = 65535, 32896, 4112
+    out = decode_image(png16(rgb))
+    assert out.dtype == torch.uint8 and out.shape == (3, 3, 4)
+    assert out[:, 1, 2].tolist() == [255, 128, 16]
+
+
+def test_every_mode_decodes_to_8bit_rgb():
+    grey16 = np.array([LEVELS16], dtype=np.uint16)
+    expected_grey = [to8(v) for v in LEVELS16]
+    cases = {
+        "I (TIFF)": (Image.fromarray(grey16.astype(np.int32)), "TIFF", expected_grey),
+        "F (TIFF)": (Image.fromarray((grey16 / 65535).astype(np.float32)), "TIFF", expected_grey),
+        "LA": (Image.new("LA", (5, 1), (100, 7)), "PNG", [100] * 5),
+        "P": (Image.new("RGB", (5, 1), (30, 60, 90)).convert("P"), "PNG", None),
+        "RGBA": (Image.new("RGBA", (5, 1), (10, 20, 30, 0)), "PNG", None),
+        "CMYK (JPEG)": (Image.new("CMYK", (5, 1), (10, 20, 30, 40)), "JPEG", None),
+        "CMYK (TIFF)": (Image.new("CMYK", (5, 1), (10, 20, 30, 40)), "TIFF", None),
+    }
+    for name, (im, fmt, grey) in cases.items():
+        data = encode(im, fmt)
+        out = decode_image(data)
+        assert out.dtype == torch.uint8 and out.shape == (3, 1, 5), name
+        if grey is not None:
+            assert out.tolist() == [[grey]] * 3, name
+        else:  # PIL's own conversion (alpha dropped), as decoded from the same bytes
+            ref = np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).transpose(2, 0, 1)
+            assert np.abs(out.numpy().astype(int) - ref).max() <= 1, name
+
+
+def test_header_size_matches_pil():
+    rng = np.random.default_rng(0)
+    for i in range(20):
+        h, w = (int(v) for v in rng.integers(1, 70, size=2))
+        im = Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+        for fmt, kw in (("PNG", {}), ("JPEG", {"progressive": bool(i % 2)})):
+            buf = io.BytesIO()
+            im.save(buf, format=fmt, **kw)
+            assert _header_size(buf.getvalue()) == (w, h)
+    assert _header_size(encode(im, "BMP")) is None
+
+
+def test_pixel_limit_is_one_for_every_reader(tmp_path, caplog):
+    side = int(MAX_PIXELS**0.5) + 1
+    big = huge_png(side)
+    with pytest.raises(ValueError, match=f"{side}x{side} image: more than {MAX_PIXELS} pixels"):
+        decode_image(big)
+    # An image folder (the eval and few-shot path) skips it, counted, the file named in the log.
+    folder = tmp_path / "folder"
+    (folder / "a").mkdir(parents=True)
+    for i in range(3):
+        Image.new("RGB", (8, 8), (i, i, i)).save(folder / "a" / f"ok{i}.png")
+    (folder / "a" / "huge.png").write_bytes(big)
+    batches = list(eval_loader(str(folder), 8, 8, num_workers=0))
+    assert sum(len(b.labels) for b in batches) == 3
+    assert sum(b.skipped for b in batches) == 1
+    assert str(folder / "a" / "huge.png") in caplog.text and "more than" in caplog.text
+    # make-shards refuses the same file (counted), and its shards would skip it alike.
+    index = make_shards(folder, tmp_path / "shards", progress=False)
+    assert index["num_samples"] == 3 and index["num_skipped"] == 1
+
+
+def _uniform_folder(root: Path, colours16: dict[str, list[tuple[int, int, int]]]) -> Path:
+    """Class folders of 8x8 16-bit PNGs of one colour each (RGB, or grey if r == g == b)."""
+    for cls, colours in colours16.items():
+        (root / cls).mkdir(parents=True)
+        for i, c in enumerate(colours):
+            px = np.broadcast_to(np.array(c, dtype=np.uint16), (8, 8, 3))
+            data = png16(px[..., 0].copy()) if len(set(c)) == 1 else png16(px.copy())
+            (root / cls / f"{i}.png").write_bytes(data)
+    return root
+
+
+def test_pretraining_on_16bit_images_sees_their_colours(tmp_path):
+    from ssl_vit.config.schema import PretrainDataConfig
+    from ssl_vit.data import pretrain_loader
+
+    colours = {"a": [(v, 65535 - v, 32896) for v in LEVELS16], "b": [(v, v, v) for v in LEVELS16]}
+    _uniform_folder(tmp_path / "img", colours)
+    make_shards(tmp_path / "img", tmp_path / "shards", progress=False, shuffle_seed=None)
+    data = PretrainDataConfig(train_shards=str(tmp_path / "shards"), num_workers=0)
+    batch = next(iter(pretrain_loader(data, batch_size=10, image_size=8)))
+    assert batch.images.dtype == torch.uint8 and batch.skipped == 0
+    expected = {
+        f"{c}_{i}": [to8(v) for v in col] for c in colours for i, col in enumerate(colours[c])
+    }
+    for image, key in zip(batch.images, batch.keys, strict=True):
+        # A uniform image stays uniform through any crop and flip: its exact 8-bit colour.
+        assert image.flatten(1).unique(dim=1).T.tolist() == [expected[key]], key
+        want = torch.tensor(expected[key], dtype=torch.uint8)[:, None, None].expand(3, 8, 8)
+        assert torch.equal(mean_color_classes(image[None], 4), mean_color_classes(want[None], 4))
+
+
+def _run(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "pipelines" / script), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+
+
+def _folders(root: Path, classes: list[str], n: int = 3, size: int = 16) -> Path:
+    for k, cls in enumerate(classes):
+        (root / cls).mkdir(parents=True)
+        for i in range(n):
+            Image.new("RGB", (size, size), (40 * k, 20 * i, 100)).save(root / cls / f"{i}.png")
+    return root
+
+
+def test_fewshot_job_refuses_other_class_names_in_one_line(tmp_path):
+    train = _folders(tmp_path / "train", ["a", "b"])
+    test = _folders(tmp_path / "test", ["a", "c"])
+    out = tmp_path / "out"
+    args = ["--checkpoint", "random", *TINY, f"data.train={train}", f"data.eval={test}"]
+    proc = _run("fewshot.py", *args, f"output_dir={out}", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: data.eval: label names differ from data.train's "
+        "(only in data.train: ['b'], only in data.eval: ['c'])"
+    )
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
+def pipeline(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"p_{name}", ROOT / "pipelines" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def _shards(out: Path, samples: list[tuple[bytes, int]], names: list[str]) -> Path:
+    with ShardWriter(out, shard_size=len(samples)) as w:
+        for i, (data, label) in enumerate(samples):
+            w.write(f"s{i:03d}", "png", data, label)
+        w.close(label_names=names, source="test")
+    return out
+
+
+def test_pretraining_monitor_class_names_and_bad_shards(tmp_path, synthetic_shards):
+    main = pipeline("pretrain")
+    base = ["--config", str(ROOT / "configs/pretrain/smoke.yaml"), *TINY, "train.steps=2"]
+    base += [f"data.train_shards={synthetic_shards}", f"output_dir={tmp_path / 'run'}"]
+    train = _folders(tmp_path / "ftrain", ["a", "b"])
+    other = _folders(tmp_path / "feval", ["a", "c"])
+    with pytest.raises(SystemExit, match=r"^error: fewshot.eval: label names differ from "):
+        main([*base, f"fewshot.train={train}", f"fewshot.eval={other}"])
+    # A zero-byte, random or empty .tar: named before compute.
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    garbage_gz = gzip.compress(b"not a tar" * 100)
+    cases = [
+        ("zero", b""),
+        ("random", np.random.default_rng(0).bytes(3000)),
+        ("empty", b"\0" * 1024),
+    ]
+    for name, content in [*cases, ("gz", garbage_gz)]:
+        tar = bad / f"{name}.tar"
+        tar.write_bytes(content)
+        with pytest.raises(
+            SystemExit,
+            match=rf"^error: data.train_shards: shard {tar} is (not a readable|an empty) tar",
+        ):
+            main([*base[:-2], f"data.train_shards={tar}", f"output_dir={tmp_path / 'run'}"])
+        with pytest.raises(SystemExit, match=rf"^error: fewshot.train: shard {tar} "):
+            main([*base, f"fewshot.train={tar}", f"fewshot.eval={synthetic_shards}"])
+    assert not (tmp_path / "run").exists()
+
+
+def _fewshot_sources(tmp_path: Path) -> tuple[Path, Path]:
+    """Train: a folder with one corrupt image in class a; eval: shards with one test label (7)
+    outside the 2 classes."""
+    train = _folders(tmp_path / "ftrain", ["a", "b"], n=4)
+    (train / "a" / "1.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    good = [encode(Image.new("RGB", (16, 16), (60 * k, 0, 90))) for k in range(2)]
+    test = _shards(tmp_path / "ftest", [(good[0], 0), (good[1], 1), (good[1], 7)], ["a", "b"])
+    return train, test
+
+
+def test_pretraining_monitor_survives_bad_images_and_labels(tmp_path, capfd):
+    """Pretraining on 16-bit images only, its few-shot monitor on a train side with a corrupt
+    image and a test side with an out-of-range label: the job ends with finite losses."""
+    train, test = _fewshot_sources(tmp_path)
+    _uniform_folder(tmp_path / "img16", {"a": [(v, v // 2, 65535 - v) for v in LEVELS16]})
+    make_shards(tmp_path / "img16", tmp_path / "shards16", progress=False)
+    main = pipeline("pretrain")
+    res = main(
+        [
+            *("--config", str(ROOT / "configs/pretrain/smoke.yaml"), *TINY, "train.steps=2"),
+            *(f"data.train_shards={tmp_path / 'shards16'}", f"output_dir={tmp_path / 'run'}"),
+            *(f"fewshot.train={train}", f"fewshot.eval={test}", "fewshot.num_workers=0"),
+            *("fewshot.shots=[4]", "fewshot.seeds=[0]"),
+        ]
+    )
+    assert math.isfinite(res["loss"]) and res["skipped_samples"] == 0
+    few = res["fewshot"]
+    assert (few["skipped_train"], few["skipped_train_labels"], few["skipped_eval"]) == (1, 0, 1)
+    assert few["num_train_features"] == 7 and few["num_test"] == 2
+    logged = capfd.readouterr().err  # the job logs to stderr
+    assert f"few-shot train: skipping {train / 'a' / '1.png'} (key a_1)" in logged
+    assert "label 7 out of range [0, 2)" in logged
+
+
+def test_fewshot_train_labels_out_of_range_are_counted_skips(tmp_path, caplog):
+    from ssl_vit.eval.fewshot_job import fewshot_evaluate
+    from ssl_vit.model import build_vit
+
+    img = [encode(Image.new("RGB", (16, 16), (60 * k, 0, 90))) for k in range(2)]
+    samples = [(img[0], 0), (img[1], 1), (img[0], 0), (img[1], 5), (img[1], 1), (img[0], -3)]
+    train = _shards(tmp_path / "train", samples, ["a", "b"])
+    test = _shards(tmp_path / "test", samples[:3], ["a", "b"])
+    cfg = load_config(FewshotConfig, None, [*TINY, "data.train=x", "data.eval=y"])
+    res = fewshot_evaluate(
+        build_vit(cfg.model),
+        str(train),
+        str(test),
+        image_size=16,
+        mean=(0.5,) * 3,
+        std=(0.5,) * 3,
+        shots=[2],  # each class has 2 samples with a valid label
+        seeds=[0, 1],
+        num_workers=0,
+    )
+    assert res["skipped_train_labels"] == 2 and res["num_train_features"] == 4
+    assert res["skipped_eval"] == 0 and res["num_test"] == 3
+    assert "skipping 2 samples labelled outside [0, 2)" in caplog.text
+
+
+def test_finetune_stream_skips_out_of_range_labels(tmp_path, caplog):
+    from ssl_vit.config.schema import FinetuneDataConfig
+    from ssl_vit.data import train_loader
+
+    img = encode(Image.new("RGB", (16, 16), (9, 9, 9)))
+    shards = _shards(tmp_path / "s", [(img, 0), (img, 2), (img, 1), (img, -1)], ["a", "b"])
+    data = FinetuneDataConfig(train=str(shards), num_workers=0, shuffle_buffer=1)
+    batches = iter(train_loader(data, batch_size=2, image_size=16, num_classes=2))
+    first, second = next(batches), next(batches)  # epoch 1, then epoch 2's first batch
+    # Skips are reported with the next batch sent: s001 (2) with the first, s003 (-1) and
+    # epoch 2's s001 with the second.
+    assert first.labels.tolist() == [0, 1] and first.skipped == 1
+    assert second.labels.tolist() == [0, 1] and second.skipped == 2
+    assert (
+        "label 2 out of range [0, 2)" in caplog.text and f"{shards}/shard-000000.tar" in caplog.text
+    )
+
+
+# Each bad value and the start of its one-line error; every numeric key is range-checked.
+BAD_CONFIGS = [
+    (
+        PretrainConfig,
+        "objective.mask_ratio=0.001",
+        "objective.mask_ratio: 0.001 x 16 patches corrupts none",
+    ),
+    (PretrainConfig, "model.width=0", "model.width: must be > 0, got 0"),
+    (PretrainConfig, "model.depth=-1", "model.depth: must be > 0"),
+    (PretrainConfig, "model.heads=0", "model.heads: must be > 0"),
+    (PretrainConfig, "model.patch_size=0", "model.patch_size: must be > 0"),
+    (PretrainConfig, "model.mlp_ratio=0", "model.mlp_ratio: must be > 0"),
+    (PretrainConfig, "model.width=30", "model.width (30) must be divisible by model.heads (4)"),
+    (PretrainConfig, "model.image_size=0", "model.image_size: must be > 0"),
+    (PretrainConfig, "data.crop_scale=[2,-1]", "data.crop_scale: need 0 < low <= high <= 1"),
+    (PretrainConfig, "data.crop_scale=[0.9,0.5]", "data.crop_scale: need 0 < low <= high <= 1"),
+    (PretrainConfig, "data.std=[0,0,0]", "data.std: every value must be > 0"),
+    (PretrainConfig, "data.shuffle_buffer=-1", "data.shuffle_buffer: must be >= 0"),
+    (PretrainConfig, "train.lr=inf", "train.lr: must be a finite number, got 'inf'"),
+    (PretrainConfig, "train.lr=.nan", "train.lr: must be a finite number"),
+    (PretrainConfig, "train.lr=0", "train.lr: must be > 0"),
+    (PretrainConfig, "train.min_lr=1", "train.min_lr (1.0) must be <= train.lr"),
+    (PretrainConfig, "train.weight_decay=-0.1", "train.weight_decay: must be >= 0"),
+    (PretrainConfig, "train.grad_clip=-1", "train.grad_clip: must be >= 0"),
+    (PretrainConfig, "train.betas=[0.9,1.0]", "train.betas[1]: must be in [0, 1)"),
+    (PretrainConfig, "train.momentum=1.5", "train.momentum: must be in [0, 1)"),
+    (PretrainConfig, "train.keep_checkpoints=0", "train.keep_checkpoints: must be >= 1"),
+    (PretrainConfig, "train.warmup_steps=-1", "train.warmup_steps: must be >= 0"),
+    (PretrainConfig, "fewshot.shots=[-1]", "fewshot.shots: every value must be >= 1"),
+    (PretrainConfig, "fewshot.seeds=[]", "fewshot.seeds: an empty list"),
+    (PretrainConfig, "fewshot.l2_reg=[0.0]", "fewshot.l2_reg: every value must be > 0"),
+    (PretrainConfig, "fewshot.every=-5", "fewshot.every: must be >= 0"),
+    (FewshotConfig, "shots=[0, 5]", "shots: every value must be >= 1"),
+    (FewshotConfig, "seeds=[]", "seeds: an empty list"),
+    (FewshotConfig, "seeds=[-1]", "seeds: every value must be >= 0"),
+    (FewshotConfig, "l2_reg=[-1.0]", "l2_reg: every value must be > 0"),
+    (FewshotConfig, "data.std=[1,0,1]", "data.std: every value must be > 0"),
+    (FewshotConfig, "data.batch_size=0", "data.batch_size: must be >= 1"),
+    (FinetuneConfig, "data.crop_scale=[0,1]", "data.crop_scale: need 0 < low <= high <= 1"),
+    (FinetuneConfig, "data.max_eval=-1", "data.max_eval: must be >= 0"),
+    (FinetuneConfig, "ema=1.0", "ema: must be in [0, 1)"),
+    (FinetuneConfig, "eval_every=-1", "eval_every: must be >= 0"),
+    (FinetuneConfig, "model.width=[1,", "override 'model.width=[1,': malformed YAML at line 1"),
+]
+REQUIRED = {
+    PretrainConfig: ["data.train_shards=x"],
+    FewshotConfig: ["data.train=x", "data.eval=y"],
+    FinetuneConfig: ["data.train=x"],
+}
+
+
+@pytest.mark.parametrize(("schema", "override", "message"), BAD_CONFIGS)
+def test_bad_config_values_are_one_line_naming_the_key(schema, override, message):
+    base = [*TINY, "model.heads=4", *REQUIRED[schema]]
+    with pytest.raises(ConfigError) as err:
+        load_config(schema, None, [*base, override])
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_shipped_configs_still_load():
+    for path in sorted((ROOT / "configs").glob("*/*.yaml")):
+        kind = path.parent.name
+        schema = {"pretrain": PretrainConfig, "finetune": FinetuneConfig}.get(kind)
+        schema = schema or {"fewshot": FewshotConfig, "study": StudyConfig}.get(kind)
+        if schema is not None:
+            load_config(schema, path)
+
+
+def test_fp16_on_a_cpu_is_refused():
+    from ssl_vit.train.runtime import resolve_mixed_precision
+
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU: fp16 runs")
+    with pytest.raises(ConfigError, match=r"^train.mixed_precision=fp16: needs a CUDA GPU"):
+        resolve_mixed_precision("fp16")
+    assert resolve_mixed_precision("no") == "no"
+
+
+def test_malformed_yaml_file_is_one_line_naming_it(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {width: 32\ntrain:\n  steps: 3\n")
+    with pytest.raises(ConfigError, match=rf"^{bad}: malformed YAML at line \d+, column \d+: "):
+        load_config(PretrainConfig, bad)
+    with pytest.raises(SystemExit, match=rf"^error: {bad}: malformed YAML at line 2, column 6: "):
+        pipeline("pretrain")(["--config", str(bad), f"output_dir={tmp_path / 'o'}"])
+    assert not (tmp_path / "o").exists()
+
+
+def study(argv: list[str]):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("study_script", ROOT / "scripts" / "study.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["study_script"] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module.main(argv)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("variants: [{name: ok}\n", "malformed YAML at line"),
+        ("variants: 3\n", "variants: expected a list"),
+        ("variants: [{name: ../../x}]\n", "variants: name '../../x' must be a simple name"),
+        ("variants: [{name: a/b}]\n", "variants: name 'a/b' must be a simple name"),
+        (
+            "variants: [{name: a}]\nquick: {pretrain: [steps]}\n",
+            "pretrain: override 'steps' is not",
+        ),
+        ("variants: [{name: a}]\nquick: {finetune_image_size: -8}\n", "finetune_image_size, "),
+    ],
+)
+def test_bad_study_files_are_one_line_and_write_nothing(tmp_path, text, message):
+    path = tmp_path / "study.yaml"
+    out = tmp_path / "out" / "study"
+    path.write_text(f"data: {{train: a, eval: b}}\nfull: {{output_dir: {out}}}\n{text}")
+    with pytest.raises(SystemExit) as err:
+        study(["--config", str(path)])
+    assert str(err.value).startswith("error: ") and message in str(err.value)
+    assert "\n" not in str(err.value) and not (tmp_path / "out").exists()
+
+
+def test_hf_dataset_16bit_huge_and_unlabelled_rows(tmp_path, caplog):
+    datasets = pytest.importorskip("datasets")
+    grey = np.full((8, 8), 32896, dtype=np.uint16)
+    rows = [(png16(grey), 0), (huge_png(), 1), (encode(Image.new("RGB", (8, 8))), -1)]
+    features = datasets.Features(
+        {"img": datasets.Image(), "y": datasets.ClassLabel(names=["a", "b"])}
+    )
+    ds = datasets.Dataset.from_dict(
+        {"img": [{"bytes": b, "path": None} for b, _ in rows], "y": [y for _, y in rows]},
+        features=features,
+    )
+    ds.save_to_disk(tmp_path / "hf")
+    batches = list(eval_loader(str(tmp_path / "hf"), 4, 8, num_workers=0, num_classes=2))
+    assert sum(b.skipped for b in batches) == 2
+    (image,) = torch.cat([b.images for b in batches])
+    assert image.unique().tolist() == [128]  # 32896 / 257
+    assert f"{tmp_path / 'hf'} row 1" in caplog.text and "more than" in caplog.text
+    assert "label -1 out of range [0, 2)" in caplog.text
