@@ -120,12 +120,12 @@ TOP_LEVEL = {key.split(".")[0].split("[")[0] for key in ALL_KEYS}
 FIELD_NAMES = {part.removesuffix("[]") for key in ALL_KEYS for part in key.split(".")}
 
 
-class _Captured(Exception):
+class _ParserBuiltError(Exception):
     pass
 
 
 def _grab(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
-    raise _Captured(self)
+    raise _ParserBuiltError(self)
 
 
 def built_parser(build) -> argparse.ArgumentParser:
@@ -135,7 +135,7 @@ def built_parser(build) -> argparse.ArgumentParser:
             mp.setattr(argparse.ArgumentParser, name, _grab)
         try:
             build()
-        except _Captured as caught:
+        except _ParserBuiltError as caught:
             return caught.args[0]
     raise AssertionError(f"{build} built no parser")
 
