@@ -208,7 +208,9 @@ def commands_in(tokens: list[str], page: str, line: int) -> Iterator[Command]:
     while i < len(tokens):
         tok = tokens[i].removeprefix(".venv/bin/")
         program = None
-        if tok == "ssl-vit" and i + 1 < len(tokens):
+        if tok == "ssl-vit" and (i + 1 == len(tokens) or tokens[i + 1].startswith("-")):
+            program = "ssl-vit"  # `ssl-vit --help`
+        elif tok == "ssl-vit":
             program, i = f"ssl-vit {tokens[i + 1]}", i + 1
         elif tok == "-m" and tokens[i + 1 : i + 2] and tokens[i + 1] in JOB_SCRIPTS:
             program, i = tokens[i + 1], i + 1
@@ -255,6 +257,8 @@ def schema_of(program: str) -> str | None:
 def allowed_options(program: str) -> set[str] | None:
     """The flags `program` takes; None when it takes none we can know (a shell script)."""
     job = schema_of(program)
+    if program == "ssl-vit":
+        return options(cli.build_parser())
     if program.startswith("ssl-vit "):
         sub = program.split()[1]
         if sub not in SUBCOMMANDS:
@@ -269,7 +273,7 @@ def allowed_options(program: str) -> set[str] | None:
 
 def problems(cmd: Command) -> Iterator[str]:
     where = f"{cmd.page}:{cmd.line}: {cmd.program}"
-    if not cmd.program.startswith(("ssl-vit ", "ssl_vit.")) and not (ROOT / cmd.program).exists():
+    if not cmd.program.startswith(("ssl-vit", "ssl_vit.")) and not (ROOT / cmd.program).exists():
         yield f"{where}: no such file"
         return
     try:
@@ -318,6 +322,7 @@ def test_the_command_check_catches_what_it_should():
     assert "no `ssl-vit frob`" in check("ssl-vit frob --x")[0]
     assert "no such file" in check("bash scripts/nothing.sh")[0]
     assert "--bogus" in check("python scripts/bench.py --bogus")[0]
+    assert check("ssl-vit --help") == []
 
 
 # --- config keys in prose, tables and YAML blocks ---------------------------------------------
@@ -354,11 +359,15 @@ def test_every_config_key_named_in_the_docs_exists():
         name = page.relative_to(ROOT).as_posix()
         blocks, prose = split_markdown(page.read_text())
         for span in code_spans(prose):
-            key = prose_keys(span)
-            if key is not None:
-                named += 1
-                if key not in ALL_KEYS | PLACEHOLDER_KEYS:
-                    found.append(f"{name}: `{span}`: {key} is not a config key")
+            words = span.split()
+            # `train.lr`, `pool=gap`, or a run of overrides `layers=all concat_last=2`
+            overrides = len(words) > 1 and all("=" in w for w in words)
+            for word in words if overrides else [span]:
+                key = prose_keys(word)
+                if key is not None:
+                    named += 1
+                    if key not in ALL_KEYS | PLACEHOLDER_KEYS:
+                        found.append(f"{name}: `{span}`: {key} is not a config key")
         for block in blocks:
             if block.lang != "yaml":
                 continue
