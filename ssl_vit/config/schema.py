@@ -141,13 +141,13 @@ class ModelConfig:
     """ViT shape. `variant` (Ti/S/B/L/H, optionally with '/patch', e.g. 'B/16') fills width,
     depth and heads; any of them given explicitly overrides the variant."""
 
-    variant: str = ""
-    image_size: int = 224
-    patch_size: int | None = None
-    width: int | None = None
-    depth: int | None = None
-    heads: int | None = None
-    mlp_ratio: float = 4.0
+    variant: str = ""  # Ti, S, B, L, H or e.g. B/16 (the patch too); "": give the shape below
+    image_size: int = 224  # input side in pixels; a multiple of patch_size
+    patch_size: int | None = None  # patch side in pixels
+    width: int | None = None  # token dimension D
+    depth: int | None = None  # transformer blocks
+    heads: int | None = None  # attention heads (width must divide by them)
+    mlp_ratio: float = 4.0  # MLP hidden size / width
     norm_eps: float = 1e-6  # LayerNorm epsilon; a loaded checkpoint's own value wins
 
     def validate(self) -> None:
@@ -185,7 +185,7 @@ class ObjectiveConfig:
 
     target: Literal["mean_color", "color_4x4", "pixels_l2"] = "mean_color"
     normalize_pixels: bool = False  # pixels_l2: per-patch zero mean, unit variance (as MAE)
-    mask_ratio: float = 0.5
+    mask_ratio: float = 0.5  # share of each image's patches corrupted (paper: 0.5)
     # P(replace by [mask]), P(replace by another patch's embedding), P(keep), of corrupted patches.
     probs: tuple[float, float, float] = (0.8, 0.1, 0.1)
 
@@ -198,6 +198,8 @@ class ObjectiveConfig:
 
 @dataclass
 class PretrainDataConfig:
+    """The pretraining stream: WebDataset shards, random-resized crop and flip."""
+
     train_shards: str = ""  # shard directory, index JSON or brace pattern
     num_workers: int = -1  # -1: auto, min(8, CPUs // processes per node), resolved at load
     shuffle_buffer: int = 2000  # samples shuffled together in memory (a block of one shard)
@@ -239,14 +241,14 @@ def check_log_with(log_with: list[str], tensorboard: bool, prefix: str) -> list[
 class OptimConfig:
     """Step-based schedule. `batch_size` is GLOBAL (all processes x accumulation steps)."""
 
-    steps: int = 1000
-    batch_size: int = 256
-    grad_accum: int = 1
-    lr: float = 2e-4
-    warmup_steps: int = 100
+    steps: int = 1000  # optimizer steps
+    batch_size: int = 256  # global: split over processes and grad_accum micro-steps
+    grad_accum: int = 1  # micro-steps per optimizer step (gradients summed)
+    lr: float = 2e-4  # peak learning rate (paper: 2e-4 at batch 4096; scale it linearly)
+    warmup_steps: int = 100  # linear warm-up, then cosine decay to min_lr
     min_lr: float = 0.0
     weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam (pretraining)
     momentum: float = 0.9  # SGD (fine-tuning)
     grad_clip: float = 1.0  # global norm; 0 disables
     mixed_precision: MixedPrecision = "auto"
@@ -256,8 +258,8 @@ class OptimConfig:
     # metrics.jsonl row also goes to them, from the main process; offline unless configured.
     log_with: list[str] = field(default_factory=list)
     tensorboard: bool = False  # the same as log_with: [tensorboard] (kept for old configs)
-    checkpoint_every: int = 500
-    keep_checkpoints: int = 3
+    checkpoint_every: int = 500  # steps between checkpoints (0: only the final one)
+    keep_checkpoints: int = 3  # the newest N checkpoints are kept
     # Steps with a non-finite gradient norm are skipped; this many in a row stop the job.
     max_bad_steps: int = 10
     # A collective (all-reduce, barrier) waiting this long for another rank fails the job.
@@ -312,8 +314,10 @@ class FewshotEvalConfig:
 
 @dataclass
 class PretrainConfig:
-    output_dir: str = "runs/pretrain"
-    seed: int = 0
+    """Masked patch prediction pretraining."""
+
+    output_dir: str = "runs/pretrain"  # the run directory
+    seed: int = 0  # each process seeds with seed + its rank
     model: ModelConfig = field(default_factory=ModelConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     data: PretrainDataConfig = field(default_factory=PretrainDataConfig)
@@ -337,6 +341,8 @@ class PretrainConfig:
 
 @dataclass
 class FinetuneDataConfig:
+    """Labelled sources: shards, an image folder, an HF dataset directory or hf://NAME[:SPLIT]."""
+
     train: str = ""
     eval: str = ""
     num_workers: int = -1  # -1: auto, as PretrainDataConfig
@@ -358,9 +364,12 @@ class FinetuneDataConfig:
 
 @dataclass
 class InitConfig:
+    """The encoder fine-tuning starts from."""
+
     # A pretraining run directory or checkpoint (its newest valid one is used), an
     # encoder.safetensors, timm / transformers weights; `none`: random init (from scratch).
     checkpoint: str = "none"
+    # How position embeddings are resized when model.image_size differs from the checkpoint's.
     pos_interp: Literal["bilinear", "bicubic"] = "bicubic"
     # auto: an ssl-vit checkpoint, timm ViT weights or a transformers ViT directory, detected
     format: Literal["auto", "ssl_vit", "timm", "hf"] = "auto"
@@ -380,9 +389,11 @@ class InitConfig:
 
 @dataclass
 class FinetuneConfig:
-    output_dir: str = "runs/finetune"
+    """Fine-tuning of an encoder as a classifier (zero-initialized linear head)."""
+
+    output_dir: str = "runs/finetune"  # the run directory
     seed: int = 0
-    pool: Literal["cls", "gap"] = "cls"
+    pool: Literal["cls", "gap"] = "cls"  # the head reads the [class] token or the patch mean
     model: ModelConfig = field(default_factory=ModelConfig)
     init: InitConfig = field(default_factory=InitConfig)
     data: FinetuneDataConfig = field(default_factory=FinetuneDataConfig)
@@ -403,6 +414,8 @@ class FinetuneConfig:
 
 @dataclass
 class FewshotDataConfig:
+    """The labelled support (train) and test (eval) sources."""
+
     train: str = ""  # labelled source: shard dir / index / brace pattern, image folder, HF dataset
     eval: str = ""
     batch_size: int = 256
@@ -421,14 +434,16 @@ class FewshotDataConfig:
 
 @dataclass
 class FewshotConfig:
-    output_dir: str = "runs/fewshot"
+    """Few-shot linear evaluation of a frozen encoder (`--checkpoint`)."""
+
+    output_dir: str = "runs/fewshot"  # the run directory
     seed: int = 0
     # The summarized readout: the last block's output pooled so (cls+gap: both, concatenated).
     pool: Literal["cls", "gap", "cls+gap"] = "cls"
     # Also every block asked for (`all`, or indices, negative from the end) x cls/gap/cls+gap,
     # and the last `concat_last` blocks concatenated: results.json `layers` (eval.readouts).
     layers: str | list[int] = "last"
-    concat_last: int = 0
+    concat_last: int = 0  # also the last N blocks' pooled outputs concatenated (0: off)
     knn_k: int = 0  # also weighted k-NN top-1 (eval.knn) of the readout; 0: off
     knn_train: int = 10000  # train images the k-NN compares against (0: all)
     knn_temperature: float = 0.07

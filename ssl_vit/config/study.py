@@ -16,12 +16,16 @@ __all__ = ["StudyBudget", "StudyConfig", "StudyDataConfig", "StudyVariant"]
 
 @dataclass
 class StudyDataConfig:
+    """The study's two labelled sources, given to every job."""
+
     train: str = ""  # labelled: pretraining, few-shot support images and fine-tuning
     eval: str = ""  # labelled: few-shot and fine-tuning evaluation
 
 
 @dataclass
 class StudyVariant:
+    """One pretraining variant: its name and its `objective` section."""
+
     name: str = ""  # run directory name, e.g. mean_color_50
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
 
@@ -53,6 +57,8 @@ class StudyBudget:
 
 @dataclass
 class StudyConfig:
+    """The study: variants x (pretrain -> few-shot -> fine-tune), plus the random-init rows."""
+
     data: StudyDataConfig = field(default_factory=StudyDataConfig)
     variants: list[StudyVariant] = field(default_factory=list)
     # Base YAML of each job; the budget's overrides and the study's values go on top.
