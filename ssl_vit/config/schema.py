@@ -174,6 +174,9 @@ class OptimConfig:
     # After SIGTERM / SIGINT the job checkpoints and exits; if that takes longer (a rank gone),
     # it exits 1 without a new checkpoint.
     stop_timeout_s: float = 300.0
+    # A wait for one batch longer than this (a stalled pipe: command, FIFO or mount) ends the
+    # job with exit 1; covers loader start-up and the evaluation loaders too.
+    data_timeout_s: float = 600.0
 
     def validate(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "log_every", "max_bad_steps"):
@@ -181,7 +184,7 @@ class OptimConfig:
                 raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
         if self.warmup_steps < 0 or self.checkpoint_every < 0 or self.keep_checkpoints < 1:
             raise ConfigError("train.warmup_steps/checkpoint_every must be >= 0, keep >= 1")
-        for name in ("dist_timeout_s", "stop_timeout_s"):
+        for name in ("dist_timeout_s", "stop_timeout_s", "data_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"train.{name}: must be > 0, got {getattr(self, name)}")
         self.log_with = check_log_with(self.log_with, self.tensorboard, "train.")
@@ -325,9 +328,12 @@ class FewshotConfig:
     checkpoint_format: Literal["auto", "ssl_vit", "timm", "hf"] = "auto"
     log_with: list[str] = field(default_factory=list)  # experiment trackers, as train.log_with
     tensorboard: bool = False  # the same as log_with: [tensorboard] (kept for old configs)
+    data_timeout_s: float = 600.0  # as train.data_timeout_s: the longest wait for one batch
 
     def validate(self) -> None:
         check_seed(self.seed)
+        if self.data_timeout_s <= 0:
+            raise ConfigError(f"data_timeout_s: must be > 0, got {self.data_timeout_s}")
         self.log_with = check_log_with(self.log_with, self.tensorboard, "")
         check_layers(self.layers, self.concat_last)
         check_knn(self.knn_k, self.knn_train, self.knn_temperature)

@@ -22,8 +22,6 @@ it alive in the traceback). That was the hang.
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import os
 import signal
 import sys
 import threading
@@ -35,7 +33,9 @@ from typing import Any, NoReturn
 
 import torch
 
+from ssl_vit.atomic import WriteError
 from ssl_vit.train.checkpoint import CheckpointError, latest_valid_checkpoint
+from ssl_vit.watchdog import dead_workers, exiting, hard_exit, kill_children
 
 __all__ = [
     "Preempted",
@@ -50,7 +50,10 @@ log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_ERROR = 0, 1
 # Errors of the user's making: one line, no traceback.
-USER_ERRORS = (FileNotFoundError, NotADirectoryError, PermissionError, ValueError, CheckpointError)
+USER_ERRORS = (
+    *(FileNotFoundError, NotADirectoryError, PermissionError, ValueError, CheckpointError),
+    WriteError,  # disk full, quota, read-only: one line naming the file
+)
 
 _checkpoint_root: Path | None = None
 
@@ -86,27 +89,8 @@ def one_line_errors() -> Iterator[None]:
         raise SystemExit(f"error: {e}") from None
 
 
-def kill_children(timeout: float = 10.0) -> None:
-    """SIGKILL this process's multiprocessing children (loader workers) and reap them."""
-    # DataLoader's SIGCHLD handler would raise for every worker killed here.
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    children = multiprocessing.active_children()
-    for p in children:
-        p.kill()
-    for p in children:
-        p.join(timeout)
-
-
 def _exit(code: int) -> NoReturn:
-    """Leave now: children killed, logs flushed, no exit handler that could wait on anything."""
-    kill_children()
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+    hard_exit(code)  # (ssl_vit.watchdog: works from any thread)
 
 
 def run_job(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> NoReturn:
@@ -114,14 +98,19 @@ def run_job(main: Callable[[list[str] | None], Any], argv: list[str] | None = No
     try:
         main(argv)
     except BaseException as e:  # noqa: BLE001 - every failure must end the process
+        if exiting():  # a watchdog thread is ending the job and has said why
+            threading.Event().wait(60)
+        # Before they are killed below: a worker a signal ended (the OOM killer) is named
+        # whichever error surfaced first (DataLoader's own, or a reset connection to it).
+        dead = dead_workers()
         # First: the traceback keeps loader iterators alive, and their finalizers would wait
         # (5 s a worker, then a SIGTERM the workers ignore) for workers that may be blocked.
         kill_children()
-        _exit(_report(e))
+        _exit(_report(e, dead))
     _exit(EXIT_OK)
 
 
-def _report(e: BaseException) -> int:
+def _report(e: BaseException, dead: list[str] = ()) -> int:
     """Print what ended the job (one line last) and return the exit status."""
     if isinstance(e, SystemExit):
         if e.code is None or isinstance(e.code, int):
@@ -137,6 +126,8 @@ def _report(e: BaseException) -> int:
     if not isinstance(e, USER_ERRORS):
         traceback.print_exception(e)
     message = str(e).splitlines()[0] if str(e) else ""
+    if dead:
+        message += f" [dead loader worker(s): {', '.join(dead)}]"
     print(f"error: {type(e).__name__}: {message}{_last_good_checkpoint()}", file=sys.stderr)
     return EXIT_ERROR
 
