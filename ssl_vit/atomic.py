@@ -109,7 +109,7 @@ def clean_staging(target: str | os.PathLike) -> None:
     if not target.parent.is_dir():
         return
     for p in target.parent.glob(f".{target.name}.*"):
-        kind, _, pid = p.name[len(target.name) + 1 :].partition("-")
+        kind, _, pid = p.name[len(target.name) + 2 :].partition("-")
         if not pid.isdigit() or _pid_alive(int(pid)) and int(pid) != os.getpid():
             continue
         if f".{kind}-" == _OLD and not target.exists():

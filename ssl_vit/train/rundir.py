@@ -137,6 +137,16 @@ def claim_run_dir(
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite: pick one (continue the run, or replace it)")
     lock = lock_run_dir(run_dir)
+    try:
+        _apply_policy(run_dir, cfg, resume, overwrite)
+        write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    except BaseException:
+        lock.release()  # refused: the directory is free again at once
+        raise
+    return lock
+
+
+def _apply_policy(run_dir: Path, cfg: Any, resume: bool, overwrite: bool) -> None:
     existing = run_files(run_dir)
     if existing and overwrite:
         log.warning("--overwrite: removing the earlier run's files in %s", run_dir)
@@ -150,5 +160,3 @@ def claim_run_dir(
         )
     elif resume:
         _check_resumed_config(run_dir, cfg)
-    write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    return lock
