@@ -18,6 +18,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,13 +38,17 @@ class WriteError(OSError):
 
 # Errors of the storage, not of the program: reported as one line naming the file.
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES}
+_LIBRARY_WRITE_ERROR = re.compile(
+    r"I/O error|write failed|No space left|File too large|quota exceeded", re.IGNORECASE
+)
 
 
 @contextmanager
 def writing(path: str | os.PathLike) -> Iterator[None]:
     """Turn a storage failure inside the block into `WriteError("cannot write PATH: ...")`.
 
-    torch.save reports a failed write as a RuntimeError ("file write failed"); it is caught too."""
+    torch.save (a RuntimeError, "file write failed") and safetensors (SafetensorError, "I/O
+    error: ...") report a failed write in their own types; those are caught too."""
     try:
         yield
     except WriteError:
@@ -52,10 +57,10 @@ def writing(path: str | os.PathLike) -> Iterator[None]:
         if e.errno not in _STORAGE_ERRNOS:
             raise
         raise WriteError(e.errno, f"cannot write {path}: {e.strerror or e}") from None
-    except RuntimeError as e:
-        if "write" not in str(e).lower():
+    except Exception as e:
+        if not _LIBRARY_WRITE_ERROR.search(str(e)):
             raise
-        raise WriteError(f"cannot write {path}: {str(e).splitlines()[0]} (disk full?)") from None
+        raise WriteError(f"cannot write {path}: {str(e).splitlines()[0]}") from None
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

@@ -117,8 +117,9 @@ def test_locked_dir_stops_every_rank(synthetic_shards, tmp_path):
     exit too (no rank trains, none hangs)."""
     out = tmp_path / "run"
     out.mkdir()
+    # (relative path: the holder's command line must not name the run, see _alive)
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(out / LOCK_NAME)], stdout=subprocess.PIPE
+        [sys.executable, "-c", HOLD_LOCK, LOCK_NAME], stdout=subprocess.PIPE, cwd=out
     )
     assert holder.stdout.readline().strip() == b"locked"
     try:
