@@ -19,6 +19,7 @@ from PIL import Image
 from test_guard import _alive, _exit_within, _launch, _log, _pipeline, _wait_until
 from test_pipelines import pipeline, pretrain_args
 
+import ssl_vit.atomic as ssl_atomic
 from ssl_vit.atomic import WriteError, read_jsonl
 from ssl_vit.cli import main as cli
 from ssl_vit.config import ConfigError
@@ -297,3 +298,49 @@ def test_error_line_names_a_dead_worker_whatever_surfaced():
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 1
     assert last.startswith("error: ConnectionResetError:") and f"pid {pid} (SIGKILL)" in last, last
+
+
+# --- the building blocks, in-process ---------------------------------------------------
+
+
+def test_staged_dir_replaces_whole_or_not_at_all(tmp_path, monkeypatch):
+    target = tmp_path / "t"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    with pytest.raises(RuntimeError), ssl_atomic.staged_dir(target) as tmp:
+        (tmp / "new.txt").write_text("new")
+        raise RuntimeError("failed half way")
+    assert [p.name for p in target.iterdir()] == ["old.txt"] and _leftovers(target) == []
+    # Without renameat2 (two renames): both ways give the new contents only.
+    for exchange in (True, False):
+        if not exchange:
+            monkeypatch.setattr(ssl_atomic, "_exchange", lambda a, b: False)
+        with ssl_atomic.staged_dir(target) as tmp:
+            (tmp / f"new{exchange}.txt").write_text("new")
+        assert [p.name for p in target.iterdir()] == [f"new{exchange}.txt"]
+        assert _leftovers(target) == []
+
+
+def test_a_swap_cut_short_is_undone(tmp_path):
+    """Killed between the two renames: the old directory is set aside, the target is gone;
+    the next writer puts the old one back before anything else."""
+    target = tmp_path / "t"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    old = tmp_path / f".t.old-{dead.pid}"
+    old.mkdir()
+    (old / "index.json").write_text("{}")
+    staging = tmp_path / f".t.staging-{dead.pid}"
+    staging.mkdir()
+    ssl_atomic.clean_staging(target)
+    assert (target / "index.json").read_text() == "{}" and _leftovers(target) == []
+
+
+def test_read_jsonl_torn_last_line_and_corrupt_middle(tmp_path, caplog):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n{"ste')
+    assert read_jsonl(path) == [{"step": 1}, {"step": 2}]
+    assert f"{path}: dropping its torn last line 3" in caplog.text
+    path.write_text('{"step": 1}\n{"st\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=f"^{path}:2: corrupt line"):
+        read_jsonl(path)
