@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn, TypeVar
@@ -29,6 +30,7 @@ __all__ = [
     "hard_exit",
     "kill_children",
     "set_data_timeout",
+    "track_loader",
     "waiting_for",
     "watched",
 ]
@@ -51,20 +53,39 @@ def kill_children(timeout: float = 10.0) -> None:
         p.join(timeout)
 
 
-def dead_workers() -> list[str]:
-    """'pid N (SIGKILL)' for each child process that a signal ended and that nobody reaped yet
-    (a loader worker killed by the OOM killer): to be named whatever error surfaced first."""
-    dead = []
-    # `active_children()` would reap them silently; the registry keeps them until then.
-    for p in list(getattr(multiprocessing.process, "_children", ())):
-        code = p.exitcode  # polls without blocking
-        if code is not None and code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            dead.append(f"pid {p.pid} ({name})")
-    return dead
+_loaders: weakref.WeakSet = weakref.WeakSet()
+
+
+def track_loader(iterator: object) -> None:
+    """Remember a DataLoader iterator: its workers are checked by `dead_workers` even after
+    DataLoader itself noticed one dead (which drops it from multiprocessing's registry)."""
+    try:
+        _loaders.add(iterator)
+    except TypeError:  # not weak-referenceable: multiprocessing's registry still covers it
+        pass
+
+
+def dead_workers(grace_s: float = 0.0) -> list[str]:
+    """'pid N (SIGKILL)' for each child process that a signal ended (a loader worker killed by
+    the OOM killer): to be named whatever error surfaced first. A killed process closes its
+    sockets a moment before it can be seen dead: `grace_s` is how long to look for one."""
+    end = time.monotonic() + grace_s
+    while True:
+        procs = set(getattr(multiprocessing.process, "_children", ()))
+        for it in list(_loaders):
+            procs.update(getattr(it, "_workers", ()))
+        dead = []
+        for p in sorted(procs, key=lambda p: p.pid or 0):
+            code = p.exitcode  # polls without blocking
+            if code is not None and code < 0:
+                try:
+                    name = signal.Signals(-code).name
+                except ValueError:
+                    name = f"signal {-code}"
+                dead.append(f"pid {p.pid} ({name})")
+        if dead or time.monotonic() >= end:
+            return dead
+        time.sleep(0.05)
 
 
 _EXITING = threading.Event()

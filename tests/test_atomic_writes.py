@@ -255,6 +255,13 @@ def test_stalled_source_ends_the_job(synthetic_shards, fifo, tmp_path, workers):
     print(f"stalled source, {workers} workers -> exit {rc} in {time.time() - t0:.1f}s")
 
 
+def _catches_sigterm(pid: int) -> bool:
+    """Whether process `pid` has a handler for SIGTERM (the training loop's StopRequest)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(x for x in status.splitlines() if x.startswith("SigCgt:")).split()[1], 16)
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
 def test_stop_that_times_out_exits(synthetic_shards, fifo, tmp_path):
     out = tmp_path / "run"
     args = pretrain_args(synthetic_shards, out, "train.stop_timeout_s=2", "data.num_workers=2")
@@ -263,7 +270,7 @@ def test_stop_that_times_out_exits(synthetic_shards, fifo, tmp_path):
         for a in args
     ]
     proc = _launch(_pipeline("pretrain", *args), out)
-    _wait_until(lambda: "pretraining" in _log(out), proc, out)
+    _wait_until(lambda: _catches_sigterm(proc.pid), proc, out)  # the loop's handler is in
     proc.send_signal(signal.SIGTERM)
     rc, seconds = _exit_within(proc, out, 60)
     log = _log(out)

@@ -106,7 +106,8 @@ def run_job(main: Callable[[list[str] | None], Any], argv: list[str] | None = No
             threading.Event().wait(60)
         # Before they are killed below: a worker a signal ended (the OOM killer) is named
         # whichever error surfaced first (DataLoader's own, or a reset connection to it).
-        dead = dead_workers()
+        # A reset connection to a worker is seen a moment before the worker is seen dead.
+        dead = dead_workers(grace_s=1.0 if isinstance(e, (ConnectionError, EOFError)) else 0.0)
         # First: the traceback keeps loader iterators alive, and their finalizers would wait
         # (5 s a worker, then a SIGTERM the workers ignore) for workers that may be blocked.
         kill_children()

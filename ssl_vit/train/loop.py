@@ -28,7 +28,7 @@ from ssl_vit.train.checkpoint import (
 from ssl_vit.train.guard import note_checkpoints
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch
 from ssl_vit.train.runtime import Run
-from ssl_vit.watchdog import waiting_for
+from ssl_vit.watchdog import track_loader, waiting_for
 
 __all__ = [
     "BadSteps",
@@ -69,6 +69,7 @@ class Batches:
         self.what = what
         with waiting_for(what):  # worker start-up
             self.it: Iterator[Batch] = iter(loader)
+        track_loader(self.it)  # a dead worker is named in the job's error line
         workers = loader.num_workers
         self.tracker = StreamTracker(world_size, workers, start.stream)  # -> the checkpoint
         self.counters, self.world_size = start.counters, world_size
