@@ -113,17 +113,18 @@ def _check_resumed_config(run_dir: Path, cfg: Any) -> None:
     except yaml.YAMLError as e:
         raise ConfigError(f"{saved_file}: unreadable ({str(e).splitlines()[0]})") from None
     new = _flat(to_dict(cfg))
-    changed = [k for k in sorted(set(saved) | set(new)) if saved.get(k) != new.get(k)]
+    # Keys only one side has (a config written by another version) cannot be compared.
+    changed = [k for k in sorted(set(saved) & set(new)) if saved[k] != new[k]]
     changed = [k for k in changed if k != "output_dir"]
     shape = [k for k in changed if k.startswith(SHAPE_KEYS)]
     if shape:
-        diffs = ", ".join(f"{k} {saved.get(k)!r} -> {new.get(k)!r}" for k in shape)
+        diffs = ", ".join(f"{k} {saved[k]!r} -> {new[k]!r}" for k in shape)
         raise ConfigError(
             f"--resume: the run in {run_dir} has another model shape ({diffs}); resume with its "
             f"config, or start a new run in another output_dir"
         )
     for k in changed:
-        log.warning("--resume with a changed %s: %r -> %r", k, saved.get(k), new.get(k))
+        log.warning("--resume with a changed %s: %r -> %r", k, saved[k], new[k])
 
 
 def claim_run_dir(
