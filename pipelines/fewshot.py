@@ -19,14 +19,16 @@ from pathlib import Path
 import torch
 from accelerate.utils import set_seed
 
-from ssl_vit.config import FewshotConfig, load_config, save_config, to_dict
+from ssl_vit.config import FewshotConfig, load_config, to_dict
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.eval.readouts import format_layer_table
 from ssl_vit.model import build_vit
 from ssl_vit.train import preflight
 from ssl_vit.train.guard import one_line_errors, run_job
 from ssl_vit.train.metrics import MetricsWriter
+from ssl_vit.train.rundir import claim_run_dir
 from ssl_vit.train.runtime import setup_logging
+from ssl_vit.watchdog import set_data_timeout
 
 log = logging.getLogger("fewshot")
 
@@ -40,6 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "directory, or 'random'",
     )
     p.add_argument("--config", help="YAML config (see configs/fewshot/)")
+    p.add_argument("--overwrite", action="store_true", help="replace results in output_dir")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     return p.parse_intermixed_args(argv)
 
@@ -61,10 +64,10 @@ def main(argv: list[str] | None = None) -> dict:
                 "--checkpoint", args.checkpoint, cfg.model, cfg.pos_interp, cfg.checkpoint_format
             )
         preflight.check_writable("output_dir", cfg.output_dir)
+        run_dir = Path(cfg.output_dir)
+        lock = claim_run_dir(run_dir, cfg, overwrite=args.overwrite)  # noqa: F841 (held)
+    set_data_timeout(cfg.data_timeout_s)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    run_dir = Path(cfg.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
     metrics = MetricsWriter(run_dir, log_with=cfg.log_with, config=to_dict(cfg))
 
     d = cfg.data

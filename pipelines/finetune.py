@@ -41,6 +41,7 @@ from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, prog
 from ssl_vit.train.optim import apply_step, build_sgd
 from ssl_vit.train.runtime import start_run
 from ssl_vit.train.schedules import set_lr, warmup_cosine
+from ssl_vit.watchdog import watched
 
 log = logging.getLogger("finetune")
 SHOWN = ("step", "loss", "train_acc", "top1", "top1_ema", "lr", "img_per_s")
@@ -50,6 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--config", help="YAML config (see configs/finetune/)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace a run in output_dir")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     return p.parse_intermixed_args(argv)
 
@@ -78,7 +80,7 @@ def evaluate(model, source: str, cfg: FinetuneConfig, acc) -> float:
     """Top-1 accuracy over the whole eval split (each rank a disjoint part, counts summed)."""
     model.eval()
     counts = torch.zeros(2, device=acc.device)
-    for batch in eval_loader(
+    loader = eval_loader(
         source,
         cfg.train.batch_size // acc.num_processes,
         cfg.model.image_size,
@@ -87,7 +89,8 @@ def evaluate(model, source: str, cfg: FinetuneConfig, acc) -> float:
         world_size=acc.num_processes,
         limit=cfg.data.max_eval,
         num_classes=acc.unwrap_model(model).head.out_features,  # other labels: counted skips
-    ):
+    )
+    for batch in watched(loader, "data.eval"):  # a stalled source ends the job
         x = normalize_pixels(batch.images.to(acc.device), cfg.data.mean, cfg.data.std)
         with acc.autocast():
             pred = model(x).argmax(dim=-1)
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
         label_names, loaded = check(cfg)  # loaded before start_run: a bad one makes no run dir
         if loaded is not None:
             cfg.model = loaded.model_config  # the checkpoint's shape, at this image size
-        run = start_run(cfg)  # Accelerator, run directory with config.yaml, seeds
+        run = start_run(cfg, args.resume, args.overwrite)  # Accelerator, locked run dir, seeds
     tc, acc = cfg.train, run.acc
     # Random init is built after the seeds are set, so a from-scratch run is reproducible.
     encoder = build_vit(cfg.model) if loaded is None else loaded.encoder

@@ -52,6 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--config", help="YAML config (see configs/pretrain/)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace a run in output_dir")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     return p.parse_intermixed_args(argv)
 
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
     with one_line_errors():
         cfg = load_config(PretrainConfig, args.config, args.overrides)
         urls = check(cfg)
-        run = start_run(cfg)  # Accelerator, run directory with config.yaml, seeds
+        run = start_run(cfg, args.resume, args.overwrite)  # Accelerator, locked run dir, seeds
     tc, acc = cfg.train, run.acc
 
     # --- Model, optimizer ----------------------------------------------------------------

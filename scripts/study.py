@@ -185,7 +185,9 @@ def run_job(job: Job, log_dir: Path, dry_run: bool, say=print) -> str:
     with open(log, "a") as f:
         f.write(f"$ {shlex.join(argv)}\n")
         f.flush()
-        rc = execute(argv, f)
+        # A few-shot job has nothing to resume: an interrupted one (this same command, as
+        # checked above) is replaced rather than refused by the run-directory rule.
+        rc = execute([*argv, "--overwrite"] if job.stage == "fewshot" else argv, f)
     if rc != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
         sys.exit(f"{tail}\nerror: {label} failed (exit {rc}); full log: {log}")

@@ -116,7 +116,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     try:  # a run directory -> its newest valid checkpoint (logged)
         checkpoint = resolve_checkpoint(args.checkpoint)
-        info = export_checkpoint(checkpoint, args.to, args.outdir, keep_head=args.keep_head)
+        info = export_checkpoint(
+            checkpoint, args.to, args.outdir, keep_head=args.keep_head, overwrite=args.overwrite
+        )
     except CheckpointError as e:  # a missing or damaged checkpoint: a user error, one line
         raise ValueError(str(e)) from None
     print(
@@ -141,6 +143,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
         help="also write the masked-prediction head (ssl-vit names) as "
         "masked_patch_head.safetensors",
     )
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
     p.set_defaults(func=cmd_export)
 
 

@@ -252,6 +252,7 @@ def test_model_card_and_kept_head(tmp_path):
     """A checkpoint inside a run directory: the card has the pretraining settings and the
     results of the run and of a fine-tuning run started from it; --keep-head writes the head."""
     from ssl_vit.config import PretrainConfig, load_config, save_config
+    from ssl_vit.train.checkpoint import write_manifest
 
     run = tmp_path / "runs" / "pre"
     ck = run / "checkpoints" / "step_00000010"
@@ -265,6 +266,7 @@ def test_model_card_and_kept_head(tmp_path):
     }
     model = {**{f"encoder.{k}": v for k, v in enc.state_dict().items()}, **head}
     torch.save({"model": model, "step": 10}, ck / "state.pt")
+    write_manifest(ck, step=10)  # as save_checkpoint does: every checkpoint read is verified
     cfg = load_config(
         PretrainConfig,
         None,

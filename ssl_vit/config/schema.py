@@ -267,6 +267,9 @@ class OptimConfig:
     # After SIGTERM / SIGINT the job checkpoints and exits; if that takes longer (a rank gone),
     # it exits 1 without a new checkpoint.
     stop_timeout_s: float = 300.0
+    # A wait for one batch longer than this (a stalled pipe: command, FIFO or mount) ends the
+    # job with exit 1; covers loader start-up and the evaluation loaders too.
+    data_timeout_s: float = 600.0
 
     def validate(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "log_every", "max_bad_steps"):
@@ -274,7 +277,9 @@ class OptimConfig:
                 raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
         check_min("train.", self, ("warmup_steps", "checkpoint_every"), 0)
         check_min("train.", self, ("keep_checkpoints",), 1)
-        check_positive("train.", self, ("lr", "dist_timeout_s", "stop_timeout_s"))
+        check_positive(
+            "train.", self, ("lr", "dist_timeout_s", "stop_timeout_s", "data_timeout_s")
+        )
         for name in ("min_lr", "weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}: must be >= 0, got {getattr(self, name)}")
@@ -457,9 +462,12 @@ class FewshotConfig:
     checkpoint_format: Literal["auto", "ssl_vit", "timm", "hf"] = "auto"
     log_with: list[str] = field(default_factory=list)  # experiment trackers, as train.log_with
     tensorboard: bool = False  # the same as log_with: [tensorboard] (kept for old configs)
+    data_timeout_s: float = 600.0  # as train.data_timeout_s: the longest wait for one batch
 
     def validate(self) -> None:
         check_seed(self.seed)
+        if self.data_timeout_s <= 0:
+            raise ConfigError(f"data_timeout_s: must be > 0, got {self.data_timeout_s}")
         self.log_with = check_log_with(self.log_with, self.tensorboard, "")
         check_layers(self.layers, self.concat_last)
         check_knn(self.knn_k, self.knn_train, self.knn_temperature)

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import tarfile
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -26,6 +27,8 @@ from typing import IO, Any
 
 import braceexpand
 import webdataset as wds
+
+from ssl_vit.atomic import staged_dir
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -55,18 +58,20 @@ _MTIME = 0
 class ShardWriter:
     """Write samples into `shard-NNNNNN.tar` files of `shard_size` samples, then `index.json`.
 
-    Each shard is written as `.tar.tmp` and renamed when complete, and any old `index.json` is
-    removed first, so an interrupted run never leaves an index describing partial shards. Use as
-    a context manager; `close(...)` finishes the last shard and writes the index.
+    Everything is written into a hidden sibling of `output` that replaces it only when `close()`
+    has written the index (`ssl_vit.atomic.staged_dir`): a failed or killed run leaves an
+    existing dataset at `output` exactly as it was, never old and new shards mixed. Files of
+    `output` that are not shards (a README) are carried over. Use as a context manager;
+    `close(...)` finishes the last shard, writes the index and puts the dataset in place.
     """
 
     def __init__(self, output: str | os.PathLike, shard_size: int = 10000) -> None:
         if shard_size < 1:
             raise ValueError(f"shard_size must be >= 1, got {shard_size}")
-        self.output = Path(output)
+        self.target = Path(output)
         self.shard_size = shard_size
-        self.output.mkdir(parents=True, exist_ok=True)
-        (self.output / INDEX_NAME).unlink(missing_ok=True)
+        self._staged = staged_dir(self.target)
+        self.output = self._staged.__enter__()  # where the shards are written until close()
         self._shards: list[dict[str, Any]] = []
         self._keys: set[str] = set()
         self._tar: wds.TarWriter | None = None
@@ -106,13 +111,8 @@ class ShardWriter:
     def close(
         self, *, label_names: list[str], source: str, num_skipped: int = 0, **extra: Any
     ) -> dict[str, Any]:
-        """Finish the last shard, drop stale shards of an earlier run; write, return the index."""
+        """Finish the last shard, write the index, put the dataset in place; return the index."""
         self._finish_shard()
-        names = {s["name"] for s in self._shards}
-        for stale in sorted(self.output.glob("shard-*.tar")):
-            if stale.name not in names:
-                log.info("removing stale shard %s from an earlier run", stale)
-                stale.unlink()
         index = {
             "format": SHARD_FORMAT,
             "num_samples": sum(s["num_samples"] for s in self._shards),
@@ -122,19 +122,34 @@ class ShardWriter:
             "source": source,
             **extra,
         }
-        tmp = self.output / (INDEX_NAME + ".tmp")
-        tmp.write_text(json.dumps(index, indent=1) + "\n")
-        os.replace(tmp, self.output / INDEX_NAME)
+        (self.output / INDEX_NAME).write_text(json.dumps(index, indent=1) + "\n")
+        self._carry_over_other_files()
+        self._staged.__exit__(None, None, None)  # the new dataset replaces the old one
+        self._staged = None
         return index
+
+    def _carry_over_other_files(self) -> None:
+        if not self.target.is_dir():
+            return
+        for p in self.target.iterdir():
+            shard_file = p.name == INDEX_NAME or p.name.startswith("shard-")
+            if shard_file or (self.output / p.name).exists():
+                continue
+            if p.is_dir():
+                shutil.copytree(p, self.output / p.name, symlinks=True)
+            else:
+                shutil.copy2(p, self.output / p.name, follow_symlinks=False)
 
     def __enter__(self) -> ShardWriter:
         return self
 
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
-        if exc_type is not None and self._tar is not None:  # failed: leave no partial shard
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._tar is not None:
             self._tar.close()
             self._tar = None
-            self._tmp_path().unlink(missing_ok=True)
+        if self._staged is not None:  # failed (or never closed): the old dataset stays
+            self._staged.__exit__(exc_type or RuntimeError, exc or RuntimeError(), tb)
+            self._staged = None
 
 
 # --------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from ssl_vit.eval.readouts import (
 )
 from ssl_vit.model.vit import ViT
 from ssl_vit.progress import progress_bar
+from ssl_vit.watchdog import watched
 
 __all__ = ["extract_features", "fewshot_evaluate", "knn_train_rows"]
 
@@ -87,8 +88,9 @@ def _subset_batches(
 
 
 def _counted(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], bar) -> Iterator[tuple]:
-    """Pass (images, labels) batches through, advancing `bar` by the images of each."""
-    for x, y in batches:
+    """Pass (images, labels) batches through, advancing `bar` by the images of each; a batch
+    that takes longer than the data timeout ends the job (ssl_vit.watchdog)."""
+    for x, y in watched(batches, "the few-shot data"):
         yield x, y
         bar.update(len(y))
 

@@ -15,6 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ssl_vit.atomic import staged_dir, writing
 from ssl_vit.config.schema import ModelConfig
 from ssl_vit.interop import hf_config, hf_preprocessor, timm_config, to_hf, to_timm
 from ssl_vit.publish.model_card import model_card, run_config
@@ -35,14 +36,22 @@ TARGETS = ("timm", "hf")
 
 
 def export_checkpoint(
-    checkpoint: str | Path, to: str, outdir: str | Path, keep_head: bool = False
+    checkpoint: str | Path,
+    to: str,
+    outdir: str | Path,
+    keep_head: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Write the encoder of an ssl-vit checkpoint as a timm or transformers model directory.
+    """Write the encoder of an ssl-vit checkpoint (verified) as a timm or transformers model
+    directory. It is written beside `outdir` and renamed into place, so a failure leaves
+    `outdir` as it was; a non-empty `outdir` is replaced only with `overwrite`.
 
     Raises InteropError (a ValueError) naming what does not map. Returns a summary."""
     checkpoint, out = Path(checkpoint), Path(outdir)
     if to not in TARGETS:
         raise ValueError(f"--to must be one of {TARGETS}, got {to!r}")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out}: exists and is not empty; pass --overwrite to replace it")
     state, model_cfg = load_encoder(checkpoint)
     run = run_config(checkpoint)
     mean = tuple(run.get("data", {}).get("mean", (0.5, 0.5, 0.5)))
@@ -51,19 +60,19 @@ def export_checkpoint(
         weights, config = to_timm(state, model_cfg), timm_config(model_cfg, mean, std)
     else:
         weights, config = to_hf(state, model_cfg), hf_config(model_cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    # "format": "pt" is what transformers checks in the safetensors header.
-    save_weights(weights, out / "model.safetensors", {"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if to == "hf":
-        processor = hf_preprocessor(model_cfg, mean, std)
-        (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
-    if keep_head:
-        save_weights(
-            load_head(checkpoint), out / HEAD_FILE, {"model_config": json.dumps(model_cfg)}
-        )
+    head = load_head(checkpoint) if keep_head else None
     n_params = sum(v.numel() for v in weights.values())
-    (out / "README.md").write_text(model_card(checkpoint, to, out, model_cfg, config, n_params))
+    card = model_card(checkpoint, to, out, model_cfg, config, n_params)
+    with staged_dir(out) as tmp, writing(out):
+        # "format": "pt" is what transformers checks in the safetensors header.
+        save_weights(weights, tmp / "model.safetensors", {"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        if to == "hf":
+            processor = hf_preprocessor(model_cfg, mean, std)
+            (tmp / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
+        if head is not None:
+            save_weights(head, tmp / HEAD_FILE, {"model_config": json.dumps(model_cfg)})
+        (tmp / "README.md").write_text(card)
     log.info(
         "exported %s (%d tensors, %d parameters) to %s", checkpoint, len(weights), n_params, out
     )

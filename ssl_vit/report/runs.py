@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import yaml
 
+from ssl_vit.atomic import read_jsonl
+
 __all__ = [
     "Run",
     "fewshot_table",
@@ -70,16 +72,9 @@ def _kind(config: dict[str, Any]) -> Kind | None:
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
-    rows, bad = [], 0
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a job killed mid-write leaves a partial last line
-                bad += 1
-    if bad:
-        log.warning("%s: skipped %d unreadable lines", path, bad)
-    return rows
+    # A torn last line (a job killed mid-write) is dropped with a warning; a corrupt line
+    # before it is an error naming file:line.
+    return read_jsonl(path) if path.is_file() else []
 
 
 def read_config(run_dir: str | Path) -> dict[str, Any]:

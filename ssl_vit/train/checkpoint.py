@@ -22,7 +22,8 @@ import os
 import pickle
 import random
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -31,6 +32,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ssl_vit.atomic import writing
 from ssl_vit.config.schema import ModelConfig
 
 __all__ = [
@@ -40,6 +42,9 @@ __all__ = [
     "load_checkpoint",
     "latest_valid_checkpoint",
     "resolve_checkpoint",
+    "verify_checkpoint",
+    "verify_if_checkpoint",
+    "write_manifest",
     "rng_state",
     "set_rng_state",
     "save_weights",
@@ -133,13 +138,26 @@ def save_classifier(
     save_weights(model.state_dict(), path, metadata)
 
 
+def verify_if_checkpoint(path: str | Path) -> None:
+    """Verify the checkpoint that `path` (a directory, or a file in one) belongs to: every read
+    of a checkpoint goes through its manifest, whatever names it. A directory that holds a
+    manifest, a training state or is named step_* is a checkpoint; a lone weights file is not."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    is_checkpoint = (folder / MANIFEST).is_file() or (folder / STATE_FILE).is_file()
+    if is_checkpoint or folder.name.startswith("step_"):
+        verify_checkpoint(folder)
+
+
 def load_encoder(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """(state dict, model config) from a checkpoint directory or an encoder.safetensors file."""
+    """(state dict, model config) from a checkpoint directory or an encoder.safetensors file,
+    verified against the checkpoint's manifest when it has one (CheckpointError if it fails)."""
     path = Path(path)
     if path.is_dir():
         path = path / ENCODER_FILE
     if not path.is_file():
         raise CheckpointError(f"no encoder weights at {path}")
+    verify_if_checkpoint(path)
     try:
         from safetensors import safe_open
 
@@ -187,18 +205,15 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     sync()
-    torch.save(rng, tmp / f"rng_rank{rank}.pt")
-    if is_main:
-        save_encoder(encoder, tmp / ENCODER_FILE, model_config)
-        torch.save({**state, "step": step}, tmp / STATE_FILE)
+    with _cleaned_on_failure(tmp), writing(final):  # disk full: one line naming the checkpoint
+        torch.save(rng, tmp / f"rng_rank{rank}.pt")
+        if is_main:
+            save_encoder(encoder, tmp / ENCODER_FILE, model_config)
+            torch.save({**state, "step": step}, tmp / STATE_FILE)
     sync()
     if is_main:
-        files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in tmp.iterdir()}
-        manifest = {"step": step, "files": files}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        for p in tmp.iterdir():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
+        with _cleaned_on_failure(tmp), writing(final):
+            write_manifest(tmp, step=step)
         if final.exists():  # re-saving the same step (e.g. after a resume): replace it
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -209,8 +224,28 @@ def save_checkpoint(
     return final
 
 
+@contextmanager
+def _cleaned_on_failure(tmp: Path) -> Iterator[None]:
+    """A failed write removes the partial checkpoint (it would hold the disk space)."""
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_manifest(folder: Path, **extra: Any) -> None:
+    """manifest.json (size and SHA-256 of every file of `folder`), then everything fsynced."""
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in folder.iterdir()}
+    (folder / MANIFEST).write_text(json.dumps({**extra, "files": files}, indent=1))
+    for p in folder.iterdir():
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
+
+
 def verify_checkpoint(path: Path) -> None:
     """Raise CheckpointError unless every file matches the manifest."""
+    path = Path(path)
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         raise CheckpointError(f"{path}: no {MANIFEST} (incomplete checkpoint)")
@@ -255,6 +290,7 @@ def load_head(checkpoint: str | Path) -> dict[str, torch.Tensor]:
     state_file = (path if path.is_dir() else path.parent) / STATE_FILE
     if not state_file.is_file():
         raise CheckpointError(f"{state_file}: not found, so there is no masked-prediction head")
+    verify_if_checkpoint(state_file)
     model = torch.load(state_file, map_location="cpu", weights_only=True)["model"]
     head = {k: v for k, v in model.items() if not k.startswith("encoder.")}
     if not head:

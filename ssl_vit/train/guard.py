@@ -10,7 +10,11 @@ A job that hangs burns its allocation and never reports failure, so the entry po
   During the final evaluation (the final checkpoint already written): exit 0 at once, without
   results.json; --resume repeats only the evaluation. A second signal exits 1 at once.
 - A graceful stop that has not ended `stop_timeout_s` after the signal (a rank gone, a stuck
-  collective) is cut short: exit 1, the last complete checkpoint stays the resume point.
+  collective, a read that never returns) is cut short: exit 1, the last complete checkpoint
+  stays the resume point. The timer thread ends the process itself (`watchdog.hard_exit`).
+- A data source that stalls (no batch for `data_timeout_s`) ends the job: exit 1
+  (`watchdog.watched`). A loader worker found dead is named in the error line, whichever
+  error surfaced first.
 
 Why the teardown kills the loader workers: they ignore SIGTERM / SIGINT (a preemption signal
 sent to the process group must not kill them before the main process has checkpointed), so
@@ -22,8 +26,6 @@ it alive in the traceback). That was the hang.
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import os
 import signal
 import sys
 import threading
@@ -35,7 +37,9 @@ from typing import Any, NoReturn
 
 import torch
 
+from ssl_vit.atomic import WriteError
 from ssl_vit.train.checkpoint import CheckpointError, latest_valid_checkpoint
+from ssl_vit.watchdog import dead_workers, exiting, hard_exit, kill_children
 
 __all__ = [
     "Preempted",
@@ -50,7 +54,10 @@ log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_ERROR = 0, 1
 # Errors of the user's making: one line, no traceback.
-USER_ERRORS = (FileNotFoundError, NotADirectoryError, PermissionError, ValueError, CheckpointError)
+USER_ERRORS = (
+    *(FileNotFoundError, NotADirectoryError, PermissionError, ValueError, CheckpointError),
+    WriteError,  # disk full, quota, read-only: one line naming the file
+)
 
 _checkpoint_root: Path | None = None
 
@@ -86,27 +93,8 @@ def one_line_errors() -> Iterator[None]:
         raise SystemExit(f"error: {e}") from None
 
 
-def kill_children(timeout: float = 10.0) -> None:
-    """SIGKILL this process's multiprocessing children (loader workers) and reap them."""
-    # DataLoader's SIGCHLD handler would raise for every worker killed here.
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    children = multiprocessing.active_children()
-    for p in children:
-        p.kill()
-    for p in children:
-        p.join(timeout)
-
-
 def _exit(code: int) -> NoReturn:
-    """Leave now: children killed, logs flushed, no exit handler that could wait on anything."""
-    kill_children()
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+    hard_exit(code)  # (ssl_vit.watchdog: works from any thread)
 
 
 def run_job(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> NoReturn:
@@ -114,14 +102,20 @@ def run_job(main: Callable[[list[str] | None], Any], argv: list[str] | None = No
     try:
         main(argv)
     except BaseException as e:  # noqa: BLE001 - every failure must end the process
+        if exiting():  # a watchdog thread is ending the job and has said why
+            threading.Event().wait(60)
+        # Before they are killed below: a worker a signal ended (the OOM killer) is named
+        # whichever error surfaced first (DataLoader's own, or a reset connection to it).
+        # A reset connection to a worker is seen a moment before the worker is seen dead.
+        dead = dead_workers(grace_s=1.0 if isinstance(e, (ConnectionError, EOFError)) else 0.0)
         # First: the traceback keeps loader iterators alive, and their finalizers would wait
         # (5 s a worker, then a SIGTERM the workers ignore) for workers that may be blocked.
         kill_children()
-        _exit(_report(e))
+        _exit(_report(e, dead))
     _exit(EXIT_OK)
 
 
-def _report(e: BaseException) -> int:
+def _report(e: BaseException, dead: list[str] = ()) -> int:
     """Print what ended the job (one line last) and return the exit status."""
     if isinstance(e, SystemExit):
         if e.code is None or isinstance(e.code, int):
@@ -137,6 +131,8 @@ def _report(e: BaseException) -> int:
     if not isinstance(e, USER_ERRORS):
         traceback.print_exception(e)
     message = str(e).splitlines()[0] if str(e) else ""
+    if dead:
+        message += f" [dead loader worker(s): {', '.join(dead)}]"
     print(f"error: {type(e).__name__}: {message}{_last_good_checkpoint()}", file=sys.stderr)
     return EXIT_ERROR
 

@@ -28,6 +28,7 @@ from ssl_vit.train.checkpoint import (
 from ssl_vit.train.guard import note_checkpoints
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch
 from ssl_vit.train.runtime import Run
+from ssl_vit.watchdog import track_loader, waiting_for
 
 __all__ = [
     "BadSteps",
@@ -63,8 +64,12 @@ class Batches:
         world_size: int,
         watch: Stopwatch,
         keys_file: Path | None = None,
+        what: str = "the training data",
     ) -> None:
-        self.it: Iterator[Batch] = iter(loader)
+        self.what = what
+        with waiting_for(what):  # worker start-up
+            self.it: Iterator[Batch] = iter(loader)
+        track_loader(self.it)  # a dead worker is named in the job's error line
         workers = loader.num_workers
         self.tracker = StreamTracker(world_size, workers, start.stream)  # -> the checkpoint
         self.counters, self.world_size = start.counters, world_size
@@ -79,7 +84,8 @@ class Batches:
     def next(self) -> Batch:
         t0 = time.perf_counter()
         while True:
-            batch = next(self.it)
+            with waiting_for(self.what):  # a stalled source ends the job (watchdog.py)
+                batch = next(self.it)
             self.counters["skipped_samples"] += batch.skipped
             self.counters["skipped_shards"] += batch.skipped_shards
             self.tracker.update(batch)

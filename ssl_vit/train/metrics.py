@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ssl_vit.atomic import read_jsonl, write_text, writing
 from ssl_vit.progress import format_eta, progress_bar
 
 __all__ = [
@@ -130,7 +131,7 @@ class MetricsWriter:
     def log(self, row: dict[str, Any]) -> dict[str, Any]:
         row = to_python(row)
         if self.enabled:
-            with open(self.path, "a") as f:
+            with writing(self.path), open(self.path, "a") as f:
                 f.write(json.dumps(row, allow_nan=True) + "\n")
         if self.log_with:
             self._log_trackers(row)
@@ -167,13 +168,14 @@ class MetricsWriter:
     def truncate_after(self, step: int) -> None:
         """On resume: drop rows logged after the checkpoint, so each step appears once (in
         TensorBoard, events after `step` are purged when the writer opens; wandb and mlflow
-        keep what they were sent)."""
+        keep what they were sent). A torn last line (a kill or a full disk mid-write) is dropped
+        with a warning; the file is rewritten atomically."""
         self._purge_step = step + 1
         if not (self.enabled and self.path.is_file()):
             return
-        rows = [line for line in self.path.read_text().splitlines() if line.strip()]
-        kept = [r for r in rows if json.loads(r).get("step", -1) <= step]
-        self.path.write_text("".join(r + "\n" for r in kept))
+        rows = read_jsonl(self.path)
+        kept = [r for r in rows if not isinstance(r, dict) or r.get("step", -1) <= step]
+        write_text(self.path, "".join(json.dumps(r, allow_nan=True) + "\n" for r in kept))
 
     def close(self) -> None:
         for tracker in self.trackers or []:
@@ -187,7 +189,7 @@ class MetricsWriter:
                 k: (None if isinstance(v, float) and math.isnan(v) else v)
                 for k, v in results.items()
             }
-            (self.run_dir / "results.json").write_text(json.dumps(clean, indent=2) + "\n")
+            write_text(self.run_dir / "results.json", json.dumps(clean, indent=2) + "\n")
         self.close()  # results are written once, at the end of a job
 
 

@@ -112,6 +112,8 @@ def check_labelled_source(key: str, spec: str) -> list[str]:
 
 def check_writable(key: str, path: str | Path) -> None:
     """`path` (created if missing) accepts new files."""
+    if not str(path).strip():  # Path("") is the current directory
+        raise ConfigError(f"{key}: empty; name a directory")
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write_test_"):

@@ -12,10 +12,12 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs, set_seed
+from accelerate.utils import InitProcessGroupKwargs, broadcast_object_list, set_seed
 
-from ssl_vit.config import ConfigError, save_config
+from ssl_vit.config import ConfigError
 from ssl_vit.train.guard import StopRequest
+from ssl_vit.train.rundir import RunLock, claim_run_dir
+from ssl_vit.watchdog import set_data_timeout
 
 __all__ = [
     "Run",
@@ -102,13 +104,16 @@ class Run:
     local_batch: int
     run_dir: Path
     ckpt_dir: Path
+    lock: RunLock | None = None  # the run directory's lock (main process), held while alive
 
 
-def start_run(cfg: Any) -> Run:
-    """Accelerator + logging + global-batch split + run directory (config.yaml) + seeds.
+def start_run(cfg: Any, resume: bool = False, overwrite: bool = False) -> Run:
+    """Accelerator + logging + global-batch split + run directory (locked, then config.yaml;
+    see `rundir.claim_run_dir`) + seeds.
 
     `cfg.train.batch_size` is global: it must divide into processes x accumulation steps."""
     tc = cfg.train
+    set_data_timeout(tc.data_timeout_s)
     acc = make_accelerator(tc.mixed_precision, tc.grad_accum, tc.dist_timeout_s)
     setup_logging(acc.is_main_process)
     warn_if_launcher_returns_early()
@@ -119,11 +124,27 @@ def start_run(cfg: Any) -> Run:
             f"= {acc.num_processes} x {tc.grad_accum}"
         )
     run_dir = Path(cfg.output_dir)
-    if acc.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
+    lock = _claim_on_main(acc, run_dir, cfg, resume, overwrite)
     set_seed(cfg.seed + acc.process_index)  # Python, NumPy, torch (CPU and every GPU)
-    return Run(acc, tc.batch_size // per_step, run_dir, run_dir / "checkpoints")
+    return Run(acc, tc.batch_size // per_step, run_dir, run_dir / "checkpoints", lock)
+
+
+def _claim_on_main(
+    acc: Accelerator, run_dir: Path, cfg: Any, resume: bool, overwrite: bool
+) -> RunLock | None:
+    """The main process claims the run directory; every process learns whether it could
+    (one broadcast: the others wait for it, so none trains when the main process refused)."""
+    lock, error = None, None
+    if acc.is_main_process:
+        try:
+            lock = claim_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite)
+        except (ConfigError, OSError) as e:
+            error = str(e)
+    if acc.num_processes > 1:
+        error = broadcast_object_list([error])[0]
+    if error is not None:
+        raise ConfigError(error if acc.is_main_process else f"main process: {error}")
+    return lock
 
 
 def replica_checksum(model: torch.nn.Module, acc: Accelerator) -> list[float]:

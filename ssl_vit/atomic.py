@@ -1,0 +1,173 @@
+"""Writes that a failure or a kill cannot leave half done, and reads that survive one.
+
+- `staged_dir(target)`: a directory (a shard dataset, an export) is built in a hidden sibling
+  and renamed into place only when complete (POSIX `rename`, as Git's `index.lock`): a failed or
+  SIGKILLed writer leaves the old directory exactly as it was; its leftovers are removed by the
+  next writer of the same target.
+- `read_jsonl(path)`: an append-only log read back tolerating a torn last line (disk full,
+  power loss, a kill mid-write), which is dropped with a warning naming the file; a bad line
+  anywhere else is corruption: one error naming file:line.
+- `writing(path)`: a failed write (disk full, quota, file too large, read-only) becomes one
+  `WriteError` line naming the path instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+__all__ = ["WriteError", "clean_staging", "read_jsonl", "staged_dir", "write_text", "writing"]
+
+log = logging.getLogger(__name__)
+
+_STAGING, _OLD = ".staging-", ".old-"
+
+
+class WriteError(OSError):
+    """Writing `path` failed for lack of room or permission: a one-line user error."""
+
+
+# Errors of the storage, not of the program: reported as one line naming the file.
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES}
+_LIBRARY_WRITE_ERROR = re.compile(
+    r"I/O error|write failed|No space left|File too large|quota exceeded", re.IGNORECASE
+)
+
+
+@contextmanager
+def writing(path: str | os.PathLike) -> Iterator[None]:
+    """Turn a storage failure inside the block into `WriteError("cannot write PATH: ...")`.
+
+    torch.save (a RuntimeError, "file write failed") and safetensors (SafetensorError, "I/O
+    error: ...") report a failed write in their own types; those are caught too."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except OSError as e:
+        if e.errno not in _STORAGE_ERRNOS:
+            raise
+        raise WriteError(e.errno, f"cannot write {path}: {e.strerror or e}") from None
+    except Exception as e:
+        if not _LIBRARY_WRITE_ERROR.search(str(e)):
+            raise
+        raise WriteError(f"cannot write {path}: {str(e).splitlines()[0]}") from None
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Replace the file `path` by `text` atomically (a temporary sibling renamed over it)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with writing(path):
+            tmp.write_text(text)
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_jsonl(path: str | os.PathLike) -> list[Any]:
+    """The JSON values of an append-only log, one per line (blank lines ignored).
+
+    A last line that does not parse (a torn write) is dropped with a warning naming the file;
+    a bad line before it raises ValueError naming `file:line`."""
+    path = Path(path)
+    lines = path.read_text(errors="replace").split("\n")
+    rows: list[Any] = []
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i == last:
+                log.warning("%s: dropping its torn last line %d (%s)", path, i + 1, e.msg)
+                continue
+            raise ValueError(f"{path}:{i + 1}: corrupt line ({e.msg})") from None
+    return rows
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_staging(target: str | os.PathLike) -> None:
+    """Remove what a killed writer of `target` left beside it: a half-built staging directory
+    (its process gone), and restore an old directory set aside if the swap was cut short."""
+    target = Path(target)
+    if not target.parent.is_dir():
+        return
+    for p in target.parent.glob(f".{target.name}.*"):
+        kind, _, pid = p.name[len(target.name) + 2 :].partition("-")
+        if not pid.isdigit() or _pid_alive(int(pid)) and int(pid) != os.getpid():
+            continue
+        if f".{kind}-" == _OLD and not target.exists():
+            log.warning("restoring %s from an interrupted replacement", target)
+            os.rename(p, target)
+        elif f".{kind}-" in (_STAGING, _OLD):
+            log.info("removing %s, left by a killed writer", p)
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic step (Linux renameat2 RENAME_EXCHANGE); False if the
+    system cannot."""
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if fn is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _publish(staging: Path, target: Path) -> None:
+    """Put the complete `staging` directory at `target`, replacing what is there."""
+    if target.is_dir() and not any(target.iterdir()):
+        target.rmdir()
+    if not target.exists():
+        os.rename(staging, target)
+        return
+    if _exchange(staging, target):
+        shutil.rmtree(staging)  # now the old contents
+        return
+    # Two renames; a kill between them is undone by `clean_staging` (the old one comes back).
+    old = target.parent / f".{target.name}{_OLD}{os.getpid()}"
+    os.rename(target, old)
+    os.rename(staging, target)
+    shutil.rmtree(old)
+
+
+@contextmanager
+def staged_dir(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty hidden sibling of `target` to fill; when the block ends normally it
+    replaces `target` (created if missing), on an exception it is removed and `target` is left
+    as it was. The caller decides beforehand whether replacing `target` is allowed."""
+    target = Path(target)
+    if target.exists() and not target.is_dir():
+        raise NotADirectoryError(f"{target}: exists and is not a directory")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    clean_staging(target)
+    staging = target.parent / f".{target.name}{_STAGING}{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        yield staging
+        with writing(target):
+            _publish(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

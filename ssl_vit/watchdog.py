@@ -1,0 +1,173 @@
+"""Ending the process from anywhere, and the data-stall watchdog that needs it.
+
+`hard_exit(code)` kills this process's loader workers and leaves with `os._exit`: it works from
+any thread (a timer thread cannot raise into the main thread, and `signal.signal` works only in
+the main thread, which may be blocked in a read that never returns).
+
+`watched(iterable, what)` passes batches through while a single daemon thread checks that each
+one arrives within `data_timeout_s` (a `pipe:` command or a FIFO that stalls, a hung network
+mount, a worker that never starts): past it, one line `error: ...` naming `what` and exit 1.
+The check costs two attribute writes per batch, and the thread wakes at most 4 times a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import NoReturn, TypeVar
+
+__all__ = [
+    "dead_workers",
+    "exiting",
+    "hard_exit",
+    "kill_children",
+    "set_data_timeout",
+    "track_loader",
+    "waiting_for",
+    "watched",
+]
+
+T = TypeVar("T")
+EXIT_ERROR = 1
+DEFAULT_DATA_TIMEOUT_S = 600.0
+
+
+def kill_children(timeout: float = 10.0) -> None:
+    """SIGKILL this process's multiprocessing children (loader workers) and reap them."""
+    if threading.current_thread() is threading.main_thread():
+        # DataLoader's SIGCHLD handler would raise for every worker killed here. (Elsewhere
+        # `signal.signal` raises; the thread then exits the process before the handler runs.)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    children = multiprocessing.active_children()
+    for p in children:
+        p.kill()
+    for p in children:
+        p.join(timeout)
+
+
+_loaders: weakref.WeakSet = weakref.WeakSet()
+
+
+def track_loader(iterator: object) -> None:
+    """Remember a DataLoader iterator: its workers are checked by `dead_workers` even after
+    DataLoader itself noticed one dead (which drops it from multiprocessing's registry)."""
+    try:
+        _loaders.add(iterator)
+    except TypeError:  # not weak-referenceable: multiprocessing's registry still covers it
+        pass
+
+
+def dead_workers(grace_s: float = 0.0) -> list[str]:
+    """'pid N (SIGKILL)' for each child process that a signal ended (a loader worker killed by
+    the OOM killer): to be named whatever error surfaced first. A killed process closes its
+    sockets a moment before it can be seen dead: `grace_s` is how long to look for one."""
+    end = time.monotonic() + grace_s
+    while True:
+        procs = set(getattr(multiprocessing.process, "_children", ()))
+        for it in list(_loaders):
+            procs.update(getattr(it, "_workers", ()))
+        dead = []
+        for p in sorted(procs, key=lambda p: p.pid or 0):
+            code = p.exitcode  # polls without blocking
+            if code is not None and code < 0:
+                try:
+                    name = signal.Signals(-code).name
+                except ValueError:
+                    name = f"signal {-code}"
+                dead.append(f"pid {p.pid} ({name})")
+        if dead or time.monotonic() >= end:
+            return dead
+        time.sleep(0.05)
+
+
+_EXITING = threading.Event()
+
+
+def exiting() -> bool:
+    """Whether a watchdog thread is ending the process (the main thread then only waits:
+    an error it sees meanwhile, e.g. a worker killed by the watchdog, is not the cause)."""
+    return _EXITING.is_set()
+
+
+def hard_exit(code: int) -> NoReturn:
+    """Leave now: children killed, logs flushed, no exit handler that could wait on anything."""
+    if threading.current_thread() is not threading.main_thread():
+        _EXITING.set()
+    kill_children()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+class _StallWatch:
+    """One daemon thread; `deadline` is set while a batch is awaited, None otherwise."""
+
+    def __init__(self) -> None:
+        self.timeout_s = DEFAULT_DATA_TIMEOUT_S
+        self.deadline: float | None = None
+        self.what = ""
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.thread is None or not self.thread.is_alive():
+            self.thread = threading.Thread(target=self._run, name="data-watchdog", daemon=True)
+            self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(min(0.25, self.timeout_s / 4))
+            deadline, what = self.deadline, self.what
+            if deadline is not None and time.monotonic() > deadline and self.deadline == deadline:
+                print(
+                    f"error: no batch from {what} for {self.timeout_s:.0f}s: the data source "
+                    "stalled (a hung pipe: command, FIFO or network mount?); exiting. If it is "
+                    "only slow, raise train.data_timeout_s",
+                    file=sys.stderr,
+                )
+                hard_exit(EXIT_ERROR)
+
+
+_WATCH = _StallWatch()
+
+
+def set_data_timeout(seconds: float) -> None:
+    """The longest wait for one batch before the job ends (per process; default 600 s)."""
+    _WATCH.timeout_s = float(seconds)
+
+
+@contextmanager
+def waiting_for(what: str) -> Iterator[None]:
+    """The block (one wait for data) must end within the data timeout, or the process ends
+    with an error line naming `what`."""
+    _WATCH.start()
+    _WATCH.what, _WATCH.deadline = what, time.monotonic() + _WATCH.timeout_s
+    try:
+        yield
+    finally:
+        _WATCH.deadline = None
+
+
+def watched(iterable: Iterable[T], what: str) -> Iterator[T]:
+    """`iterable`'s items; creating its iterator (worker start-up) and each `next` must take
+    less than the data timeout, or the process ends with an error line naming `what`."""
+    with waiting_for(what):
+        it = iter(iterable)
+    while True:
+        with waiting_for(what):
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+        yield item

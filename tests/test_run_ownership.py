@@ -1,0 +1,169 @@
+"""A run directory belongs to one job at a time and holds one run (ssl_vit/train/rundir.py):
+real jobs on one output_dir, exit codes and the files they leave asserted."""
+
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from test_distributed import LAUNCH, _free_port
+from test_guard import _alive, _exit_within, _launch, _log, _pipeline, _wait_until
+from test_pipelines import ROOT, pipeline, pretrain_args
+
+from ssl_vit.train.rundir import LOCK_NAME
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    """{relative path: sha256} of every file below `folder` except the lock file."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != LOCK_NAME
+    }
+
+
+def _refused(main, argv, capsys) -> str:
+    """The one error line of an in-process job that must not start."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    line = str(e.value.code)
+    assert line.startswith("error: ") and "\n" not in line, line
+    return line
+
+
+def test_one_job_per_run_dir_and_no_silent_restart(synthetic_shards, tmp_path, capsys):
+    out = tmp_path / "run"
+    pretrain = pipeline("pretrain")
+    base = pretrain_args(synthetic_shards, out, "train.log_every=1", "train.checkpoint_every=2")
+    # Job A (width 32) runs; a second job on the same directory fails at once, naming it.
+    job_a = _launch(_pipeline("pretrain", *base, "train.steps=100000"), out)
+    _wait_until(lambda: (out / "checkpoints" / "step_00000002").is_dir(), job_a, out)
+    line = _refused(pretrain, [*base, "model.width=64"], capsys)
+    assert "in use by another job" in line and str(out) in line and f"pid {job_a.pid}" in line
+    assert yaml.safe_load((out / "config.yaml").read_text())["model"]["width"] == 32
+    # A SIGKILLed job leaves no lock held; its run is not restarted by accident.
+    os.kill(job_a.pid, signal.SIGKILL)
+    assert job_a.wait(30) == -signal.SIGKILL
+    before = _snapshot(out)
+    line = _refused(pretrain, [*base, "train.steps=4"], capsys)
+    assert "holds a run" in line and "--resume" in line and "--overwrite" in line, line
+    # A failed --resume (another shape) changes nothing a later --resume reads.
+    line = _refused(pretrain, [*base, "--resume", "model.width=16"], capsys)
+    assert "model.width 32 -> 16" in line, line
+    assert _snapshot(out) == before
+    # --overwrite starts over: nothing of job A is left to be mixed in.
+    proc = subprocess.run(
+        _pipeline("pretrain", *base, "--overwrite", "train.steps=2"), capture_output=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000002"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert json.loads((out / "results.json").read_text())["step"] == 2
+    # A resume with another lr and length: accepted, each changed key named in a warning.
+    capsys.readouterr()
+    res = pretrain([*base, "--resume", "train.steps=3", "train.lr=5e-4"])
+    err = capsys.readouterr().err
+    assert res["step"] == 3
+    for key in ("train.steps", "train.lr"):
+        assert f"--resume with a changed {key}" in err, err[-2000:]
+
+
+def test_empty_output_dir_is_refused(synthetic_shards, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    line = _refused(
+        pipeline("pretrain"), pretrain_args(synthetic_shards, "", "train.steps=1"), capsys
+    )
+    assert "output_dir" in line and "empty" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_fewshot_and_finetune_dirs_need_overwrite(synthetic_shards, tmp_path, capsys):
+    few = tmp_path / "few"
+    few.mkdir()
+    (few / "results.json").write_text("{}\n")
+    argv = [
+        "--checkpoint",
+        "random",
+        "--config",
+        str(ROOT / "configs/fewshot/smoke.yaml"),
+        f"data.train={synthetic_shards}",
+        f"data.eval={synthetic_shards}",
+        f"output_dir={few}",
+    ]
+    line = _refused(pipeline("fewshot"), argv, capsys)
+    assert "holds a run" in line and "--overwrite" in line
+    assert (few / "results.json").read_text() == "{}\n"
+    fine = tmp_path / "fine"
+    (fine / "checkpoints" / "step_00000001").mkdir(parents=True)
+    ft_argv = [
+        *("--config", str(ROOT / "configs/finetune/smoke.yaml")),
+        *(f"data.train={synthetic_shards}", f"data.eval={synthetic_shards}"),
+        *(f"output_dir={fine}", "init.checkpoint=none"),
+    ]
+    line = _refused(pipeline("finetune"), ft_argv, capsys)
+    assert "holds a run" in line and "--resume" in line
+
+
+def test_locked_dir_stops_every_rank(synthetic_shards, tmp_path):
+    """With several processes only the main one locks; the others learn it could not and
+    exit too (no rank trains, none hangs)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    # (relative path: the holder's command line must not name the run, see _alive)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, LOCK_NAME], stdout=subprocess.PIPE, cwd=out
+    )
+    assert holder.stdout.readline().strip() == b"locked"
+    try:
+        argv = [
+            *LAUNCH,
+            *("--main_process_port", str(_free_port())),
+            str(ROOT / "pipelines/pretrain.py"),
+            *pretrain_args(synthetic_shards, out, "train.steps=2"),
+        ]
+        t0 = time.time()
+        proc = _launch(argv, out)
+        rc, _ = _exit_within(proc, out, 120)
+        log = _log(out)
+        assert rc != 0, log[-3000:]
+        assert "in use by another job" in log and "error: main process: " in log, log[-3000:]
+        assert not (out / "config.yaml").exists() and not (out / "checkpoints").exists()
+        assert not _alive(str(out)), "a rank is still alive"
+        print(f"2 ranks on a locked dir -> exit {rc} in {time.time() - t0:.1f}s")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+HOLD_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, b"pid %d (test holder)" % os.getpid())
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_lock_is_released_by_a_dead_process(tmp_path):
+    """flock is dropped by the OS when its holder dies, however it died."""
+    path = tmp_path / LOCK_NAME
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(path)], stdout=subprocess.PIPE)
+    assert holder.stdout.readline().strip() == b"locked"
+    fd = os.open(path, os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        holder.kill()
+        holder.wait()
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free at once
+    finally:
+        os.close(fd)
