@@ -39,6 +39,14 @@ def check_knn(k: int, num_train: int, temperature: float, prefix: str = "") -> N
         )
 
 
+def check_shots(shots: list[int | str], prefix: str = "") -> None:
+    """Shots per class: counts >= 1 and/or "all" (every train image: a full linear probe)."""
+    if not shots or len(set(shots)) != len(shots) or any(k != "all" and k < 1 for k in shots):
+        raise ConfigError(
+            f"{prefix}shots: expected distinct counts >= 1 and/or 'all', got {shots!r}"
+        )
+
+
 def check_layers(layers: str | list[int], concat_last: int) -> None:
     if isinstance(layers, str) and layers not in ("last", "all"):
         raise ConfigError(
@@ -193,9 +201,13 @@ class FewshotEvalConfig:
 
     train: str = ""  # labelled source: shard dir / index / brace pattern, image folder, HF dataset
     eval: str = ""
-    shots: list[int] = field(default_factory=lambda: [1, 5, 10, 25])
+    # Shots per class; "all": every train image (a full linear probe, same closed-form ridge).
+    shots: list[int | Literal["all"]] = field(default_factory=lambda: [1, 5, 10, 25])
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     l2_reg: list[float] = field(default_factory=lambda: [1024.0])
+    # Per-dimension mean/std of the train features applied to train and test before the
+    # ridge (big_vision's fewshot_lsr, today's behaviour); false: the raw features.
+    standardize: bool = True
     batch_size: int = 256
     num_workers: int = 2
     max_eval: int = 0  # evaluate on the first N test images only (0: the whole split)
@@ -208,6 +220,7 @@ class FewshotEvalConfig:
 
     def validate(self) -> None:
         check_knn(self.knn_k, self.knn_train, self.knn_temperature, "fewshot.")
+        check_shots(self.shots, "fewshot.")
 
 
 @dataclass
@@ -317,9 +330,13 @@ class FewshotConfig:
     knn_temperature: float = 0.07
     model: ModelConfig = field(default_factory=ModelConfig)
     data: FewshotDataConfig = field(default_factory=FewshotDataConfig)
-    shots: list[int] = field(default_factory=lambda: [1, 5, 10, 25])
+    # Shots per class; "all": every train image (a full linear probe, same closed-form ridge).
+    shots: list[int | Literal["all"]] = field(default_factory=lambda: [1, 5, 10, 25])
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     l2_reg: list[float] = field(default_factory=lambda: [1024.0])
+    # Per-dimension mean/std of the train features applied to train and test before the
+    # ridge (big_vision's fewshot_lsr, today's behaviour); false: the raw features.
+    standardize: bool = True
     pos_interp: Literal["bilinear", "bicubic"] = "bicubic"
     # --checkpoint's format: auto-detected ssl-vit checkpoint, timm weights or transformers dir
     checkpoint_format: Literal["auto", "ssl_vit", "timm", "hf"] = "auto"
@@ -331,3 +348,4 @@ class FewshotConfig:
         self.log_with = check_log_with(self.log_with, self.tensorboard, "")
         check_layers(self.layers, self.concat_last)
         check_knn(self.knn_k, self.knn_train, self.knn_temperature)
+        check_shots(self.shots)
