@@ -21,7 +21,7 @@ from ssl_vit.config import PretrainConfig, load_config, to_dict
 from ssl_vit.data import pretrain_loader
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.model import build_vit
-from ssl_vit.objectives import NUM_COLOR_CLASSES, MaskedPatchPrediction
+from ssl_vit.objectives import NUM_COLOR_CLASSES, MaskedPatchPrediction, draw_corruption
 from ssl_vit.train import preflight
 from ssl_vit.train.checkpoint import rng_state
 from ssl_vit.train.guard import StopRequest, one_line_errors, run_job
@@ -154,8 +154,9 @@ def main(argv: list[str] | None = None) -> dict:
             applied = True
             for _ in range(tc.grad_accum):
                 images = batches.next().images.to(acc.device, non_blocking=True)
+                noise = draw_corruption(len(images), encoder.num_patches, gen, acc.device)
                 with acc.accumulate(model):
-                    out = model(images, gen)  # autocast (mixed precision) comes from prepare()
+                    out = model(images, noise)  # autocast (mixed precision) comes from prepare()
                     acc.backward(out.loss)
                     if acc.sync_gradients:
                         applied = apply_step(acc, model, optimizer, tc.grad_clip)

@@ -6,6 +6,7 @@ from ssl_vit.objectives.corruption import (
     RANDOM,
     UNTOUCHED,
     corrupt_patches,
+    draw_corruption,
     num_corrupted,
 )
 from ssl_vit.objectives.masked_patch import CELLS, MaskedPatchOutput, MaskedPatchPrediction
@@ -29,6 +30,7 @@ __all__ = [
     "cell_color_classes",
     "color_class_to_rgb",
     "corrupt_patches",
+    "draw_corruption",
     "mean_color_classes",
     "num_corrupted",
     "patch_pixels",

@@ -20,7 +20,7 @@ from torch import nn
 from ssl_vit.config.schema import ObjectiveConfig
 from ssl_vit.model.pixels import normalize_pixels
 from ssl_vit.model.vit import ViT
-from ssl_vit.objectives.corruption import corrupt_patches, num_corrupted
+from ssl_vit.objectives.corruption import corrupt_patches, draw_corruption, num_corrupted
 from ssl_vit.objectives.targets import (
     NUM_COLOR_CLASSES,
     cell_bounds,
@@ -110,16 +110,22 @@ class MaskedPatchPrediction(nn.Module):
             return patch_pixels(images, P), colors_BN
         return colors_BN, colors_BN
 
-    def forward(
-        self, images: torch.Tensor, generator: torch.Generator | None = None
-    ) -> MaskedPatchOutput:
-        """images: [B, 3, H, W] uint8 (or float in [0, 1]), un-normalized, already augmented."""
+    def draw_noise(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """[3, B, N] corruption draws for `forward`, on the model's device (see
+        objectives.corruption.draw_corruption): made outside `forward`, so that `forward` is
+        one graph under torch.compile."""
+        device = self.mask_embedding.device
+        return draw_corruption(batch_size, self.encoder.num_patches, generator, device)
+
+    def forward(self, images: torch.Tensor, noise: torch.Tensor) -> MaskedPatchOutput:
+        """images: [B, 3, H, W] uint8 (or float in [0, 1]), un-normalized, already augmented;
+        noise: [3, B, N] corruption draws (`draw_noise`)."""
         targets_BN, colors_BN = self.targets(images)
         x_BCHW = normalize_pixels(images, self.pixel_mean, self.pixel_std)
 
         emb_BND = self.encoder.embed_patches(x_BCHW)
         corrupted_BND, kind_BN = corrupt_patches(
-            emb_BND, self.mask_embedding, self.cfg.mask_ratio, self.cfg.probs, generator
+            emb_BND, self.mask_embedding, noise, self.cfg.mask_ratio, self.cfg.probs
         )
         out_BND = self.encoder.encode(corrupted_BND)[:, 1:]
 
