@@ -110,12 +110,40 @@ class ObjectiveConfig:
     mask_ratio: float = 0.5
     # P(replace by [mask]), P(replace by another patch's embedding), P(keep), of corrupted patches.
     probs: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    # A prediction decoder between the encoder and the head (MAE, He et al. 2021): its blocks
+    # take over predicting colours so the encoder's top blocks stay semantic. 0: none (the
+    # paper's design). Width 0: the encoder's; heads 0: the encoder's head dimension kept.
+    decoder_depth: int = 0
+    decoder_width: int = 0
+    decoder_heads: int = 0
+    # `all`: every patch goes through the encoder, corrupted as above (the paper). `visible`
+    # (MAE's arm, needs decoder_depth >= 1): the round(mask_ratio * N) chosen patches are left
+    # out of the encoder and only the decoder sees [mask] tokens there; `probs` do not apply.
+    encoder: Literal["all", "visible"] = "all"
 
     def validate(self) -> None:
         if not 0.0 < self.mask_ratio <= 1.0:
             raise ConfigError(f"objective.mask_ratio: must be in (0, 1], got {self.mask_ratio}")
         if min(self.probs) < 0 or not math.isclose(sum(self.probs), 1.0, abs_tol=1e-6):
             raise ConfigError(f"objective.probs: must be >= 0 and sum to 1, got {self.probs}")
+        for key in ("decoder_depth", "decoder_width", "decoder_heads"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"objective.{key}: must be >= 0, got {getattr(self, key)}")
+        if self.encoder == "visible" and self.decoder_depth < 1:
+            raise ConfigError("objective.encoder=visible: needs objective.decoder_depth >= 1")
+        if self.encoder == "visible" and self.mask_ratio >= 1.0:
+            raise ConfigError("objective.encoder=visible: mask_ratio must leave a patch, got 1.0")
+
+    def decoder_shape(self, encoder_width: int, encoder_heads: int) -> tuple[int, int]:
+        """(width, heads) of the decoder: 0 width is the encoder's, 0 heads keeps the encoder's
+        head dimension (width // (encoder_width // encoder_heads), at least 1)."""
+        width = self.decoder_width or encoder_width
+        heads = self.decoder_heads or max(1, width // (encoder_width // encoder_heads))
+        if width % heads:
+            raise ConfigError(
+                f"objective.decoder_width {width}: not divisible by objective.decoder_heads {heads}"
+            )
+        return width, heads
 
 
 @dataclass
@@ -239,6 +267,8 @@ class PretrainConfig:
             raise ConfigError("data.train_shards: required (a shard directory, index or pattern)")
         if self.objective.target == "color_4x4" and (self.model.patch_size or 0) < 4:
             raise ConfigError("objective.target color_4x4: needs model.patch_size >= 4")
+        if self.objective.decoder_depth and self.model.width and self.model.heads:
+            self.objective.decoder_shape(self.model.width, self.model.heads)
 
 
 @dataclass
