@@ -1,4 +1,5 @@
-"""Pretraining objectives: corruption of patch embeddings, colour targets, the loss."""
+"""Pretraining objectives: corruption of patch embeddings, colour targets, the optional
+prediction decoder, the loss."""
 
 from ssl_vit.objectives.corruption import (
     KEPT,
@@ -9,6 +10,7 @@ from ssl_vit.objectives.corruption import (
     draw_corruption,
     num_corrupted,
 )
+from ssl_vit.objectives.decoder import PredictionDecoder
 from ssl_vit.objectives.masked_patch import CELLS, MaskedPatchOutput, MaskedPatchPrediction
 from ssl_vit.objectives.targets import (
     NUM_COLOR_CLASSES,
@@ -27,6 +29,7 @@ __all__ = [
     "NUM_COLOR_CLASSES",
     "MaskedPatchOutput",
     "MaskedPatchPrediction",
+    "PredictionDecoder",
     "cell_color_classes",
     "color_class_to_rgb",
     "corrupt_patches",
