@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
         knn_k=cfg.knn_k,
         knn_train=cfg.knn_train,
         knn_temperature=cfg.knn_temperature,
+        standardize=cfg.standardize,
     )
     res.update(
         checkpoint=args.checkpoint,

@@ -22,7 +22,7 @@ from ssl_vit.data import pretrain_loader
 from ssl_vit.data.device_augment import build_device_augment
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.model import build_vit
-from ssl_vit.objectives import NUM_COLOR_CLASSES, MaskedPatchPrediction
+from ssl_vit.objectives import NUM_COLOR_CLASSES, MaskedPatchPrediction, draw_corruption
 from ssl_vit.train import preflight
 from ssl_vit.train.checkpoint import rng_state
 from ssl_vit.train.guard import StopRequest, one_line_errors, run_job
@@ -170,8 +170,9 @@ def main(argv: list[str] | None = None) -> dict:
                 images = batches.next().images.to(acc.device, non_blocking=True)
                 if augment is not None:  # uint8 in and out: the colour targets stay exact
                     images = augment(images)
+                noise = draw_corruption(len(images), encoder.num_patches, gen, acc.device)
                 with acc.accumulate(model):
-                    out = model(images, gen)  # autocast (mixed precision) comes from prepare()
+                    out = model(images, noise)  # autocast (mixed precision) comes from prepare()
                     acc.backward(out.loss)
                     if acc.sync_gradients:
                         applied = apply_step(acc, model, optimizer, tc.grad_clip)
@@ -273,6 +274,7 @@ def fewshot(cfg, encoder, acc, metrics, step, model) -> dict | None:
             knn_k=f.knn_k,
             knn_train=f.knn_train,
             knn_temperature=f.knn_temperature,
+            standardize=f.standardize,
         )
         metrics.log({"step": step, **{f"fewshot/{k}": v for k, v in res["summary"].items()}})
         if "knn" in res:  # the k-NN monitor (fewshot.knn_k > 0), on the same test features

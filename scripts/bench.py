@@ -245,8 +245,9 @@ def overhead_step(model: MaskedPatchPrediction, images, generator, precision: st
 
     def step():
         targets_BN = mean_color_classes(images, p)
+        noise = model.draw_noise(len(images), generator)
         _, kind_BN = corrupt_patches(
-            emb_BND, model.mask_embedding, model.cfg.mask_ratio, model.cfg.probs, generator
+            emb_BND, model.mask_embedding, noise, model.cfg.mask_ratio, model.cfg.probs
         )
         idx_Bn = (kind_BN == 0).to(torch.uint8).argsort(dim=1, stable=True)[:, :n]
         return targets_BN.gather(1, idx_Bn)

@@ -34,8 +34,8 @@ def _pair(seed: int = 0):
 def test_timm_baseline_computes_our_loss_and_gradients():
     ours, theirs = _pair()
     images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
-    loss_ours = ours(images, torch.Generator().manual_seed(7)).loss
-    loss_theirs = theirs(images, torch.Generator().manual_seed(7))
+    loss_ours = ours(images, ours.draw_noise(len(images), torch.Generator().manual_seed(7))).loss
+    loss_theirs = theirs(images, theirs.draw_noise(len(images), torch.Generator().manual_seed(7)))
     torch.testing.assert_close(loss_theirs, loss_ours, rtol=1e-5, atol=1e-5)
     assert abs(loss_ours.item() - torch.log(torch.tensor(512.0)).item()) > 0.1
     loss_ours.backward()
@@ -50,8 +50,8 @@ def test_timm_baseline_uses_the_same_corruption_draws():
     ours, theirs = _pair(1)
     images = torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8)
     # Different generator seeds give different masks, hence (almost surely) different losses.
-    a = theirs(images, torch.Generator().manual_seed(1))
-    b = ours(images, torch.Generator().manual_seed(2)).loss
+    a = theirs(images, theirs.draw_noise(len(images), torch.Generator().manual_seed(1)))
+    b = ours(images, ours.draw_noise(len(images), torch.Generator().manual_seed(2))).loss
     assert not torch.allclose(a, b)
 
 

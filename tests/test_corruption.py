@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ssl_vit import corrupt_patches
-from ssl_vit.objectives.corruption import KEPT, MASKED, RANDOM, UNTOUCHED
+from ssl_vit.objectives.corruption import KEPT, MASKED, RANDOM, UNTOUCHED, draw_corruption
 
 
 def make_batch(B=8, N=64, D=16, seed=0):
@@ -12,12 +12,17 @@ def make_batch(B=8, N=64, D=16, seed=0):
     return torch.randn(B, N, D, generator=g), torch.randn(D, generator=g)
 
 
+def corrupt(emb, mask, g, *args):
+    """corrupt_patches with fresh draws from `g`."""
+    return corrupt_patches(emb, mask, draw_corruption(*emb.shape[:2], g), *args)
+
+
 @pytest.mark.parametrize("N, ratio", [(64, 0.5), (49, 0.5), (196, 0.15), (10, 1.0), (7, 0.3)])
 def test_exact_count_per_image(N, ratio):
     emb, mask = make_batch(N=N)
     g = torch.Generator().manual_seed(1)
     for _ in range(20):
-        _, kind = corrupt_patches(emb, mask, ratio, generator=g)
+        _, kind = corrupt(emb, mask, g, ratio)
         assert ((kind != UNTOUCHED).sum(dim=1) == round(ratio * N)).all()
 
 
@@ -29,7 +34,7 @@ def test_fractions_and_replacements_over_many_draws():
     counts = torch.zeros(4)
     chosen_positions = torch.zeros(N)
     for _ in range(200):
-        out, kind = corrupt_patches(emb, mask, 0.5, (0.8, 0.1, 0.1), generator=g)
+        out, kind = corrupt(emb, mask, g, 0.5, (0.8, 0.1, 0.1))
         counts += torch.bincount(kind.flatten(), minlength=4)
         chosen_positions += (kind != UNTOUCHED).sum(dim=0)
         # Untouched and kept patches are unchanged; masked ones are exactly the mask.
@@ -58,7 +63,7 @@ def test_random_sources_cover_other_images():
     g = torch.Generator().manual_seed(0)
     seen = {i: set() for i in range(4)}
     for _ in range(400):
-        out, kind = corrupt_patches(emb, torch.full((3,), -1.0), 1.0, (0, 1, 0), generator=g)
+        out, kind = corrupt(emb, torch.full((3,), -1.0), g, 1.0, (0, 1, 0))
         assert (kind == RANDOM).all()
         for i, v in enumerate(out[..., 0].flatten().tolist()):
             seen[i].add(int(v))
@@ -69,7 +74,7 @@ def test_ratio_and_probs_are_respected_and_gradients_flow():
     emb, mask = make_batch(4, 16, 8)
     emb.requires_grad_(True)
     mask.requires_grad_(True)
-    out, kind = corrupt_patches(emb, mask, 0.25, (1.0, 0.0, 0.0), generator=torch.Generator())
+    out, kind = corrupt(emb, mask, torch.Generator(), 0.25, (1.0, 0.0, 0.0))
     assert set(kind.unique().tolist()) == {UNTOUCHED, MASKED}
     out.sum().backward()
     assert mask.grad.abs().sum() > 0 and emb.grad.abs().sum() > 0
@@ -77,6 +82,30 @@ def test_ratio_and_probs_are_respected_and_gradients_flow():
 
 def test_generator_makes_it_deterministic():
     emb, mask = make_batch()
-    a = corrupt_patches(emb, mask, generator=torch.Generator().manual_seed(5))
-    b = corrupt_patches(emb, mask, generator=torch.Generator().manual_seed(5))
+    a = corrupt(emb, mask, torch.Generator().manual_seed(5))
+    b = corrupt(emb, mask, torch.Generator().manual_seed(5))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_draws_are_those_of_the_generator_in_the_old_order():
+    # The corruption drawn before the draws moved out of corrupt_patches (three rand((B, N))
+    # calls inside it): same seed, same kinds and replacements, so runs and resumes are
+    # unchanged. Values recorded from that version.
+    emb = torch.arange(2 * 8 * 3, dtype=torch.float32).view(2, 8, 3)
+    g = torch.Generator().manual_seed(5)
+    out, kind = corrupt(emb, torch.full((3,), -1.0), g, 0.5, (0.5, 0.25, 0.25))
+    assert kind.tolist() == [[0, 2, 0, 0, 0, 1, 1, 3], [3, 0, 0, 2, 1, 0, 0, 1]]
+    assert out[..., 0].tolist() == [
+        [0.0, 27.0, 6.0, 9.0, 12.0, -1.0, -1.0, 21.0],
+        [24.0, 27.0, 30.0, 18.0, -1.0, 39.0, 42.0, -1.0],
+    ]
+    noise = draw_corruption(2, 8, torch.Generator().manual_seed(5))
+    g = torch.Generator().manual_seed(5)
+    assert noise.shape == (3, 2, 8)
+    assert torch.equal(noise, torch.stack([torch.rand((2, 8), generator=g) for _ in range(3)]))
+
+
+def test_noise_of_the_wrong_shape_is_refused():
+    emb, mask = make_batch(B=2, N=8)
+    with pytest.raises(ValueError, match=r"noise: expected shape \(3, 2, 8\)"):
+        corrupt_patches(emb, mask, torch.rand(3, 8, 2))

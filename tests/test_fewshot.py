@@ -192,7 +192,7 @@ def test_result_structure() -> None:
     x, y, c = _clusters(rng, 3, 10, 6, sep=0.5)
     tx, ty, _ = _clusters(rng, 3, 10, 6, sep=0.5, centers=c)
     res = fewshot_sweep(x, y, tx, ty, shots=(1, 2), seeds=(4, 5, 6), l2_regs=(8.0, 1024.0))
-    assert set(res) == {"shots", "seeds", "num_classes", "1shot", "2shot"}
+    assert set(res) == {"shots", "seeds", "num_classes", "standardize", "1shot", "2shot"}
     assert res["seeds"] == [4, 5, 6] and res["num_classes"] == 3
     assert set(res["shots"]) == {1, 2}
     for k in (1, 2):

@@ -32,7 +32,7 @@ def tiny_model(image_size=16, patch_size=4, **kw):
 def test_initial_loss_is_log512_and_logits_only_for_corrupted():
     model = tiny_model()
     images = torch.randint(0, 256, (3, 3, 16, 16), dtype=torch.uint8)
-    out = model(images, torch.Generator().manual_seed(0))
+    out = model(images, model.draw_noise(len(images), torch.Generator().manual_seed(0)))
     assert math.isclose(out.loss.item(), math.log(512), rel_tol=1e-6)  # zero-init head
     assert out.logits.shape == (3 * 8, 512)  # 16 patches, 8 corrupted per image
     # Targets are the colour classes of exactly the corrupted patches, in order.
@@ -53,7 +53,7 @@ def test_loss_depends_only_on_corrupted_patches():
 
     model.encoder.norm.register_forward_hook(keep_output)
     images = torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8)
-    out = model(images, torch.Generator().manual_seed(3))
+    out = model(images, model.draw_noise(len(images), torch.Generator().manual_seed(3)))
     out.loss.backward()
     grad_BND = captured["tokens"].grad[:, 1:]
     per_patch = grad_BND.abs().sum(dim=-1)
@@ -77,7 +77,8 @@ def test_every_parameter_gets_a_gradient_after_one_step(kw):
     images = torch.randint(0, 256, (4, 3, size, size), dtype=torch.uint8)
     for i in range(2):  # step 0 only trains the zero-initialized head
         opt.zero_grad()
-        model(images, torch.Generator().manual_seed(i)).loss.backward()
+        noise = model.draw_noise(len(images), torch.Generator().manual_seed(i))
+        model(images, noise).loss.backward()
         opt.step()
     missing = [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
     assert missing == []
@@ -88,10 +89,10 @@ def test_overfits_a_fixed_batch():
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     images = torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8)
     g = torch.Generator().manual_seed(0)
-    first = model(images, g).loss.item()
+    first = model(images, model.draw_noise(len(images), g)).loss.item()
     for _ in range(60):
         opt.zero_grad()
-        loss = model(images, g).loss
+        loss = model(images, model.draw_noise(len(images), g)).loss
         loss.backward()
         opt.step()
     assert loss.item() < 0.5 * first
@@ -100,14 +101,14 @@ def test_overfits_a_fixed_batch():
 def test_color_4x4_targets_logits_and_accuracy():
     model = tiny_model(image_size=12, patch_size=6, target="color_4x4")  # cells of 1 or 2 px
     images = torch.randint(0, 256, (3, 3, 12, 12), dtype=torch.uint8)
-    out = model(images, torch.Generator().manual_seed(0))
+    out = model(images, model.draw_noise(len(images), torch.Generator().manual_seed(0)))
     assert math.isclose(out.loss.item(), math.log(512), rel_tol=1e-6)  # zero-init head
     assert out.logits.shape == (3 * 2, 16, 512)  # 4 patches, 2 corrupted per image
     expected = cell_color_classes(images, 6)[out.kind != 0]
     assert torch.equal(out.targets, expected) and torch.equal(out.color_targets, expected)
     with torch.no_grad():
         model.head.weight.normal_(std=0.3)
-    out = model(images, torch.Generator().manual_seed(0))
+    out = model(images, model.draw_noise(len(images), torch.Generator().manual_seed(0)))
     hits = (out.logits.argmax(-1) == out.targets).sum()
     assert out.correct == hits and out.color_targets.numel() == 6 * 16
     ce = F.cross_entropy(out.logits.flatten(0, 1), out.targets.flatten())
@@ -119,7 +120,7 @@ def test_pixels_l2_loss_and_colour_accuracy(normalize):
     model = tiny_model(target="pixels_l2", normalize_pixels=normalize)
     images = torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8)
     pixels = patch_pixels(images, 4)  # [2, 16, 48] in [0, 1]
-    out = model(images, torch.Generator().manual_seed(1))
+    out = model(images, model.draw_noise(len(images), torch.Generator().manual_seed(1)))
     target = pixels[out.kind != 0]
     assert torch.equal(out.targets, target) and out.logits.shape == (2 * 8, 48)
     if normalize:
@@ -127,7 +128,7 @@ def test_pixels_l2_loss_and_colour_accuracy(normalize):
     assert torch.allclose(out.loss, (target**2).mean(), atol=1e-6)  # zero head predicts 0
     with torch.no_grad():
         model.head.bias.uniform_(0, 1)
-    out = model(images, torch.Generator().manual_seed(1))
+    out = model(images, model.draw_noise(len(images), torch.Generator().manual_seed(1)))
     assert torch.allclose(out.loss, ((out.logits - target) ** 2).mean(), atol=1e-6)
     colours = mean_color_classes(images, 4)[out.kind != 0]
     assert torch.equal(out.color_targets, colours)

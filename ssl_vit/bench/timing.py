@@ -65,14 +65,16 @@ def make_train_step(
 ) -> Callable[[], torch.Tensor]:
     """One pretraining step as pipelines/pretrain.py runs it: forward under autocast (as
     Accelerate applies it), backward, global-norm clipping, optimizer step, zero grads.
-    `model(images, generator)` returns the loss (or an object with `.loss`)."""
+    `model(images, model.draw_noise(B, generator))` returns the loss (or an object with
+    `.loss`)."""
     dtype = autocast_dtype(precision)
     device_type = images.device.type
     params = [p for p in model.parameters() if p.requires_grad]
 
     def step() -> torch.Tensor:
+        noise = model.draw_noise(len(images), generator)  # outside the compiled forward
         with torch.autocast(device_type, dtype=dtype, enabled=dtype is not None):
-            out = model(images, generator)
+            out = model(images, noise)
         loss = getattr(out, "loss", out)
         loss.backward()
         if grad_clip > 0:

@@ -16,7 +16,7 @@ from torch import nn
 
 from ssl_vit.model.pixels import normalize_pixels
 from ssl_vit.objectives import NUM_COLOR_CLASSES, MaskedPatchPrediction
-from ssl_vit.objectives.corruption import corrupt_patches, num_corrupted
+from ssl_vit.objectives.corruption import corrupt_patches, draw_corruption, num_corrupted
 from ssl_vit.objectives.targets import mean_color_classes
 
 __all__ = ["TimmMaskedPatch", "copy_weights"]
@@ -54,13 +54,19 @@ class TimmMaskedPatch(nn.Module):
         self.register_buffer("pixel_mean", torch.full((3,), 0.5), persistent=False)
         self.register_buffer("pixel_std", torch.full((3,), 0.5), persistent=False)
 
-    def forward(self, images: torch.Tensor, generator: torch.Generator | None = None):
-        """images: uint8 [B, 3, H, W] -> scalar mean cross-entropy over corrupted patches."""
+    def draw_noise(self, batch_size: int, generator: torch.Generator | None = None):
+        """[3, B, N] corruption draws, as MaskedPatchPrediction.draw_noise."""
+        num_patches = self.vit.patch_embed.num_patches
+        return draw_corruption(batch_size, num_patches, generator, self.mask_embedding.device)
+
+    def forward(self, images: torch.Tensor, noise: torch.Tensor):
+        """images: uint8 [B, 3, H, W], noise [3, B, N] -> scalar mean cross-entropy over
+        corrupted patches."""
         targets_BN = mean_color_classes(images, self.patch_size)
         x = normalize_pixels(images, self.pixel_mean, self.pixel_std)
         emb_BND = self.vit.patch_embed(x)  # mask applied to the patch embeddings
         corrupted_BND, kind_BN = corrupt_patches(
-            emb_BND, self.mask_embedding, self.mask_ratio, self.probs, generator
+            emb_BND, self.mask_embedding, noise, self.mask_ratio, self.probs
         )
         x = self.vit.norm_pre(self.vit._pos_embed(corrupted_BND))
         out_BND = self.vit.norm(self.vit.blocks(x))[:, 1:]

@@ -97,11 +97,12 @@ def check_pixels_norm(
 
 
 def check_fewshot_grid(
-    prefix: str, shots: list[int], seeds: list[int], l2_reg: list[float]
+    prefix: str, shots: list[int | str], seeds: list[int], l2_reg: list[float]
 ) -> None:
-    """Shots >= 1 each, seeds >= 0 (NumPy draws), l2_reg > 0 (a ridge needs it); none empty."""
+    """Shots as `check_shots`, seeds >= 0 (NumPy draws), l2_reg > 0 (a ridge needs it); none
+    empty."""
+    check_shots(shots, prefix)
     for key, values, ok, need in (
-        ("shots", shots, lambda k: k >= 1, ">= 1"),
         ("seeds", seeds, lambda k: k >= 0, ">= 0"),
         ("l2_reg", l2_reg, lambda k: k > 0, "> 0"),
     ):
@@ -116,6 +117,14 @@ def check_knn(k: int, num_train: int, temperature: float, prefix: str = "") -> N
         raise ConfigError(
             f"{prefix}knn_k, {prefix}knn_train: must be >= 0, {prefix}knn_temperature > 0; "
             f"got {k}, {num_train}, {temperature}"
+        )
+
+
+def check_shots(shots: list[int | str], prefix: str = "") -> None:
+    """Shots per class: counts >= 1 and/or "all" (every train image: a full linear probe)."""
+    if not shots or len(set(shots)) != len(shots) or any(k != "all" and k < 1 for k in shots):
+        raise ConfigError(
+            f"{prefix}shots: expected distinct counts >= 1 and/or 'all', got {shots!r}"
         )
 
 
@@ -188,12 +197,40 @@ class ObjectiveConfig:
     mask_ratio: float = 0.5  # share of each image's patches corrupted (paper: 0.5)
     # P(replace by [mask]), P(replace by another patch's embedding), P(keep), of corrupted patches.
     probs: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    # A prediction decoder between the encoder and the head (MAE, He et al. 2021): its blocks
+    # take over predicting colours so the encoder's top blocks stay semantic. 0: none (the
+    # paper's design). Width 0: the encoder's; heads 0: the encoder's head dimension kept.
+    decoder_depth: int = 0
+    decoder_width: int = 0
+    decoder_heads: int = 0
+    # `all`: every patch goes through the encoder, corrupted as above (the paper). `visible`
+    # (MAE's arm, needs decoder_depth >= 1): the round(mask_ratio * N) chosen patches are left
+    # out of the encoder and only the decoder sees [mask] tokens there; `probs` do not apply.
+    encoder: Literal["all", "visible"] = "all"
 
     def validate(self) -> None:
         if not 0.0 < self.mask_ratio <= 1.0:
             raise ConfigError(f"objective.mask_ratio: must be in (0, 1], got {self.mask_ratio}")
         if min(self.probs) < 0 or not math.isclose(sum(self.probs), 1.0, abs_tol=1e-6):
             raise ConfigError(f"objective.probs: must be >= 0 and sum to 1, got {self.probs}")
+        for key in ("decoder_depth", "decoder_width", "decoder_heads"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"objective.{key}: must be >= 0, got {getattr(self, key)}")
+        if self.encoder == "visible" and self.decoder_depth < 1:
+            raise ConfigError("objective.encoder=visible: needs objective.decoder_depth >= 1")
+        if self.encoder == "visible" and self.mask_ratio >= 1.0:
+            raise ConfigError("objective.encoder=visible: mask_ratio must leave a patch, got 1.0")
+
+    def decoder_shape(self, encoder_width: int, encoder_heads: int) -> tuple[int, int]:
+        """(width, heads) of the decoder: 0 width is the encoder's, 0 heads keeps the encoder's
+        head dimension (width // (encoder_width // encoder_heads), at least 1)."""
+        width = self.decoder_width or encoder_width
+        heads = self.decoder_heads or max(1, width // (encoder_width // encoder_heads))
+        if width % heads:
+            raise ConfigError(
+                f"objective.decoder_width {width}: not divisible by objective.decoder_heads {heads}"
+            )
+        return width, heads
 
 
 @dataclass
@@ -297,9 +334,13 @@ class FewshotEvalConfig:
 
     train: str = ""  # labelled source: shard dir / index / brace pattern, image folder, HF dataset
     eval: str = ""
-    shots: list[int] = field(default_factory=lambda: [1, 5, 10, 25])
+    # Shots per class; "all": every train image (a full linear probe, same closed-form ridge).
+    shots: list[int | Literal["all"]] = field(default_factory=lambda: [1, 5, 10, 25])
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     l2_reg: list[float] = field(default_factory=lambda: [1024.0])
+    # Per-dimension mean/std of the train features applied to train and test before the
+    # ridge (big_vision's fewshot_lsr, today's behaviour); false: the raw features.
+    standardize: bool = True
     batch_size: int = 256
     num_workers: int = 2
     max_eval: int = 0  # evaluate on the first N test images only (0: the whole split)
@@ -342,6 +383,8 @@ class PretrainConfig:
                     f"objective.mask_ratio: {self.objective.mask_ratio} x {num_patches} patches "
                     "corrupts none (nothing to predict); raise it"
                 )
+        if self.objective.decoder_depth and self.model.width and self.model.heads:
+            self.objective.decoder_shape(self.model.width, self.model.heads)
 
 
 @dataclass
@@ -454,9 +497,13 @@ class FewshotConfig:
     knn_temperature: float = 0.07
     model: ModelConfig = field(default_factory=ModelConfig)
     data: FewshotDataConfig = field(default_factory=FewshotDataConfig)
-    shots: list[int] = field(default_factory=lambda: [1, 5, 10, 25])
+    # Shots per class; "all": every train image (a full linear probe, same closed-form ridge).
+    shots: list[int | Literal["all"]] = field(default_factory=lambda: [1, 5, 10, 25])
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     l2_reg: list[float] = field(default_factory=lambda: [1024.0])
+    # Per-dimension mean/std of the train features applied to train and test before the
+    # ridge (big_vision's fewshot_lsr, today's behaviour); false: the raw features.
+    standardize: bool = True
     pos_interp: Literal["bilinear", "bicubic"] = "bicubic"
     # --checkpoint's format: auto-detected ssl-vit checkpoint, timm weights or transformers dir
     checkpoint_format: Literal["auto", "ssl_vit", "timm", "hf"] = "auto"

@@ -3,7 +3,9 @@
 The paper reports few-shot accuracy from a regularized least-squares regression of frozen
 representations onto {-1, 1} one-hot targets; this follows big_vision's `fewshot_lsr`
 evaluator: standardize with the few-shot subset's statistics, add a constant bias feature,
-solve in closed form, take the argmax.
+solve in closed form, take the argmax. `standardize=False` skips the standardization (raw
+features + bias). A shot count may be "all": every sample of the train pool, i.e. a full
+linear probe by the same closed-form ridge (solved in the D x D primal form when N > D).
 
 Shape legend: N train (few-shot) samples, M test samples, D feature width, K classes.
 """
@@ -12,18 +14,21 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 __all__ = [
+    "ALL_SHOTS",
     "BIAS_CONSTANT",
     "STD_EPS",
     "fewshot_linear_accuracy",
     "fewshot_sweep",
     "ridge_solve",
     "select_fewshot_indices",
+    "shot_key",
+    "shot_order",
     "standardize",
 ]
 
@@ -33,6 +38,21 @@ BIAS_CONSTANT = 100.0
 STD_EPS = 1e-5
 
 ArrayLike = torch.Tensor | np.ndarray
+# The shot count meaning "every train sample": a full linear probe. Summary key "allshot",
+# table heading "all-shot", like "5shot" / "5-shot".
+ALL_SHOTS = "all"
+Shot = int | Literal["all"]
+
+
+def shot_key(k: int | str) -> Shot:
+    """A shot count as used in memory: 5 or "5" (a JSON key read back) -> 5; "all" -> "all"."""
+    return ALL_SHOTS if k == ALL_SHOTS else int(k)
+
+
+def shot_order(k: int | str) -> tuple[int, int]:
+    """Sort key: counts ascending, then "all"."""
+    k = shot_key(k)
+    return (1, 0) if k == ALL_SHOTS else (0, k)
 
 
 def _as_float64(x: ArrayLike, device: torch.device | None = None) -> torch.Tensor:
@@ -66,17 +86,24 @@ def _add_bias(x_ND: torch.Tensor) -> torch.Tensor:
     return torch.cat([x_ND, x_ND.new_full((x_ND.shape[0], 1), BIAS_CONSTANT)], dim=1)
 
 
-def ridge_solve(X: ArrayLike, Y: ArrayLike, l2_reg: float) -> torch.Tensor:
+def ridge_solve(
+    X: ArrayLike,
+    Y: ArrayLike,
+    l2_reg: float,
+    form: Literal["auto", "primal", "dual"] = "auto",
+) -> torch.Tensor:
     """Closed-form ridge regression W = argmin |X W - Y|^2 + l2_reg |W|^2, in float64.
 
     Primal W = (X^T X + l2 I)^-1 X^T Y when N >= D, else the (identical) dual
-    W = X^T (X X^T + l2 I)^-1 Y, so the system solved is min(N, D) square. Solved by Cholesky
+    W = X^T (X X^T + l2 I)^-1 Y, so the system solved is min(N, D) square: a full probe on
+    50,000 images of width 192 solves 193 x 193, not 50,000 x 50,000. Solved by Cholesky
     (the matrix is symmetric positive definite for l2_reg > 0), never an explicit inverse.
 
     Args:
         X: [N, D] design matrix (features, already standardized and with the bias column).
         Y: [N, K] targets.
         l2_reg: ridge strength, > 0.
+        form: "auto" (the smaller system), or force "primal" / "dual" (tests compare them).
 
     Returns:
         W: [D, K] float64 on X's device.
@@ -86,7 +113,7 @@ def ridge_solve(X: ArrayLike, Y: ArrayLike, l2_reg: float) -> torch.Tensor:
     X_ND = _as_float64(X)
     Y_NK = _as_float64(Y, X_ND.device)
     N, D = X_ND.shape
-    if N >= D:
+    if form == "primal" or (form == "auto" and N >= D):
         gram_DD = X_ND.T @ X_ND
         gram_DD.diagonal().add_(l2_reg)
         return torch.cholesky_solve(X_ND.T @ Y_NK, torch.linalg.cholesky(gram_DD))
@@ -108,6 +135,7 @@ def _accuracies(
     test_y: ArrayLike,
     l2_regs: Sequence[float],
     num_classes: int | None,
+    standardize_features: bool = True,
 ) -> list[float]:
     """Test accuracy of the ridge classifier for each l2_reg, sharing the preprocessing."""
     train_ND = _as_float64(train_x)
@@ -115,7 +143,8 @@ def _accuracies(
     test_MD = _as_float64(test_x, device)
     train_N, test_M = _as_labels(train_y, device), _as_labels(test_y, device)
     K = _num_classes(train_N, test_M, num_classes)
-    train_ND, test_MD = standardize(train_ND, test_MD)
+    if standardize_features:
+        train_ND, test_MD = standardize(train_ND, test_MD)
     train_ND, test_MD = _add_bias(train_ND), _add_bias(test_MD)
     # One-hot rescaled to {-1, 1}: every class gets a target, present or not.
     Y_NK = 2.0 * torch.nn.functional.one_hot(train_N, K).to(torch.float64) - 1.0
@@ -134,6 +163,7 @@ def fewshot_linear_accuracy(
     test_labels: ArrayLike,
     l2_reg: float = 1024.0,
     num_classes: int | None = None,
+    standardize: bool = True,
 ) -> float:
     """Accuracy on the whole test split of a ridge classifier fit on the few-shot train set.
 
@@ -144,12 +174,14 @@ def fewshot_linear_accuracy(
         test_labels: [M].
         l2_reg: ridge strength.
         num_classes: K; None means max label over train and test + 1.
+        standardize: per-dimension mean/std of the train features applied to both sets
+            (big_vision's default); False: the raw features.
 
     Returns:
         Mean of argmax(X_test W) == test_labels, a Python float.
     """
     return _accuracies(
-        train_features, train_labels, test_features, test_labels, [l2_reg], num_classes
+        train_features, train_labels, test_features, test_labels, [l2_reg], num_classes, standardize
     )[0]
 
 
@@ -161,7 +193,7 @@ def _class_permutations(labels: np.ndarray, seed: int, num_classes: int) -> list
 
 def select_fewshot_indices(
     labels: ArrayLike,
-    shots: Sequence[int],
+    shots: Sequence[Shot],
     seeds: Sequence[int],
     num_classes: int | None = None,
 ) -> dict[int, np.ndarray]:
@@ -175,7 +207,7 @@ def select_fewshot_indices(
     Args:
         labels: [N] integer labels of the whole train pool.
         shots: requested shots per class; a class with fewer samples contributes all it has
-            (warned once).
+            (warned once). "all" needs no draw (every sample) and is ignored here.
         seeds: one draw per seed.
         num_classes: K; None means max label + 1.
 
@@ -186,7 +218,7 @@ def select_fewshot_indices(
     """
     labels_N = np.asarray(torch.as_tensor(labels).cpu()).astype(np.int64).reshape(-1)
     K = int(labels_N.max()) + 1 if num_classes is None else num_classes
-    max_shot = max(shots)
+    max_shot = max([k for k in shots if k != ALL_SHOTS], default=0)
     counts = np.bincount(labels_N, minlength=K)[:K]
     short = np.flatnonzero(counts < max_shot)
     if short.size:
@@ -220,11 +252,12 @@ def fewshot_sweep(
     train_labels: ArrayLike,
     test_features: ArrayLike,
     test_labels: ArrayLike,
-    shots: Sequence[int] = (1, 5, 10, 25),
+    shots: Sequence[Shot] = (1, 5, 10, 25),
     seeds: Sequence[int] = (0, 1, 2),
     l2_regs: Sequence[float] = (1024.0,),
     num_classes: int | None = None,
     selection: dict[int, np.ndarray] | None = None,
+    standardize: bool = True,
 ) -> dict[str, Any]:
     """Few-shot accuracy for every (shot, l2_reg), averaged over seeds of nested subsets.
 
@@ -233,7 +266,9 @@ def fewshot_sweep(
         train_labels: [N].
         test_features: [M, D] the whole test split.
         test_labels: [M].
-        shots, seeds, l2_regs: the grid; subsets as in `select_fewshot_indices`.
+        shots, seeds, l2_regs: the grid; subsets as in `select_fewshot_indices`; the shot
+            "all" is every row of train_features, the same for every seed (solved once, its
+            per_seed values are that one accuracy repeated, std 0).
         num_classes: K; None means max label over train and test + 1.
         selection: {seed: row indices into train_features}, class-ordered as returned by
             `select_fewshot_indices`. None draws it from `train_labels`. Pass it when the
@@ -241,6 +276,7 @@ def fewshot_sweep(
             `sel = select_fewshot_indices(all_labels, shots, seeds)`,
             `rows = np.unique(np.concatenate(list(sel.values())))`, extract features of `rows`,
             then `selection={s: np.searchsorted(rows, i) for s, i in sel.items()}`.
+        standardize: as in `fewshot_linear_accuracy`.
 
     Returns:
         {
@@ -249,15 +285,16 @@ def fewshot_sweep(
             "seeds": [int, ...],
             "num_classes": K,
             "{k}shot": mean accuracy at l2_regs[0], for each k,
+            "standardize": bool,
         }
-        with k the int shot count, per_seed in the order of `seeds` and std the population
+        with k the int shot count or "all", per_seed in the order of `seeds` and std the population
         std (ddof=0) over seeds.
     """
     train_labels_N = np.asarray(torch.as_tensor(train_labels).cpu()).astype(np.int64).ravel()
     test_labels_M = np.asarray(torch.as_tensor(test_labels).cpu()).astype(np.int64).ravel()
     if num_classes is None:
         num_classes = int(max(train_labels_N.max(), test_labels_M.max())) + 1
-    if selection is None:
+    if selection is None and any(k != ALL_SHOTS for k in shots):
         selection = select_fewshot_indices(train_labels_N, shots, seeds, num_classes)
     train_ND = torch.as_tensor(train_features)
     index_device = train_ND.device
@@ -265,18 +302,29 @@ def fewshot_sweep(
     test_MD = _as_float64(test_features, index_device)
     test_M = torch.as_tensor(test_labels_M, device=index_device)
 
-    per_seed: dict[tuple[int, float], list[float]] = {(k, l2): [] for k in shots for l2 in l2_regs}
+    def accuracies(x_ND, y_N):
+        return _accuracies(x_ND, y_N, test_MD, test_M, l2_regs, num_classes, standardize)
+
+    # "all" does not depend on the seed: one solve, repeated per seed below.
+    accs_all = accuracies(train_ND, train_labels_N) if ALL_SHOTS in shots else []
+    per_seed: dict[tuple[Shot, float], list[float]] = {(k, l2): [] for k in shots for l2 in l2_regs}
     for seed in seeds:
         for k in shots:
-            idx = _shot_subset(np.asarray(selection[seed]), train_labels_N, k)
-            rows = torch.as_tensor(idx, device=index_device)
-            accs = _accuracies(
-                train_ND[rows], train_labels_N[idx], test_MD, test_M, l2_regs, num_classes
-            )
+            if k == ALL_SHOTS:
+                accs = accs_all
+            else:
+                idx = _shot_subset(np.asarray(selection[seed]), train_labels_N, k)
+                rows = torch.as_tensor(idx, device=index_device)
+                accs = accuracies(train_ND[rows], train_labels_N[idx])
             for l2, acc in zip(l2_regs, accs, strict=True):
                 per_seed[(k, l2)].append(acc)
 
-    result: dict[str, Any] = {"shots": {}, "seeds": list(seeds), "num_classes": num_classes}
+    result: dict[str, Any] = {
+        "shots": {},
+        "seeds": list(seeds),
+        "num_classes": num_classes,
+        "standardize": standardize,
+    }
     for k in shots:
         by_l2 = {}
         for l2 in l2_regs:

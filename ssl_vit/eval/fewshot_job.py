@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ssl_vit.data import decode_image, eval_loader, eval_transform, open_source
-from ssl_vit.eval.fewshot import fewshot_sweep, select_fewshot_indices
+from ssl_vit.eval.fewshot import ALL_SHOTS, Shot, fewshot_sweep, select_fewshot_indices
 from ssl_vit.eval.knn import knn_top1
 from ssl_vit.eval.readouts import (
     Readout,
@@ -103,7 +103,7 @@ def fewshot_evaluate(
     image_size: int,
     mean: tuple[float, float, float],
     std: tuple[float, float, float],
-    shots: Sequence[int] = (1, 5, 10, 25),
+    shots: Sequence[Shot] = (1, 5, 10, 25),
     seeds: Sequence[int] = (0, 1, 2),
     l2_regs: Sequence[float] = (1024.0,),
     batch_size: int = 256,
@@ -116,6 +116,7 @@ def fewshot_evaluate(
     knn_k: int = 0,
     knn_train: int = 10000,
     knn_temperature: float = 0.07,
+    standardize: bool = True,
 ) -> dict[str, Any]:
     """Few-shot linear accuracy of `encoder` (frozen).
 
@@ -126,7 +127,8 @@ def fewshot_evaluate(
     > 1, adds 'layers' (`layer_sweep`: every block x cls/gap/cls+gap, the last N concatenated,
     the best readout). `knn_k` > 0 adds 'knn' ({"top1", "k", "temperature", "num_train"}):
     weighted k-NN of the same test features against `knn_train` train images (0: all; a
-    fixed random draw otherwise).
+    fixed random draw otherwise). A shot "all" extracts every train image (a full linear
+    probe); `standardize` as in `fewshot_sweep`.
     """
     t0 = time.perf_counter()
     depth = len(encoder.blocks)
@@ -143,6 +145,8 @@ def fewshot_evaluate(
         np.where(labelled, labels, num_classes), shots, seeds, num_classes=num_classes
     )
     rows = np.unique(np.concatenate(list(selection.values())))
+    if ALL_SHOTS in shots:  # the full probe needs every (in-range) train image's features
+        rows = np.flatnonzero(labelled)
     num_eval = len(open_source(eval))
     num_eval = min(num_eval, max_eval) if max_eval > 0 else num_eval
     bar = progress_bar(len(rows) + num_eval, desc="few-shot features", unit="img", every_s=30)
@@ -183,6 +187,7 @@ def fewshot_evaluate(
             s: np.searchsorted(kept_rows, idx[np.isin(idx, kept_rows)])
             for s, idx in selection.items()
         },
+        standardize=standardize,
     )
     train_x, test_x = last.features(train_f[0]), last.features(test_f[0])
     result = fewshot_sweep(train_x, train_f[1], test_x, test_f[1], **sweep)

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from ssl_vit.eval.fewshot import fewshot_sweep
+from ssl_vit.eval.fewshot import fewshot_sweep, shot_order
 from ssl_vit.model.pixels import normalize_pixels
 from ssl_vit.model.vit import POOLS, ViT, resolve_layers
 
@@ -171,7 +171,7 @@ def best_readout(table: dict[str, dict[str, Any]]) -> dict[str, Any]:
         return float(np.mean([s["mean"] for s in table[name]["shots"].values()]))
 
     best = max(table, key=avg)
-    shots = sorted({k for r in table.values() for k in r["shots"]}, key=int)
+    shots = sorted({k for r in table.values() for k in r["shots"]}, key=shot_order)
     per_shot = {}
     for k in shots:
         having = [n for n in table if k in table[n]["shots"]]
@@ -184,7 +184,7 @@ def format_layer_table(layers: dict[str, Any]) -> str:
     """`layer_sweep`'s result as a text table (readout x shots, mean +- std in %) and the
     winning readout, for a command line."""
     table, best = layers["readouts"], layers["best"]
-    shots = sorted({k for r in table.values() for k in r["shots"]}, key=int)
+    shots = sorted({k for r in table.values() for k in r["shots"]}, key=shot_order)
     width = max(len(n) for n in table)
     lines = [f"{'readout':<{width}} " + " ".join(f"{f'{k}-shot':>14}" for k in shots)]
     for name, r in table.items():

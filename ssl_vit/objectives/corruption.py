@@ -1,6 +1,9 @@
 """BERT-style corruption of patch embeddings (paper section 4.6 / appendix B.1.2).
 
 Shape legend: B batch, N patches per image, D width.
+The random draws are made apart from the corruption (`draw_corruption`) and passed in as one
+tensor, so the corruption itself is a pure function of tensors: it compiles into the step's
+graph (a `torch.Generator` call inside it would break the graph), and a CUDA graph can replay it.
 `kind` convention, used everywhere: 0 untouched, 1 replaced by the [mask] embedding,
 2 replaced by another patch's embedding, 3 chosen for prediction but kept as it is.
 """
@@ -9,9 +12,19 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["UNTOUCHED", "MASKED", "RANDOM", "KEPT", "num_corrupted", "corrupt_patches"]
+__all__ = [
+    "UNTOUCHED",
+    "MASKED",
+    "RANDOM",
+    "KEPT",
+    "NUM_DRAWS",
+    "num_corrupted",
+    "draw_corruption",
+    "corrupt_patches",
+]
 
 UNTOUCHED, MASKED, RANDOM, KEPT = 0, 1, 2, 3
+NUM_DRAWS = 3  # uniform draws per patch: which patches, which kind, which other patch
 
 
 def num_corrupted(num_patches: int, ratio: float) -> int:
@@ -19,17 +32,31 @@ def num_corrupted(num_patches: int, ratio: float) -> int:
     return round(ratio * num_patches)
 
 
-def _rand(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device):
-    gen_device = generator.device if generator is not None else device
-    return torch.rand(shape, generator=generator, device=gen_device).to(device)
+def draw_corruption(
+    batch_size: int,
+    num_patches: int,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """The uniform draws of one batch's corruption: [3, B, N] float32 in [0, 1), on `device`.
+
+    Three `torch.rand((B, N))` calls in this order (choice of patches, kind of each, source of
+    a random replacement), so a seeded generator gives the same corruption as ever. The
+    generator's device may differ from `device` (the draws are then copied over); `device`
+    defaults to the generator's, then to the CPU."""
+    gen_device = generator.device if generator is not None else torch.device(device or "cpu")
+    device = gen_device if device is None else torch.device(device)
+    shape = (batch_size, num_patches)
+    draws = [torch.rand(shape, generator=generator, device=gen_device) for _ in range(NUM_DRAWS)]
+    return torch.stack(draws).to(device)
 
 
 def corrupt_patches(
     embeddings: torch.Tensor,
     mask_embedding: torch.Tensor,
+    noise: torch.Tensor,
     ratio: float = 0.5,
     probs: tuple[float, float, float] = (0.8, 0.1, 0.1),
-    generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Corrupt `round(ratio * N)` uniformly chosen patches of every image.
 
@@ -37,9 +64,10 @@ def corrupt_patches(
         embeddings: [B, N, D] patch embeddings (after the linear projection, before position
             embeddings are added).
         mask_embedding: [D] (or broadcastable to [B, N, D]) learnable [mask] embedding.
+        noise: [3, B, N] uniform draws in [0, 1) from `draw_corruption`, on the embeddings'
+            device: the only randomness used.
         ratio: fraction of the patches of each image that are chosen.
         probs: (P(mask), P(random other patch), P(keep)) for each chosen patch independently.
-        generator: source of randomness (its device may differ from the embeddings').
 
     Returns:
         corrupted: [B, N, D], differentiable w.r.t. `embeddings` and `mask_embedding`.
@@ -51,22 +79,26 @@ def corrupt_patches(
     n = num_corrupted(N, ratio)
     if B * N < 2 and probs[1] > 0:
         raise ValueError("random replacement needs at least two patches in the batch")
+    if noise.shape != (NUM_DRAWS, B, N):
+        raise ValueError(f"noise: expected shape {(NUM_DRAWS, B, N)}, got {tuple(noise.shape)}")
+    choose_BN, kind_u_BN, source_u_BN = noise.unbind(0)
 
     # Uniform choice of exactly n patches per image: the n smallest of N uniform draws.
-    order_BN = _rand((B, N), generator, device).argsort(dim=1)
+    order_BN = choose_BN.argsort(dim=1)
     chosen_BN = torch.zeros(B, N, dtype=torch.bool, device=device)
     chosen_BN.scatter_(1, order_BN[:, :n], True)
 
     # Each chosen patch independently: mask / random / keep with probabilities `probs`.
-    u_BN = _rand((B, N), generator, device)
     p_mask, p_random = probs[0], probs[0] + probs[1]
-    kind_BN = torch.where(u_BN < p_mask, MASKED, torch.where(u_BN < p_random, RANDOM, KEPT))
+    kind_BN = torch.where(
+        kind_u_BN < p_mask, MASKED, torch.where(kind_u_BN < p_random, RANDOM, KEPT)
+    )
     kind_BN = torch.where(chosen_BN, kind_BN, UNTOUCHED)
 
     # A random *other* patch of the batch: a uniform offset in [1, B*N) from the patch's own
     # flat index, so the source is never the patch itself and all others are equally likely.
     total = B * N
-    offset_BN = 1 + (_rand((B, N), generator, device) * (total - 1)).long().clamp_(max=total - 2)
+    offset_BN = 1 + (source_u_BN * (total - 1)).long().clamp_(max=total - 2)
     own_BN = torch.arange(total, device=device).view(B, N)
     source_BN = (own_BN + offset_BN) % total
     random_BND = emb_BND.reshape(total, D)[source_BN]

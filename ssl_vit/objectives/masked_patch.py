@@ -4,8 +4,13 @@ from its own output token (paper section 4.6, appendix B.1.2).
 Targets (`objective.target`, see objectives.targets): `mean_color` (one 512-way class per
 patch, the paper's main choice), `color_4x4` (16 parallel 512-way classes, the 3-bit mean
 colours of a 4x4 grid of cells) and `pixels_l2` (the patch's pixels, mean squared error).
+Options beyond the paper (objectives.decoder): `decoder_depth` >= 1 puts a prediction decoder
+between the encoder and the head; `encoder: visible` (MAE's arm) leaves the chosen patches out
+of the encoder and gives the decoder [mask] tokens there. decoder_depth=0 with `encoder: all`
+is the paper's objective, bit for bit.
 
-Shape legend: B batch, N patches, n corrupted patches per image, M = B * n, D width,
+Shape legend: B batch, N patches, n corrupted patches per image, M = B * n, D width (E: the
+decoder's, when there is one),
 K = 512 colour classes, C = 4 cells per side, X = P * P * 3 pixel values of a patch.
 """
 
@@ -20,7 +25,14 @@ from torch import nn
 from ssl_vit.config.schema import ObjectiveConfig
 from ssl_vit.model.pixels import normalize_pixels
 from ssl_vit.model.vit import ViT
-from ssl_vit.objectives.corruption import corrupt_patches, num_corrupted
+from ssl_vit.objectives.corruption import (
+    MASKED,
+    UNTOUCHED,
+    corrupt_patches,
+    draw_corruption,
+    num_corrupted,
+)
+from ssl_vit.objectives.decoder import PredictionDecoder, encode_visible, split_visible
 from ssl_vit.objectives.targets import (
     NUM_COLOR_CLASSES,
     cell_bounds,
@@ -73,8 +85,9 @@ def _head_size(target: str, patch_size: int) -> int:
 
 
 class MaskedPatchPrediction(nn.Module):
-    """Encoder + [mask] embedding + linear head for the chosen target. The head and the [mask]
-    embedding belong to the objective: fine-tuning drops them and keeps `encoder`."""
+    """Encoder + [mask] embedding + (optional decoder) + linear head for the chosen target. The
+    head, the decoder and the [mask] embedding belong to the objective: fine-tuning, few-shot and
+    export drop them and keep `encoder`."""
 
     def __init__(
         self,
@@ -86,8 +99,13 @@ class MaskedPatchPrediction(nn.Module):
         super().__init__()
         self.encoder = encoder
         self.cfg = cfg
-        self.mask_embedding = nn.Parameter(torch.empty(encoder.width))
-        self.head = nn.Linear(encoder.width, _head_size(cfg.target, encoder.patch_size))
+        # Created only when asked for, so that decoder_depth=0 draws the same initial weights.
+        self.decoder = _build_decoder(encoder, cfg) if cfg.decoder_depth else None
+        head_in = encoder.width if self.decoder is None else self.decoder.embed.out_features
+        # [mask] is an encoder input (the paper), or a decoder input in the visible arm (MAE).
+        mask_width = head_in if cfg.encoder == "visible" else encoder.width
+        self.mask_embedding = nn.Parameter(torch.empty(mask_width))
+        self.head = nn.Linear(head_in, _head_size(cfg.target, encoder.patch_size))
         self.register_buffer("pixel_mean", torch.tensor(mean), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(std), persistent=False)
         nn.init.trunc_normal_(self.mask_embedding, std=0.02)
@@ -110,29 +128,50 @@ class MaskedPatchPrediction(nn.Module):
             return patch_pixels(images, P), colors_BN
         return colors_BN, colors_BN
 
-    def forward(
-        self, images: torch.Tensor, generator: torch.Generator | None = None
-    ) -> MaskedPatchOutput:
-        """images: [B, 3, H, W] uint8 (or float in [0, 1]), un-normalized, already augmented."""
+    def draw_noise(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """[3, B, N] corruption draws for `forward`, on the model's device (see
+        objectives.corruption.draw_corruption): made outside `forward`, so that `forward` is
+        one graph under torch.compile."""
+        device = self.mask_embedding.device
+        return draw_corruption(batch_size, self.encoder.num_patches, generator, device)
+
+    def forward(self, images: torch.Tensor, noise: torch.Tensor) -> MaskedPatchOutput:
+        """images: [B, 3, H, W] uint8 (or float in [0, 1]), un-normalized, already augmented;
+        noise: [3, B, N] corruption draws (`draw_noise`)."""
         targets_BN, colors_BN = self.targets(images)
         x_BCHW = normalize_pixels(images, self.pixel_mean, self.pixel_std)
 
         emb_BND = self.encoder.embed_patches(x_BCHW)
-        corrupted_BND, kind_BN = corrupt_patches(
-            emb_BND, self.mask_embedding, self.cfg.mask_ratio, self.cfg.probs, generator
-        )
-        out_BND = self.encoder.encode(corrupted_BND)[:, 1:]
+        if self.cfg.encoder == "visible":
+            out_BND, kind_BN, idx_Bn = self._visible_arm(emb_BND, noise)
+        else:
+            corrupted_BND, kind_BN = corrupt_patches(
+                emb_BND, self.mask_embedding, noise, self.cfg.mask_ratio, self.cfg.probs
+            )
+            out_BTD = self.encoder.encode(corrupted_BND)
+            out_BND = (out_BTD if self.decoder is None else self.decoder(out_BTD))[:, 1:]
 
-        # Exactly n patches per image are corrupted, so their positions are the first n of a
-        # stable sort that puts corrupted before untouched: a gather of static shape, no sync.
-        n = self.num_corrupted
-        idx_Bn = (kind_BN == 0).to(torch.uint8).argsort(dim=1, stable=True)[:, :n]
+            # Exactly n patches per image are corrupted, so their positions are the first n of
+            # a stable sort that puts corrupted before untouched: a static-shape gather, no sync.
+            n = self.num_corrupted
+            idx_Bn = (kind_BN == 0).to(torch.uint8).argsort(dim=1, stable=True)[:, :n]
         picked_BnD = _gather(out_BND, idx_Bn)
         preds_MX = self.head(picked_BnD).flatten(0, 1)  # head on corrupted patches only
         targets_M = _gather(targets_BN, idx_Bn).flatten(0, 1)
         colors_M = _gather(colors_BN, idx_Bn).flatten(0, 1)
         loss, preds_MX, correct = self._loss(preds_MX, targets_M, colors_M)
         return MaskedPatchOutput(loss, preds_MX, targets_M, kind_BN, correct, colors_M)
+
+    def _visible_arm(self, emb_BND, noise):
+        """MAE's arm: the encoder sees the N - n kept patches only, the decoder their outputs
+        and [mask] tokens at the n others. -> (decoder output [B, N, E], kind [B, N]: MASKED at
+        the n left-out patches, UNTOUCHED elsewhere, their indices [B, n] ascending)."""
+        masked_Bn, keep_Bk = split_visible(noise[0], self.num_corrupted)
+        vis_BKD = encode_visible(self.encoder, emb_BND, keep_Bk)
+        out_BTE = self.decoder.forward_visible(vis_BKD, keep_Bk, self.mask_embedding)
+        kind_BN = torch.full(emb_BND.shape[:2], UNTOUCHED, device=emb_BND.device)
+        kind_BN = kind_BN.scatter(1, masked_Bn, MASKED)
+        return out_BTE[:, 1:], kind_BN, masked_Bn
 
     def _loss(self, preds_MX, targets_M, colors_M):
         """(loss, detached predictions in the output's shape, correct colour predictions)."""
@@ -149,6 +188,12 @@ class MaskedPatchPrediction(nn.Module):
         loss = F.cross_entropy(logits.flatten(0, -2).float(), targets_M.flatten())
         logits = logits.detach()
         return loss, logits, (logits.argmax(dim=-1) == targets_M).sum()
+
+
+def _build_decoder(encoder: ViT, cfg: ObjectiveConfig) -> PredictionDecoder:
+    width, heads = cfg.decoder_shape(encoder.width, encoder.blocks[0].attn.heads)
+    depth, N = cfg.decoder_depth, encoder.num_patches
+    return PredictionDecoder(encoder.width, width, depth, heads, N)
 
 
 def _gather(x_BN: torch.Tensor, idx_Bn: torch.Tensor) -> torch.Tensor:

@@ -159,7 +159,7 @@ def run_examples(run: Run, num: int = 8, seed: int = 0) -> Examples | str:
     model.eval()
     batch = next(iter(eval_loader(source, num, cfg.model.image_size, num_workers=0)))
     images = batch.images[:num]
-    out = model(images, torch.Generator().manual_seed(seed))
+    out = model(images, model.draw_noise(len(images), torch.Generator().manual_seed(seed)))
     P = model.encoder.patch_size
     preds = out.logits
     if cfg.objective.target == "pixels_l2" and cfg.objective.normalize_pixels:

@@ -12,6 +12,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ssl_vit.eval.fewshot import ALL_SHOTS, shot_key, shot_order
 from ssl_vit.report.runs import Run
 
 __all__ = [
@@ -60,9 +61,10 @@ def pretrain_curves(runs: list[Run]) -> Figure | None:
     return fig
 
 
-def _shots_of(key: str) -> int:
-    """'fewshot/10shot' -> 10."""
-    return int("".join(c for c in key.split("/", 1)[-1] if c.isdigit()) or 0)
+def _shots_of(key: str) -> tuple[int, int]:
+    """Sort key of a logged few-shot key: 'fewshot/10shot' -> 10's, 'fewshot/allshot' last."""
+    k = key.split("/", 1)[-1].removesuffix("shot")
+    return shot_order(k) if k == ALL_SHOTS or k.isdigit() else (0, 0)
 
 
 def _fewshot_keys(rows: list[dict]) -> list[str]:
@@ -103,11 +105,18 @@ def fewshot_vs_shots(curves: list[tuple[str, dict[int, dict]]]) -> Figure | None
     curves = [(label, t) for label, t in curves if t]
     if not curves:
         return None
+    # "all" (the full linear probe) sits right of the largest count, on a tick of its own.
+    counts = [k for _, t in curves for k in t if k != ALL_SHOTS]
+    x_all = 4 * max(counts, default=25)
+
+    def x_of(k):
+        return x_all if k == ALL_SHOTS else k
+
     fig, ax = new_figure(7, 4.2)
     for i, (label, table) in enumerate(curves):
-        shots = list(table)
-        mean = [100 * table[k]["mean"] for k in shots]
-        std = [100 * table[k].get("std", 0.0) for k in shots]
+        shots = [x_of(k) for k in table]
+        mean = [100 * e["mean"] for e in table.values()]
+        std = [100 * e.get("std", 0.0) for e in table.values()]
         ax.plot(shots, mean, "o-", color=f"C{i}", label=label)
         ax.fill_between(
             shots,
@@ -116,12 +125,12 @@ def fewshot_vs_shots(curves: list[tuple[str, dict[int, dict]]]) -> Figure | None
             color=f"C{i}",
             alpha=0.15,
         )
-        for k in shots:
-            seeds = table[k].get("per_seed") or []
-            ax.plot([k] * len(seeds), [100 * a for a in seeds], ".", color=f"C{i}", alpha=0.5)
-    all_shots = sorted({k for _, t in curves for k in t})
+        for k, e in table.items():
+            seeds = e.get("per_seed") or []
+            ax.plot([x_of(k)] * len(seeds), [100 * a for a in seeds], ".", color=f"C{i}", alpha=0.5)
+    all_shots = sorted({k for _, t in curves for k in t}, key=shot_order)
     ax.set_xscale("log")
-    ax.set_xticks(all_shots, [str(k) for k in all_shots])
+    ax.set_xticks([x_of(k) for k in all_shots], [str(k) for k in all_shots])
     ax.minorticks_off()
     ax.set(
         xlabel="examples per class",
@@ -169,7 +178,10 @@ def fewshot_vs_layer(curves: list[tuple[str, dict[str, Any]]]) -> Figure | None:
     curves = [(label, t) for label, t in curves if t and t.get("readouts")]
     if not curves:
         return None
-    shots = sorted({int(k) for _, t in curves for r in t["readouts"].values() for k in r["shots"]})
+    shots = sorted(
+        {shot_key(k) for _, t in curves for r in t["readouts"].values() for k in r["shots"]},
+        key=shot_order,
+    )
     depth = max(t["depth"] for _, t in curves)
     fig, axes = new_figure(3.6 * len(shots), 4.4, ncols=len(shots), squeeze=False)
     styles = {"cls+gap": "-", "gap": "--", "cls": ":"}
@@ -197,6 +209,6 @@ def fewshot_vs_layer(curves: list[tuple[str, dict[str, Any]]]) -> Figure | None:
     return fig
 
 
-def _shot(readout: dict[str, Any], k: int) -> dict[str, Any] | None:
+def _shot(readout: dict[str, Any], k: int | str) -> dict[str, Any] | None:
     """A readout's entry for `k` shots (int keys in memory, str keys read back from JSON)."""
     return readout["shots"].get(k) or readout["shots"].get(str(k))

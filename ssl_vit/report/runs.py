@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from ssl_vit.atomic import read_jsonl
+from ssl_vit.eval.fewshot import shot_key, shot_order
 
 __all__ = [
     "Run",
@@ -196,14 +197,15 @@ def link_runs(runs: list[Run]) -> dict[str | None, list[tuple[Run, int | None]]]
     return groups
 
 
-def fewshot_table(results: dict[str, Any]) -> dict[int, dict[str, Any]]:
+def fewshot_table(results: dict[str, Any]) -> dict[int | str, dict[str, Any]]:
     """{shots: {"mean", "std", "per_seed", "l2_reg"}} at the first L2 regularizer (the one the
-    pipelines summarize), from a few-shot results dict (fewshot_evaluate's)."""
+    pipelines summarize), from a few-shot results dict (fewshot_evaluate's); shots are ints
+    then "all" (the full linear probe), in that order."""
     table = {}
     for k, entry in (results.get("shots") or {}).items():
         regs = entry.get("l2_reg") or {}
         if not regs:
             continue
         reg, r = next(iter(regs.items()))
-        table[int(k)] = {**r, "l2_reg": float(reg)}
-    return dict(sorted(table.items()))
+        table[shot_key(k)] = {**r, "l2_reg": float(reg)}
+    return dict(sorted(table.items(), key=lambda kv: shot_order(kv[0])))

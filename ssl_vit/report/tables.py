@@ -3,6 +3,7 @@ scratch) and the list of runs. `groups` is `runs.link_runs`'s output."""
 
 from __future__ import annotations
 
+from ssl_vit.eval.fewshot import shot_order
 from ssl_vit.report.render import Section, Table
 from ssl_vit.report.runs import Run, fewshot_table
 
@@ -45,7 +46,7 @@ def _latest(members: list[tuple[Run, int | None]], kind: str) -> list[Run]:
     return [m for m, s in members if s == newest]
 
 
-def _summary_row(label: str, pre: Run | None, members: list, shots: list[int]) -> list[str]:
+def _summary_row(label: str, pre: Run | None, members: list, shots: list) -> list[str]:
     obj = (pre.config.get("objective") or {}) if pre else {}
     fewshots, finetunes = _latest(members, "fewshot"), _latest(members, "finetune")
     tables = [(m.config.get("pool", "cls"), fewshot_table(m.results)) for m in fewshots]
@@ -68,7 +69,7 @@ def summary_section(runs: list[Run], groups: Groups) -> Section:
     pretrains = [r for r in runs if r.kind == "pretrain"]
     tables = [fewshot_table(m.results) for ms in groups.values() for m, _ in ms]
     tables += [fewshot_table(p.results.get("fewshot") or {}) for p in pretrains]
-    shots = sorted({k for t in tables for k in t})
+    shots = sorted({k for t in tables for k in t}, key=shot_order)
     rows = [_summary_row(p.name, p, groups.get(p.name, []), shots) for p in pretrains]
     if groups.get(None):
         rows.append(_summary_row("random init / scratch", None, groups[None], shots))

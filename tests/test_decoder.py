@@ -1,0 +1,223 @@
+"""The prediction decoder and MAE's visible-only arm (objectives.decoder): the default stays
+the paper's objective bit for bit; the decoder and the arm are the objective's, not the
+encoder's; the arm's encoder sees exactly N - n patches and its loss is on exactly the n."""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ssl_vit.config import ConfigError, ObjectiveConfig, PretrainConfig, from_dict
+from ssl_vit.model import ViT
+from ssl_vit.objectives import MASKED, UNTOUCHED, MaskedPatchPrediction
+from ssl_vit.train.checkpoint import load_encoder, load_head
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# configs/pretrain/smoke.yaml on the synthetic fixture, train.log_every=1: the loss of every
+# step, recorded with the code before the decoder existed (commit dbbcdce).
+SMOKE_LOSSES = [
+    6.238325119018555, 6.237106800079346, 6.232273578643799, 6.226166725158691,
+    6.218749046325684, 6.212972640991211, 6.159377574920654, 6.16137170791626,
+    6.14942741394043, 6.143553733825684, 6.1489644050598145, 6.152678489685059,
+    6.112231254577637, 6.0955376625061035, 6.102349281311035, 6.116717338562012,
+    6.125419616699219, 6.117400646209717, 6.092907428741455, 6.109622478485107,
+]  # fmt: skip
+
+DECODER = {"decoder_depth": 1}
+VISIBLE = {"decoder_depth": 2, "decoder_width": 16, "encoder": "visible", "mask_ratio": 0.75}
+
+
+def pipeline(name: str):
+    spec = importlib.util.spec_from_file_location(f"pipeline_{name}", ROOT / f"pipelines/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def pretrain(shards, out, *extra) -> list[float]:
+    cfg = str(ROOT / "configs/pretrain/smoke.yaml")
+    pipeline("pretrain")(
+        ["--config", cfg, f"data.train_shards={shards}", f"output_dir={out}", *extra]
+    )
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if "loss" in r]
+
+
+def tiny_model(image_size=16, **kw):
+    torch.manual_seed(0)
+    return MaskedPatchPrediction(ViT(image_size, 4, 32, 2, 2), ObjectiveConfig(**kw))
+
+
+def test_no_decoder_all_patches_is_the_paper_objective_bit_for_bit(synthetic_shards, tmp_path):
+    losses = pretrain(
+        synthetic_shards,
+        tmp_path / "run",
+        "train.log_every=1",
+        "objective.decoder_depth=0",
+        "objective.encoder=all",
+    )
+    assert losses == SMOKE_LOSSES
+    assert "decoder" not in dict(tiny_model().named_children())
+
+
+class _CountSyncs(TorchDispatchMode):
+    """Counts aten._local_scalar_dense: every device -> host read (.item(), bool(t), ...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.syncs = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.syncs += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_visible_arm_encoder_sees_exactly_the_kept_patches_and_no_sync():
+    model = tiny_model(**VISIBLE)  # 16 patches, n = 12 left out, 4 kept
+    shapes = {}
+
+    def record(name):
+        def hook(module, args):
+            shapes.setdefault(name, tuple(args[0].shape))
+
+        return hook
+
+    model.encoder.blocks[0].register_forward_pre_hook(record("encoder"))
+    model.decoder.blocks[0].register_forward_pre_hook(record("decoder"))
+    images = torch.randint(0, 256, (3, 3, 16, 16), dtype=torch.uint8)
+    noise = model.draw_noise(3, torch.Generator().manual_seed(0))
+    with _CountSyncs() as counter:
+        out = model(images, noise)
+        out.loss.backward()
+    assert counter.syncs == 0
+    assert shapes == {"encoder": (3, 1 + 4, 32), "decoder": (3, 1 + 16, 16)}
+    assert out.logits.shape == (3 * 12, 512) and (out.kind == MASKED).sum(1).tolist() == [12] * 3
+    assert math.isclose(out.loss.item(), math.log(512), rel_tol=1e-6)  # zero-init head
+
+
+def test_visible_arm_loss_is_on_the_masked_patches_hand_checked():
+    """8x8 image, patches 4x4: N = 4 solid patches red, green, blue, white -> 3-bit classes
+    7*64 = 448, 7*8 = 56, 7, 511. First draw [0.9, 0.1, 0.5, 0.3]: its two smallest are
+    patches 1 and 3 (masked), 0 and 2 are kept."""
+    model = tiny_model(image_size=8, decoder_depth=1, encoder="visible", mask_ratio=0.5)
+    with torch.no_grad():
+        model.head.weight.normal_(std=0.1)
+    images = torch.zeros(1, 3, 8, 8, dtype=torch.uint8)
+    images[0, 0, :4, :4] = 255  # patch 0 red
+    images[0, 1, :4, 4:] = 255  # patch 1 green
+    images[0, 2, 4:, :4] = 255  # patch 2 blue
+    images[0, :, 4:, 4:] = 255  # patch 3 white
+    noise = torch.rand(3, 1, 4)
+    noise[0, 0] = torch.tensor([0.9, 0.1, 0.5, 0.3])
+    dec = {}
+    model.decoder.norm.register_forward_hook(lambda m, a, o: dec.update(out=o))
+    out = model(images, noise)
+    assert out.kind.tolist() == [[UNTOUCHED, MASKED, UNTOUCHED, MASKED]]
+    assert out.targets.tolist() == [56, 511]
+    logits = model.head(dec["out"][0, [2, 4]])  # tokens of patches 1 and 3 ([class] first)
+    assert torch.allclose(out.loss, F.cross_entropy(logits, torch.tensor([56, 511])))
+    # The masked patches' pixels reach the loss only as targets: the encoder never sees them.
+    recoloured = images.clone()
+    recoloured[0, :, :4, 4:] = 0
+    recoloured[0, :, 4:, 4:] = 128
+    assert torch.equal(model(recoloured, noise).logits, out.logits)
+    recoloured[0, 1, :4, :4] = 200  # a kept patch does change the prediction
+    assert not torch.equal(model(recoloured, noise).logits, out.logits)
+
+
+def test_visible_arm_masks_the_patches_the_first_draw_chooses():
+    """The same patches as the paper's corruption for the same draws (its argsort)."""
+    ref, model = tiny_model(), tiny_model(**VISIBLE)
+    ref.cfg = ObjectiveConfig(mask_ratio=0.75)
+    images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
+    noise = model.draw_noise(4, torch.Generator().manual_seed(5))
+    assert torch.equal(model(images, noise).kind != 0, ref(images, noise).kind != 0)
+
+
+@pytest.mark.parametrize("kw", [DECODER, {**DECODER, "decoder_width": 48}, VISIBLE])
+def test_every_parameter_gets_a_gradient(kw):
+    model = tiny_model(**kw)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
+    for i in range(2):  # step 0 only trains the zero-initialized head
+        opt.zero_grad()
+        noise = model.draw_noise(len(images), torch.Generator().manual_seed(i))
+        model(images, noise).loss.backward()
+        opt.step()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    assert missing == []
+    names = {n.split(".")[0] for n, _ in model.named_parameters()}
+    assert names == {"encoder", "decoder", "mask_embedding", "head"}
+
+
+def test_decoder_shapes_and_defaults():
+    model = tiny_model(**DECODER)
+    d = model.decoder
+    assert (d.embed.in_features, d.embed.out_features) == (32, 32)  # width 0: the encoder's
+    assert len(d.blocks) == 1 and d.blocks[0].attn.heads == 2  # head dim 16 kept
+    assert d.pos_embed.shape == (1, 17, 32) and model.mask_embedding.shape == (32,)
+    wide = tiny_model(decoder_depth=1, decoder_width=48, decoder_heads=4)
+    assert wide.head.in_features == 48 and wide.decoder.blocks[0].attn.heads == 4
+    assert tiny_model(**VISIBLE).mask_embedding.shape == (16,)  # a decoder input there
+
+
+def test_visible_arm_compiles_to_one_graph():
+    model = tiny_model(**VISIBLE)
+    images = torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8)
+    noise = model.draw_noise(2, torch.Generator().manual_seed(0))
+    compiled = torch.compile(lambda x, z: model(x, z).loss, fullgraph=True, backend="aot_eager")
+    assert torch.allclose(compiled(images, noise), model(images, noise).loss)
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"encoder": "visible"}, "decoder_depth >= 1"),
+        ({"encoder": "visible", "decoder_depth": 1, "mask_ratio": 1.0}, "leave a patch"),
+        ({"decoder_depth": -1}, "decoder_depth"),
+        ({"decoder_depth": 1, "decoder_width": 30, "decoder_heads": 4}, "not divisible"),
+    ],
+)
+def test_config_errors_name_the_key(overrides, match):
+    raw = {"data": {"train_shards": "x"}, "model": {"width": 32, "depth": 2, "heads": 2}}
+    with pytest.raises(ConfigError, match=match):
+        from_dict(PretrainConfig, {**raw, "objective": overrides})
+
+
+@pytest.mark.parametrize("kind", ["decoder", "visible"])
+def test_finetune_and_fewshot_load_only_the_encoder(kind, synthetic_shards, tmp_path):
+    """A pretraining checkpoint with a decoder: encoder.safetensors holds exactly the encoder's
+    keys (loading it is strict: no missing, no unexpected key), the training state and the
+    exported head hold the decoder, and the few-shot and fine-tuning pipelines start from it."""
+    extra = {
+        "decoder": ["objective.decoder_depth=1"],
+        "visible": ["objective.decoder_depth=1", "objective.encoder=visible"],
+    }[kind]
+    run = tmp_path / "pre"
+    pretrain(synthetic_shards, run, "train.steps=2", "train.checkpoint_every=2", *extra)
+    ckpt = run / "checkpoints" / "step_00000002"
+    state, model_cfg = load_encoder(ckpt)
+    encoder_keys = set(ViT(16, 4, 32, 2, 2).state_dict())
+    assert set(state) == encoder_keys
+    head = load_head(ckpt)
+    assert {k.split(".")[0] for k in head} == {"decoder", "mask_embedding", "head"}
+    assert "decoder.pos_embed" in head and "decoder.embed.weight" in head
+
+    shards = [f"data.train={synthetic_shards}", f"data.eval={synthetic_shards}"]
+    fs = pipeline("fewshot")(
+        ["--checkpoint", str(ckpt), "--config", str(ROOT / "configs/fewshot/smoke.yaml"),
+         *shards, f"output_dir={tmp_path / 'fs'}"]
+    )  # fmt: skip
+    assert 0.0 <= fs["5shot"] <= 1.0
+    ft = pipeline("finetune")(
+        ["--config", str(ROOT / "configs/finetune/smoke.yaml"), *shards,
+         f"init.checkpoint={ckpt}", f"output_dir={tmp_path / 'ft'}", "train.steps=2"]
+    )  # fmt: skip
+    assert 0.0 <= ft["top1"] <= 1.0
