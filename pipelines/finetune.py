@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from ssl_vit.config import ConfigError, FinetuneConfig, load_config, to_dict
@@ -37,7 +36,8 @@ from ssl_vit.train.loop import (
     resume,
 )
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
-from ssl_vit.train.optim import apply_step, build_sgd
+from ssl_vit.train.optim import apply_step
+from ssl_vit.train.recipe import BatchMixer, build_finetune_optimizer, recipe_loss
 from ssl_vit.train.runtime import start_run
 from ssl_vit.train.schedules import set_lr, warmup_cosine
 
@@ -110,9 +110,12 @@ def main(argv: list[str] | None = None) -> dict:
     tc, acc = cfg.train, run.acc
     # Random init is built after the seeds are set, so a from-scratch run is reproducible.
     encoder = build_vit(cfg.model) if loaded is None else loaded.encoder
+    encoder.set_drop_path(cfg.parts.drop_path)  # the recipe's stochastic depth (0: none)
 
     model = Classifier(encoder, len(label_names), cfg.pool).to(acc.device)
-    optimizer = build_sgd(model, tc)
+    optimizer = build_finetune_optimizer(model, cfg.parts, tc)
+    mixer = BatchMixer(cfg.parts, len(label_names)) if cfg.parts.mixes else None
+    loss_fn = recipe_loss(cfg.parts)
     ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema)) if cfg.ema else None
 
     start = resume(run, args.resume, model, optimizer)
@@ -134,6 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
         rank=acc.process_index,
         world_size=acc.num_processes,
         resume=start.stream,  # exactly where the consumed batches ended
+        randaugment=cfg.parts.randaugment,
     )
     watch = Stopwatch()
     batches = Batches(loader, start, acc.num_processes, watch)
@@ -154,8 +158,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
 
     log.info(
-        "fine-tuning %d classes at %d px for %d steps, global batch %d, from %s",
-        *(len(label_names), cfg.model.image_size, tc.steps, tc.batch_size),
+        "fine-tuning %d classes at %d px for %d steps, global batch %d, %s recipe, from %s",
+        *(len(label_names), cfg.model.image_size, tc.steps, tc.batch_size, cfg.recipe),
         "random init" if cfg.init.scratch else cfg.init.checkpoint,
     )
     stats = StepStats({"loss": 1, "micro": 1, "correct": 1, "seen": 1}, acc.device)
@@ -176,9 +180,12 @@ def main(argv: list[str] | None = None) -> dict:
                 x = batch.images.to(acc.device, non_blocking=True)
                 x = normalize_pixels(x, cfg.data.mean, cfg.data.std)
                 y = batch.labels.to(acc.device, non_blocking=True)
+                target = y
+                if mixer is not None:  # mixed images, soft targets [B, K]
+                    x, target = mixer(x, y)
                 with acc.accumulate(model):
                     logits = model(x)
-                    loss = F.cross_entropy(logits.float(), y)
+                    loss = loss_fn(logits.float(), target)
                     acc.backward(loss)
                     if acc.sync_gradients:  # a non-finite gradient norm: the step is skipped
                         applied = apply_step(acc, model, optimizer, tc.grad_clip)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ssl_vit.config.loader import ConfigError, from_dict
+from ssl_vit.config.recipe import RecipeParts, recipe_defaults
 from ssl_vit.config.variants import resolve_variant
 
 __all__ = [
@@ -278,6 +279,13 @@ class FinetuneConfig:
     )
     ema: float = 0.0  # Polyak averaging factor (0: off), e.g. 0.9999
     eval_every: int = 500
+    # paper (B.1.1) or modern (MAE Table 9): the defaults of `parts` and of train.lr,
+    # weight_decay, betas that are not given explicitly (see ssl_vit.config.recipe).
+    recipe: Literal["paper", "modern"] = "paper"
+    parts: RecipeParts = field(default_factory=RecipeParts)
+
+    # The loader merges the recipe's preset under the YAML file and the overrides.
+    preset_defaults = staticmethod(recipe_defaults)
 
     def validate(self) -> None:
         check_seed(self.seed)
@@ -285,6 +293,13 @@ class FinetuneConfig:
             raise ConfigError("data.train: required (shards, image folder or HF dataset)")
         if not 0.0 <= self.ema < 1.0:
             raise ConfigError(f"ema: must be in [0, 1), got {self.ema}")
+        micro = self.train.batch_size // self.train.grad_accum
+        if self.parts.mixes and micro % 2:
+            # Mixing pairs each image with the batch's reversed order (timm Mixup).
+            raise ConfigError(
+                f"parts.mixup/cutmix: need an even batch per step and process, got "
+                f"train.batch_size / train.grad_accum = {micro}"
+            )
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import math
+import random
 import warnings
 from collections.abc import Sequence
 
@@ -17,6 +18,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 __all__ = [
+    "RandAugment",
     "RandomResizedCropFlip",
     "decode_image",
     "eval_transform",
@@ -90,11 +92,59 @@ class RandomResizedCropFlip:
         return out
 
 
+class RandAugment:
+    """uint8 [3,H,W] -> uint8 [3,H,W]: timm's RandAugment (`rand_augment_transform`, on a PIL
+    image) from a spec such as "rand-m9-mstd0.5-inc1" (MAE's (9, 0.5)).
+
+    timm draws from Python's and NumPy's global RNGs; both are seeded here from one draw of
+    the torch RNG, which the loader seeds per sample (stages._seeded), so a sample's ops depend
+    only on its place in the stream, as its crop does; the global states are restored after."""
+
+    def __init__(self, spec: str, image_size: int, mean: Sequence[float] = (0.5, 0.5, 0.5)):
+        from timm.data.auto_augment import rand_augment_transform
+
+        hparams = {
+            "translate_const": int(image_size * 0.45),  # as timm's create_transform
+            "img_mean": tuple(round(255 * m) for m in mean),  # fill of rotations / shears
+        }
+        self.op = rand_augment_transform(spec, hparams)
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        seed = int(torch.randint(0, 2**31, (1,)))
+        py_state, np_state = random.getstate(), np.random.get_state()
+        random.seed(seed)
+        np.random.seed(seed)
+        try:
+            out = self.op(Image.fromarray(image.permute(1, 2, 0).numpy()))
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+        return torch.from_numpy(np.asarray(out).copy()).permute(2, 0, 1).contiguous()
+
+
+class _Then:
+    """`second(first(x))` (a picklable compose of two transforms)."""
+
+    def __init__(self, first, second) -> None:
+        self.first, self.second = first, second
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(image))
+
+
 def train_transform(
-    image_size: int, crop_scale: Sequence[float] = (0.08, 1.0), hflip: bool = True
-) -> RandomResizedCropFlip:
-    """uint8 [3,H,W] -> uint8 [3,S,S]: random resized crop (+ horizontal flip)."""
-    return RandomResizedCropFlip(image_size, crop_scale, hflip=hflip)
+    image_size: int,
+    crop_scale: Sequence[float] = (0.08, 1.0),
+    hflip: bool = True,
+    randaugment: str = "",
+    mean: Sequence[float] = (0.5, 0.5, 0.5),
+):
+    """uint8 [3,H,W] -> uint8 [3,S,S]: random resized crop (+ horizontal flip) (+ RandAugment
+    with a non-empty timm spec, after them as in timm / MAE)."""
+    crop = RandomResizedCropFlip(image_size, crop_scale, hflip=hflip)
+    if not randaugment:
+        return crop
+    return _Then(crop, RandAugment(randaugment, image_size, mean))
 
 
 def torchvision_train_transform(

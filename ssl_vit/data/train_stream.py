@@ -236,6 +236,7 @@ def _train_fields(
     resume: dict | None,
     require_labels: bool,
     max_consecutive_failures: int,
+    randaugment: str = "",
 ) -> dict[str, Any]:
     """The `_ResumableStream` fields shared by the training streams."""
     fields = _resume_fields(resume, world_size, data.num_workers)
@@ -244,7 +245,7 @@ def _train_fields(
     return dict(
         batch_size=batch_size,
         image_size=image_size,
-        transform=train_transform(image_size, data.crop_scale, data.hflip),
+        transform=train_transform(image_size, data.crop_scale, data.hflip, randaugment, data.mean),
         seed=seed,
         rank=rank,
         world_size=world_size,
@@ -326,9 +327,10 @@ def train_loader(
     split: str | None = None,
     prefetch_factor: int = 2,
     max_consecutive_failures: int = 1000,
+    randaugment: str = "",
 ) -> DataLoader:
     """Endless augmented labelled batches of `data.train` for fine-tuning, resumable like
-    `pretrain_loader`.
+    `pretrain_loader`; `randaugment`: a timm RandAugment spec applied after crop and flip.
 
     Shards: as `pretrain_loader(..., labelled=True)`. An image folder or HF dataset: per epoch a
     permutation seeded by (seed, epoch), split by rank and worker (`shuffle_buffer` unused).
@@ -343,6 +345,7 @@ def train_loader(
         resume=resume,
         require_labels=True,
         max_consecutive_failures=max_consecutive_failures,
+        randaugment=randaugment,
     )
     if is_shard_spec(source):
         index = read_index(source)

@@ -26,6 +26,15 @@ class Classifier(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """Parameter layers as timm's ViT names them (timm `param_groups_layer_decay`): the
+        embeddings are the stem (layer 0), block i is layer i + 1, the final norm comes after
+        the blocks; the head (unmatched) goes with it, in the last layer."""
+        return {
+            "stem": r"^encoder\.(?:cls_token|pos_embed|patch_embed)",
+            "blocks": [(r"^encoder\.blocks\.(\d+)", None), (r"^encoder\.norm", (99999,))],
+        }
+
     def forward(self, images_BCHW: torch.Tensor) -> torch.Tensor:
         """Normalized images [B, 3, H, W] -> logits [B, K]."""
         return self.head(self.encoder(images_BCHW, self.pool))
