@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torchvision.io import ImageReadMode
 from torchvision.io import decode_image as _tv_decode_image
 from torchvision.transforms import v2
@@ -108,6 +108,9 @@ class RandAugment:
             "img_mean": tuple(round(255 * m) for m in mean),  # fill of rotations / shears
         }
         self.op = rand_augment_transform(spec, hparams)
+        for op in self.op.ops:
+            if op.name.startswith("Posterize"):
+                op.aug_fn = _posterize
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         seed = int(torch.randint(0, 2**31, (1,)))
@@ -120,6 +123,16 @@ class RandAugment:
             random.setstate(py_state)
             np.random.set_state(np_state)
         return torch.from_numpy(np.asarray(out).copy()).permute(2, 0, 1).contiguous()
+
+
+def _posterize(img: Image.Image, bits_to_keep: int, **_) -> Image.Image:
+    """timm's posterize, also at 0 bits: its PosterizeIncreasing reaches 0 at magnitude 10,
+    which Pillow >= 12 refuses (older Pillow kept no bit: a black image; so does this)."""
+    if bits_to_keep >= 8:
+        return img
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return ImageOps.posterize(img, bits_to_keep)
 
 
 class _Then:
