@@ -12,12 +12,15 @@ preset, so the paper's path is exactly the dataclass defaults:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ssl_vit.config.loader import ConfigError
 
-__all__ = ["RECIPES", "RecipeParts", "recipe_defaults"]
+__all__ = ["RECIPES", "RecipeParts", "check_adamw_lr", "recipe_defaults"]
+
+log = logging.getLogger(__name__)
 
 RECIPES = ("paper", "modern")
 
@@ -90,3 +93,15 @@ def recipe_defaults(data: dict[str, Any]) -> dict[str, Any]:
         "parts": dict(_MODERN_PARTS),
         "train": {"lr": MAE_BASE_LR * batch / 256, "weight_decay": 0.05, "betas": [0.9, 0.999]},
     }
+
+
+def check_adamw_lr(parts: RecipeParts, lr: float, batch_size: int) -> None:
+    """Warn when AdamW gets an SGD-sized learning rate: a config file's `train.lr` (e.g. the
+    paper recipe's 0.03) wins over the modern recipe's, as every explicit key does."""
+    if parts.optimizer == "adamw" and lr >= 1e-2:
+        log.warning(
+            "train.lr=%g with AdamW: an SGD-sized learning rate (the modern recipe's is "
+            "1e-3 x batch / 256 = %g); an explicit train.lr (also from a config file) wins",
+            lr,
+            MAE_BASE_LR * batch_size / 256,
+        )

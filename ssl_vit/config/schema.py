@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ssl_vit.config.loader import ConfigError, from_dict
-from ssl_vit.config.recipe import RecipeParts, recipe_defaults
+from ssl_vit.config.recipe import RecipeParts, check_adamw_lr, recipe_defaults
 from ssl_vit.config.variants import resolve_variant
 
 __all__ = [
@@ -293,6 +293,7 @@ class FinetuneConfig:
             raise ConfigError("data.train: required (shards, image folder or HF dataset)")
         if not 0.0 <= self.ema < 1.0:
             raise ConfigError(f"ema: must be in [0, 1), got {self.ema}")
+        check_adamw_lr(self.parts, self.train.lr, self.train.batch_size)
         micro = self.train.batch_size // self.train.grad_accum
         if self.parts.mixes and micro % 2:
             # Mixing pairs each image with the batch's reversed order (timm Mixup).
