@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from ssl_vit.config import FinetuneConfig, load_config, to_dict
@@ -38,7 +37,8 @@ from ssl_vit.train.loop import (
     resume,
 )
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
-from ssl_vit.train.optim import apply_step, build_sgd
+from ssl_vit.train.optim import apply_step
+from ssl_vit.train.recipe import BatchMixer, build_finetune_optimizer, recipe_loss
 from ssl_vit.train.runtime import start_run
 from ssl_vit.train.schedules import set_lr, warmup_cosine
 from ssl_vit.watchdog import watched
@@ -114,16 +114,25 @@ def main(argv: list[str] | None = None) -> dict:
     tc, acc = cfg.train, run.acc
     # Random init is built after the seeds are set, so a from-scratch run is reproducible.
     encoder = build_vit(cfg.model) if loaded is None else loaded.encoder
+    encoder.set_drop_path(cfg.parts.drop_path)  # the recipe's stochastic depth (0: none)
 
     model = Classifier(encoder, len(label_names), cfg.pool).to(acc.device)
-    optimizer = build_sgd(model, tc)
+    optimizer = build_finetune_optimizer(model, cfg.parts, tc)
+    mixer = BatchMixer(cfg.parts, len(label_names)) if cfg.parts.mixes else None
+    loss_fn = recipe_loss(cfg.parts)
     ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema)) if cfg.ema else None
 
     start = resume(run, args.resume, model, optimizer)
     start_step, counters = start.step, start.counters
-    # data.augment=device: crop + flip on the device, from a generator of its own (None: workers)
+    # data.augment=device: crop + flip on the device, from a generator of its own (None: workers).
+    # RandAugment (parts.randaugment) works on PIL images after the crop: it keeps the workers'.
     augment = build_device_augment(
-        cfg.data, cfg.model.image_size, acc.device, cfg.seed, acc.process_index
+        cfg.data,
+        cfg.model.image_size,
+        acc.device,
+        cfg.seed,
+        acc.process_index,
+        workers_only=bool(cfg.parts.randaugment),
     )
     if augment is not None:
         augment.load_state_dict(start.augment)
@@ -146,6 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
         resume=start.stream,  # exactly where the consumed batches ended
         load_size=augment.load_size if augment else None,  # device: only decode + resize
         num_classes=len(label_names),  # a label outside [0, K): a counted skip, not a crash
+        randaugment=cfg.parts.randaugment,
     )
     watch = Stopwatch()
     batches = Batches(loader, start, acc.num_processes, watch)
@@ -170,8 +180,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
 
     log.info(
-        "fine-tuning %d classes at %d px for %d steps, global batch %d, from %s",
-        *(len(label_names), cfg.model.image_size, tc.steps, tc.batch_size),
+        "fine-tuning %d classes at %d px for %d steps, global batch %d, %s recipe, from %s",
+        *(len(label_names), cfg.model.image_size, tc.steps, tc.batch_size, cfg.recipe),
         "random init" if cfg.init.scratch else cfg.init.checkpoint,
     )
     stats = StepStats({"loss": 1, "micro": 1, "correct": 1, "seen": 1}, acc.device)
@@ -194,9 +204,12 @@ def main(argv: list[str] | None = None) -> dict:
                     x = augment(x)
                 x = normalize_pixels(x, cfg.data.mean, cfg.data.std)
                 y = batch.labels.to(acc.device, non_blocking=True)
+                target = y
+                if mixer is not None:  # mixed images, soft targets [B, K]
+                    x, target = mixer(x, y)
                 with acc.accumulate(model):
                     logits = model(x)
-                    loss = F.cross_entropy(logits.float(), y)
+                    loss = loss_fn(logits.float(), target)
                     acc.backward(loss)
                     if acc.sync_gradients:  # a non-finite gradient norm: the step is skipped
                         applied = apply_step(acc, model, optimizer, tc.grad_clip)

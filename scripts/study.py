@@ -14,8 +14,11 @@ At the end: `summary.json` and `summary.md` (the table), then `ssl-vit report` o
 `--quick` picks the `quick` budget (a CPU), `--preset NAME` any (`full`, `quick`, `gpu`),
 default `full`. `--only NAME` runs one variant's chain (pretrain -> few-shot -> fine-tune;
 `baseline`: random-init few-shot and fine-tuning from scratch) and writes the summary of what
-has finished, without the report; `--copy-small DIR` copies the study's small artifacts
-(results, metrics, configs, logs, summary, report) to DIR, every `checkpoints/` left out.
+has finished, without the report. With `recipes:` (name + fine-tuning overrides each), every
+variant and the scratch baseline are fine-tuned once per recipe, in finetune/<name>-<recipe>,
+and the summary has one fine-tune column per recipe; `--copy-small DIR` copies the study's
+small artifacts (results, metrics, configs, logs, summary, report) to DIR, every
+`checkpoints/` left out.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ class Job:
     name: str  # variant name, or random / scratch for the random-init baselines
     run_dir: Path
     argv: Callable[[], list[str]]  # built when the job starts (it may need a checkpoint)
+    chain: str = ""  # the variant (or baseline) whose chain it belongs to: `name` if empty
+
+    def __post_init__(self) -> None:
+        self.chain = self.chain or self.name
 
 
 def model_overrides(model: ModelConfig, image_size: int | None = None) -> list[str]:
@@ -88,16 +95,23 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
             *model_overrides(budget.model), *budget.fewshot,
         ])  # fmt: skip
 
-    def finetune(name: str, ckpt: Callable[[], str]) -> Job:
-        run_dir = out / "finetune" / name
-        return Job("finetune", name, run_dir, lambda: py + [
+    def finetune_one(name: str, ckpt: Callable[[], str], job: str, extra: list[str]) -> Job:
+        run_dir = out / "finetune" / job
+        return Job("finetune", job, run_dir, lambda: py + [
             str(REPO / "pipelines/finetune.py"), "--resume", "--config", cfg.finetune_config,
             f"output_dir={run_dir}", f"init.checkpoint={ckpt()}",
             f"data.train={d.train}", f"data.eval={d.eval}",
             *model_overrides(budget.model, budget.finetune_image_size), *budget.finetune,
-        ])  # fmt: skip
+            *extra,
+        ], chain=name)  # fmt: skip
 
-    jobs = [fewshot("random", lambda: "random"), finetune("scratch", lambda: "none")]
+    def finetune(name: str, ckpt: Callable[[], str]) -> list[Job]:
+        """One fine-tune, or one per recipe (its overrides after the budget's)."""
+        if not cfg.recipes:
+            return [finetune_one(name, ckpt, name, [])]
+        return [finetune_one(name, ckpt, f"{name}-{r.name}", r.finetune) for r in cfg.recipes]
+
+    jobs = [fewshot("random", lambda: "random"), *finetune("scratch", lambda: "none")]
     for v in cfg.variants:
         pre_dir = out / "pretrain" / v.name
         jobs.append(Job("pretrain", v.name, pre_dir, lambda v=v, pre_dir=pre_dir: py + [
@@ -106,7 +120,7 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
             *model_overrides(budget.model), *objective_overrides(v.objective), *budget.pretrain,
         ]))  # fmt: skip
         ckpt = lambda pre_dir=pre_dir: checkpoint_of(pre_dir)  # noqa: E731
-        jobs += [fewshot(v.name, ckpt), finetune(v.name, ckpt)]
+        jobs += [fewshot(v.name, ckpt), *finetune(v.name, ckpt)]
     return jobs
 
 
@@ -116,9 +130,9 @@ BASELINES = ("random", "scratch")  # the random-init rows' job names
 def only(jobs: list[Job], name: str) -> list[Job]:
     """The jobs of one chain: a variant's, or the baselines' (`baseline`, `random`, `scratch`)."""
     names = BASELINES if name in ("baseline", *BASELINES) else (name,)
-    chosen = [j for j in jobs if j.name in names]
+    chosen = [j for j in jobs if j.chain in names]
     if not chosen:
-        known = sorted({j.name for j in jobs} - set(BASELINES)) + ["baseline"]
+        known = sorted({j.chain for j in jobs} - set(BASELINES)) + ["baseline"]
         sys.exit(f"error: --only {name}: no such variant (known: {', '.join(known)})")
     return chosen
 
@@ -204,7 +218,11 @@ def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> 
         name = v.name if v else BASELINE
         pre = read_results(out / "pretrain" / name) if v else {}
         few = read_results(out / "fewshot" / (name if v else "random"))
-        ft = read_results(out / "finetune" / (name if v else "scratch"))
+        ft_name = name if v else "scratch"
+        ft = read_results(out / "finetune" / ft_name)
+        # One fine-tune per recipe: top-1 and wall time by recipe name.
+        by_recipe = {r.name: read_results(out / "finetune" / f"{ft_name}-{r.name}")
+                     for r in cfg.recipes}  # fmt: skip
         rows.append({
             "variant": name,
             "objective": to_dict(v.objective) if v else None,
@@ -217,10 +235,12 @@ def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> 
             "finetune_top1": ft.get("top1"),
             "finetune_steps": ft.get("step"),
             "finetune_image_size": ft.get("image_size"),
+            "finetune_by_recipe": {k: r.get("top1") for k, r in by_recipe.items()},
             "wall_time_s": {
                 "pretrain": pre.get("wall_time_s"),
                 "fewshot": few.get("wall_time_s"),
-                "finetune": ft.get("wall_time_s"),
+                "finetune": _total([r.get("wall_time_s") for r in by_recipe.values()])
+                if by_recipe else ft.get("wall_time_s"),
             },
         })  # fmt: skip
     walls = [w for r in rows for w in r["wall_time_s"].values() if w is not None]
@@ -235,10 +255,18 @@ def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> 
     return summary
 
 
+def _total(values: list[float | None]) -> float | None:
+    """The sum of the values known (None if none is)."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
 def markdown_table(rows: list[dict]) -> str:
     shots = sorted({int(k) for r in rows for k in r["fewshot"]})
+    recipes = list(rows[0]["finetune_by_recipe"]) if rows else []
     head = ["variant", "pretraining steps", "colour acc"] + [f"{k}-shot (%)" for k in shots]
-    head += ["fine-tune top-1 (%)", "wall: pretrain / few-shot / fine-tune (min)"]
+    head += [f"fine-tune top-1 ({r}) (%)" for r in recipes] or ["fine-tune top-1 (%)"]
+    head += ["wall: pretrain / few-shot / fine-tune (min)"]
 
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{100 * x:.1f}"
@@ -252,7 +280,7 @@ def markdown_table(rows: list[dict]) -> str:
             "-" if r["color_acc"] is None else f"{r['color_acc']:.3f}",
         ]
         cells += [f"{pct(f['mean'])} ± {pct(f['std'])}" if f else "-" for f in few]
-        cells.append(pct(r["finetune_top1"]))
+        cells += [pct(t) for t in r["finetune_by_recipe"].values()] or [pct(r["finetune_top1"])]
         cells.append(
             " / ".join("-" if w is None else f"{w / 60:.1f}" for w in r["wall_time_s"].values())
         )

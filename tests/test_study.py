@@ -124,3 +124,42 @@ def test_copy_small_leaves_the_checkpoints_out(tmp_path):
     assert (tmp_path / "small/pretrain/x/results.json").is_file()
     assert (tmp_path / "small/summary.md").is_file()
     assert not (tmp_path / "small/pretrain/x/checkpoints").exists()
+
+
+def test_recipes_fine_tune_each_variant_and_scratch_once_per_recipe(tmp_path, capsys):
+    """`recipes:` plans finetune/<variant>-<recipe> for every variant and the scratch baseline,
+    each recipe's overrides after the budget's, and the summary has one column per recipe."""
+    study = load_study()
+    recipes = "recipes=[{name: paper}, {name: modern, finetune: [recipe=modern, train.lr=1e-4]}]"
+    out = tmp_path / "quick"
+    base = ["--config", str(REPO / "configs/study/cifar10.yaml"), "--quick", "--dry-run"]
+    over = [f"quick.output_dir={out}", recipes]
+    study.main([*base, "--only", "mean_color_15", *over])
+    plan = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[plan]")]
+    assert [line.split(":")[0] for line in plan] == [
+        "[plan] pretrain/mean_color_15",
+        "[plan] fewshot/mean_color_15",
+        "[plan] finetune/mean_color_15-paper",
+        "[plan] finetune/mean_color_15-modern",
+    ]
+    assert f"output_dir={out}/finetune/mean_color_15-modern" in plan[3]
+    assert plan[3].endswith("data.max_eval=5000 recipe=modern train.lr=1e-4")  # after budget
+    assert "recipe=" not in plan[2] and plan[2].endswith("data.max_eval=5000")
+    study.main([*base, "--only", "baseline", *over])
+    lines = capsys.readouterr().out
+    assert "[plan] finetune/scratch-paper:" in lines and "[plan] finetune/scratch-modern:" in lines
+    assert lines.count("[plan]") == 3 and not out.exists()  # a dry run writes nothing
+
+    cfg = study.load_config(StudyConfig, REPO / "configs/study/cifar10.yaml", over)
+    for name, top1 in [("scratch-paper", 0.5), ("scratch-modern", 0.625)]:
+        (out / "finetune" / name).mkdir(parents=True)
+        (out / "finetune" / name / "results.json").write_text(json.dumps({"top1": top1}))
+    summary = study.summarize(cfg, cfg.quick, out, "quick")
+    assert summary["rows"][0]["finetune_by_recipe"] == {"paper": 0.5, "modern": 0.625}
+    assert summary["rows"][1]["finetune_by_recipe"] == {"paper": None, "modern": None}
+    head, _, scratch, *_ = (out / "summary.md").read_text().splitlines()
+    assert "| fine-tune top-1 (paper) (%) | fine-tune top-1 (modern) (%) |" in head
+    assert "| 50.0 | 62.5 |" in scratch
+
+    with pytest.raises(SystemExit, match="recipes: need unique names that are simple"):
+        study.main([*base, f"quick.output_dir={out}", "recipes=[{name: a-b}]"])

@@ -21,7 +21,13 @@ from ssl_vit.config.schema import (
     PretrainConfig,
     PretrainDataConfig,
 )
-from ssl_vit.config.study import StudyBudget, StudyConfig, StudyDataConfig, StudyVariant
+from ssl_vit.config.study import (
+    StudyBudget,
+    StudyConfig,
+    StudyDataConfig,
+    StudyRecipe,
+    StudyVariant,
+)
 
 __all__ = [
     "ConfigError",
@@ -44,5 +50,6 @@ __all__ = [
     "StudyBudget",
     "StudyConfig",
     "StudyDataConfig",
+    "StudyRecipe",
     "StudyVariant",
 ]

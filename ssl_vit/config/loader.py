@@ -91,6 +91,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     """Build dataclass `cls` from a nested dict; unknown keys and wrong types raise ConfigError."""
+    preset = getattr(cls, "preset_defaults", None)
+    if preset is not None:  # e.g. a fine-tuning recipe: its defaults go under the given keys
+        data = _merge(preset(data), data)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for key in data:

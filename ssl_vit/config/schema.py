@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ssl_vit.config.loader import ConfigError, from_dict
+from ssl_vit.config.recipe import RecipeParts, check_adamw_lr, recipe_defaults
 from ssl_vit.config.variants import resolve_variant
 
 __all__ = [
@@ -314,9 +315,7 @@ class OptimConfig:
                 raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
         check_min("train.", self, ("warmup_steps", "checkpoint_every"), 0)
         check_min("train.", self, ("keep_checkpoints",), 1)
-        check_positive(
-            "train.", self, ("lr", "dist_timeout_s", "stop_timeout_s", "data_timeout_s")
-        )
+        check_positive("train.", self, ("lr", "dist_timeout_s", "stop_timeout_s", "data_timeout_s"))
         for name in ("min_lr", "weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}: must be >= 0, got {getattr(self, name)}")
@@ -451,6 +450,13 @@ class FinetuneConfig:
     )
     ema: float = 0.0  # Polyak averaging factor (0: off), e.g. 0.9999
     eval_every: int = 500
+    # paper (B.1.1) or modern (MAE Table 9): the defaults of `parts` and of train.lr,
+    # weight_decay, betas that are not given explicitly (see ssl_vit.config.recipe).
+    recipe: Literal["paper", "modern"] = "paper"
+    parts: RecipeParts = field(default_factory=RecipeParts)
+
+    # The loader merges the recipe's preset under the YAML file and the overrides.
+    preset_defaults = staticmethod(recipe_defaults)
 
     def validate(self) -> None:
         check_seed(self.seed)
@@ -458,6 +464,19 @@ class FinetuneConfig:
             raise ConfigError("data.train: required (shards, image folder or HF dataset)")
         check_fraction("ema", self.ema, low_open=False)
         check_min("", self, ("eval_every",), 0)
+        check_adamw_lr(self.parts, self.train.lr, self.train.batch_size)
+        if self.parts.randaugment and self.data.augment == "device":
+            raise ConfigError(
+                "data.augment=device: parts.randaugment runs per sample in the loader workers "
+                "after the crop; use data.augment=workers (or auto)"
+            )
+        micro = self.train.batch_size // self.train.grad_accum
+        if self.parts.mixes and micro % 2:
+            # Mixing pairs each image with the batch's reversed order (timm Mixup).
+            raise ConfigError(
+                f"parts.mixup/cutmix: need an even batch per step and process, got "
+                f"train.batch_size / train.grad_accum = {micro}"
+            )
 
 
 @dataclass

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from ssl_vit.config.loader import ConfigError, parse_overrides
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig
 
-__all__ = ["StudyBudget", "StudyConfig", "StudyDataConfig", "StudyVariant"]
+__all__ = ["StudyBudget", "StudyConfig", "StudyDataConfig", "StudyRecipe", "StudyVariant"]
 
 
 @dataclass
@@ -28,6 +28,16 @@ class StudyVariant:
 
     name: str = ""  # run directory name, e.g. mean_color_50
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+
+
+@dataclass
+class StudyRecipe:
+    """A fine-tuning recipe of the study: every variant and the scratch baseline are fine-tuned
+    once with it, in finetune/<variant>-<name>, with `finetune` (`key.sub=value`, e.g.
+    `recipe=modern`) applied on top of the budget's fine-tuning overrides."""
+
+    name: str = ""  # a simple identifier: it ends run directory names and column headers
+    finetune: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -68,6 +78,8 @@ class StudyConfig:
     full: StudyBudget = field(default_factory=StudyBudget)
     quick: StudyBudget = field(default_factory=StudyBudget)
     gpu: StudyBudget = field(default_factory=StudyBudget)  # one GPU, one chain in minutes
+    # Fine-tuning recipes compared (empty: one fine-tune per variant, the base config's recipe).
+    recipes: list[StudyRecipe] = field(default_factory=list)
 
     def validate(self) -> None:
         if not self.data.train or not self.data.eval:
@@ -83,3 +95,9 @@ class StudyConfig:
                 )
         if {"random", "scratch"} & set(names):
             raise ConfigError("variants: 'random' and 'scratch' name the random-init baselines")
+        recipes = [r.name for r in self.recipes]
+        if not all(r.isidentifier() for r in recipes) or len(set(recipes)) != len(recipes):
+            raise ConfigError(
+                f"recipes: need unique names that are simple identifiers (letters, digits, _), "
+                f"got {recipes}"
+            )

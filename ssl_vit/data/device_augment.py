@@ -148,11 +148,13 @@ def build_device_augment(
     device: torch.device,
     seed: int,
     rank: int,
+    workers_only: bool = False,
 ) -> DeviceAugment | None:
     """The job's device augmentation (None under `data.augment` workers, or auto off CUDA),
     drawing from its own generator on `device`, seeded by (seed, rank); its `load_size` is
-    what the loader must deliver."""
-    if resolve_augment(data.augment, device) != "device":
+    what the loader must deliver. `workers_only`: a per-sample stage after the crop
+    (RandAugment) needs the workers' augmentation (FinetuneConfig refuses `device` with it)."""
+    if workers_only or resolve_augment(data.augment, device) != "device":
         log.info("augmentation: per sample in the loader workers")
         return None
     gen = torch.Generator(device).manual_seed(seed_of(seed, rank, _AUGMENT_STREAM))

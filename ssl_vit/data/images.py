@@ -4,15 +4,19 @@ accelerator normalizes)."""
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 
+import numpy as np
 import torch
+from PIL import Image, ImageOps
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from ssl_vit.data.decode import decode_image  # re-exported: the one decoding path
 
 __all__ = [
+    "RandAugment",
     "RandomResizedCropFlip",
     "decode_image",
     "SquareLoad",
@@ -70,11 +74,72 @@ class RandomResizedCropFlip:
         return out
 
 
+class RandAugment:
+    """uint8 [3,H,W] -> uint8 [3,H,W]: timm's RandAugment (`rand_augment_transform`, on a PIL
+    image) from a spec such as "rand-m9-mstd0.5-inc1" (MAE's (9, 0.5)).
+
+    timm draws from Python's and NumPy's global RNGs; both are seeded here from one draw of
+    the torch RNG, which the loader seeds per sample (stages._seeded), so a sample's ops depend
+    only on its place in the stream, as its crop does; the global states are restored after."""
+
+    def __init__(self, spec: str, image_size: int, mean: Sequence[float] = (0.5, 0.5, 0.5)):
+        from timm.data.auto_augment import rand_augment_transform
+
+        hparams = {
+            "translate_const": int(image_size * 0.45),  # as timm's create_transform
+            "img_mean": tuple(round(255 * m) for m in mean),  # fill of rotations / shears
+        }
+        self.op = rand_augment_transform(spec, hparams)
+        for op in self.op.ops:
+            if op.name.startswith("Posterize"):
+                op.aug_fn = _posterize
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        seed = int(torch.randint(0, 2**31, (1,)))
+        py_state, np_state = random.getstate(), np.random.get_state()
+        random.seed(seed)
+        np.random.seed(seed)
+        try:
+            out = self.op(Image.fromarray(image.permute(1, 2, 0).numpy()))
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+        return torch.from_numpy(np.asarray(out).copy()).permute(2, 0, 1).contiguous()
+
+
+def _posterize(img: Image.Image, bits_to_keep: int, **_) -> Image.Image:
+    """timm's posterize, also at 0 bits: its PosterizeIncreasing reaches 0 at magnitude 10,
+    which Pillow >= 12 refuses (older Pillow kept no bit: a black image; so does this)."""
+    if bits_to_keep >= 8:
+        return img
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return ImageOps.posterize(img, bits_to_keep)
+
+
+class _Then:
+    """`second(first(x))` (a picklable compose of two transforms)."""
+
+    def __init__(self, first, second) -> None:
+        self.first, self.second = first, second
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(image))
+
+
 def train_transform(
-    image_size: int, crop_scale: Sequence[float] = (0.08, 1.0), hflip: bool = True
-) -> RandomResizedCropFlip:
-    """uint8 [3,H,W] -> uint8 [3,S,S]: random resized crop (+ horizontal flip)."""
-    return RandomResizedCropFlip(image_size, crop_scale, hflip=hflip)
+    image_size: int,
+    crop_scale: Sequence[float] = (0.08, 1.0),
+    hflip: bool = True,
+    randaugment: str = "",
+    mean: Sequence[float] = (0.5, 0.5, 0.5),
+):
+    """uint8 [3,H,W] -> uint8 [3,S,S]: random resized crop (+ horizontal flip) (+ RandAugment
+    with a non-empty timm spec, after them as in timm / MAE)."""
+    crop = RandomResizedCropFlip(image_size, crop_scale, hflip=hflip)
+    if not randaugment:
+        return crop
+    return _Then(crop, RandAugment(randaugment, image_size, mean))
 
 
 def torchvision_train_transform(

@@ -250,6 +250,7 @@ def _train_fields(
     max_consecutive_failures: int,
     load_size: int | None,
     num_classes: int = 0,
+    randaugment: str = "",
 ) -> dict[str, Any]:
     """The `_ResumableStream` fields shared by the training streams; `load_size`: workers
     only decode and resize to it (the batch is augmented on the device), None: they augment."""
@@ -257,7 +258,7 @@ def _train_fields(
     if fields.pop("reseed", False):  # a stream unlike the one before (same seed: same order)
         seed = seed_of(seed, sum(p[0] for p in resume["positions"].values()), _RESEED)
     if load_size is None:
-        transform = train_transform(image_size, data.crop_scale, data.hflip)
+        transform = train_transform(image_size, data.crop_scale, data.hflip, randaugment, data.mean)
     else:
         image_size, transform = load_size, SquareLoad(load_size)
     return dict(
@@ -353,10 +354,12 @@ def train_loader(
     max_consecutive_failures: int = 1000,
     load_size: int | None = None,
     num_classes: int = 0,
+    randaugment: str = "",
 ) -> DataLoader:
     """Endless augmented labelled batches of `data.train` for fine-tuning, resumable like
     `pretrain_loader`. `num_classes` K > 0: samples labelled outside [0, K) are skipped and
-    counted (a label the classifier head has no output for).
+    counted (a label the classifier head has no output for); `randaugment`: a timm RandAugment
+    spec applied after crop and flip (worker-side augmentation only).
 
     Shards: as `pretrain_loader(..., labelled=True)`. An image folder or HF dataset: per epoch a
     permutation seeded by (seed, epoch), split by rank and worker (`shuffle_buffer` unused).
@@ -374,6 +377,7 @@ def train_loader(
         max_consecutive_failures=max_consecutive_failures,
         load_size=load_size,
         num_classes=num_classes,
+        randaugment=randaugment,
     )
     if is_shard_spec(source):
         index = read_index(source)

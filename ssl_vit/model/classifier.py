@@ -26,6 +26,19 @@ class Classifier(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """Parameter layers for timm's `param_groups_layer_decay`: the embeddings are the stem
+        (layer 0), block i is layer i + 1, the final norm and the head are one layer after the
+        blocks (as MAE's `get_layer_id_for_vit`; timm's own ViT puts the norm with the last
+        block: its ordinal (99999,) means "the previous group's layer")."""
+        return {
+            "stem": r"^encoder\.(?:cls_token|pos_embed|patch_embed)",
+            "blocks": [
+                (r"^encoder\.blocks\.(\d+)", None),
+                (r"^(?:encoder\.norm|head)\.", (100000,)),
+            ],
+        }
+
     def forward(self, images_BCHW: torch.Tensor) -> torch.Tensor:
         """Normalized images [B, 3, H, W] -> logits [B, K]."""
         return self.head(self.encoder(images_BCHW, self.pool))

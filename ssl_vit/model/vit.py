@@ -58,10 +58,19 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LN Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)) (paper eq. 2-3)."""
+    """Pre-LN Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)) (paper eq. 2-3).
+
+    `drop_path` > 0: stochastic depth (Huang et al. 2016), in training each sample's residual
+    branch is dropped with that probability (timm DropPath, kept ones scaled by 1/(1-p)); at 0
+    the branch is added as is (identity, no random draw)."""
 
     def __init__(
-        self, width: int, heads: int, mlp_ratio: float = 4.0, norm_eps: float = 1e-6
+        self,
+        width: int,
+        heads: int,
+        mlp_ratio: float = 4.0,
+        norm_eps: float = 1e-6,
+        drop_path: float = 0.0,
     ) -> None:
         super().__init__()
         hidden = int(width * mlp_ratio)
@@ -69,10 +78,19 @@ class Block(nn.Module):
         self.attn = Attention(width, heads)
         self.norm2 = nn.LayerNorm(width, eps=norm_eps)
         self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
+        self.set_drop_path(drop_path)
+
+    def set_drop_path(self, rate: float) -> None:
+        if rate > 0:
+            from timm.layers import DropPath  # only when asked for: importing timm takes ~1 s
+
+            self.drop_path = DropPath(rate)
+        else:
+            self.drop_path = nn.Identity()
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        x_BTD = x_BTD + self.attn(self.norm1(x_BTD))
-        return x_BTD + self.mlp(self.norm2(x_BTD))
+        x_BTD = x_BTD + self.drop_path(self.attn(self.norm1(x_BTD)))
+        return x_BTD + self.drop_path(self.mlp(self.norm2(x_BTD)))
 
 
 class ViT(nn.Module):
@@ -107,6 +125,13 @@ class ViT(nn.Module):
         # (Hugging Face ViTs use 1e-12), so that their features are reproduced exactly.
         self.norm = nn.LayerNorm(width, eps=norm_eps)
         self.init_weights()
+
+    def set_drop_path(self, rate: float) -> None:
+        """Stochastic depth for fine-tuning: block i drops its residual branches with
+        probability rate * i / (depth - 1) (linear from 0 to `rate`, as timm and MAE); 0: off."""
+        depth = len(self.blocks)
+        for i, block in enumerate(self.blocks):
+            block.set_drop_path(rate * i / max(depth - 1, 1))
 
     def init_weights(self) -> None:
         """big_vision / timm-jax scheme: xavier-uniform linears with zero bias, LeCun-normal

@@ -9,18 +9,22 @@ from torch import nn
 
 from ssl_vit.config.schema import OptimConfig
 
-__all__ = ["apply_step", "param_groups", "build_adam", "build_sgd"]
+__all__ = ["apply_step", "decay_exempt", "param_groups", "build_adam", "build_sgd"]
+
+
+def decay_exempt(name: str, p: torch.Tensor) -> bool:
+    """1-D parameters (biases, LayerNorm) and the position embedding / [class] / [mask]
+    embeddings get no weight decay, as in big_vision and timm."""
+    return p.ndim <= 1 or name.endswith(("pos_embed", "cls_token", "mask_embedding"))
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Decay only weight matrices; 1-D parameters (biases, LayerNorm) and the position
-    embedding / [class] / [mask] embeddings are exempt, as in big_vision and timm."""
+    """Decay only weight matrices; what `decay_exempt` names is exempt."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        exempt = p.ndim <= 1 or name.endswith(("pos_embed", "cls_token", "mask_embedding"))
-        (no_decay if exempt else decay).append(p)
+        (no_decay if decay_exempt(name, p) else decay).append(p)
     return [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},

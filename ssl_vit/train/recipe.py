@@ -1,0 +1,92 @@
+"""The training side of a fine-tuning recipe (ssl_vit.config.recipe): optimizer with layer-wise
+lr decay, batch mixing (mixup / cutmix) and the loss that goes with the targets.
+
+Shape legend: B batch, K classes, C channels, H, W image size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ssl_vit.config.recipe import RecipeParts
+from ssl_vit.config.schema import OptimConfig
+from ssl_vit.train.optim import build_sgd, decay_exempt, param_groups
+
+__all__ = ["BatchMixer", "build_finetune_optimizer", "layer_decay_groups", "recipe_loss"]
+
+
+def layer_decay_groups(model: nn.Module, weight_decay: float, layer_decay: float) -> list[dict]:
+    """Parameter groups with `lr_scale` = layer_decay ** (depth + 1 - layer) (BEiT / MAE via
+    timm's `param_groups_layer_decay` and the model's `group_matcher`): patch projection,
+    [class] token and position embeddings are layer 0, block i is layer i + 1, the final norm
+    and the head are layer depth + 1 (scale 1). Weight decay exempts what `param_groups` exempts.
+    """
+    from timm.optim import param_groups_layer_decay  # imported only with layer decay
+
+    exempt = [n for n, p in model.named_parameters() if decay_exempt(n, p)]
+    return param_groups_layer_decay(
+        model, weight_decay, no_weight_decay_list=exempt, layer_decay=layer_decay
+    )
+
+
+def build_finetune_optimizer(
+    model: nn.Module, parts: RecipeParts, cfg: OptimConfig
+) -> torch.optim.Optimizer:
+    """SGD with momentum (the paper) or AdamW (decoupled decay), with layer-wise lr decay when
+    `parts.layer_decay` < 1. The schedule's `set_lr` multiplies each group's `lr_scale`."""
+    if parts.layer_decay < 1.0:
+        groups = layer_decay_groups(model, cfg.weight_decay, parts.layer_decay)
+    elif parts.optimizer == "sgd":
+        return build_sgd(model, cfg)  # the paper's path, exactly as before recipes existed
+    else:
+        groups = param_groups(model, cfg.weight_decay)
+    if parts.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+    # The fused kernel where the build has one (CUDA, CPU); same update up to float rounding.
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=True)
+
+
+class BatchMixer:
+    """Mixup / CutMix of a device batch (timm `Mixup`, batch mode: one lam per batch, each image
+    paired with the batch in reverse order), label smoothing inside the soft targets.
+
+    `lam` and the cutmix box are drawn from NumPy's global RNG on the host (no device sync);
+    it is seeded per process and saved in checkpoints (train.checkpoint.rng_state), so a resumed
+    run draws what the uninterrupted one would have."""
+
+    def __init__(self, parts: RecipeParts, num_classes: int) -> None:
+        from timm.data import Mixup
+
+        self.mix = Mixup(
+            mixup_alpha=parts.mixup,
+            cutmix_alpha=parts.cutmix,
+            prob=parts.mixup_prob,
+            switch_prob=parts.switch_prob,
+            mode="batch",
+            label_smoothing=parts.label_smoothing,
+            num_classes=num_classes,
+        )
+
+    def __call__(
+        self, x_BCHW: torch.Tensor, y_B: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images (mixed in place) and soft targets [B, K] (each row sums to 1)."""
+        return self.mix(x_BCHW, y_B)
+
+
+def recipe_loss(parts: RecipeParts) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """loss(logits [B, K] float, targets) for the recipe's targets: soft [B, K] with mixing
+    (timm SoftTargetCrossEntropy), class indices [B] otherwise (cross-entropy, with label
+    smoothing when set; the paper's plain cross-entropy at 0)."""
+    if parts.mixes:
+        from timm.loss import SoftTargetCrossEntropy
+
+        return SoftTargetCrossEntropy()
+    if parts.label_smoothing > 0:
+        return partial(F.cross_entropy, label_smoothing=parts.label_smoothing)
+    return F.cross_entropy
