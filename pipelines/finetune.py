@@ -19,13 +19,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from ssl_vit.config import ConfigError, FinetuneConfig, load_config, to_dict
 from ssl_vit.data import eval_loader, train_loader
-from ssl_vit.model import Classifier, build_vit, normalize_pixels
+from ssl_vit.model import Classifier, build_vit, normalize_pixels, pixel_stats
 from ssl_vit.train import preflight
 from ssl_vit.train.checkpoint import rng_state, save_classifier
+from ssl_vit.train.compile import maybe_compile
+from ssl_vit.train.ema import EMA
 from ssl_vit.train.guard import StopRequest, one_line_errors, run_job
 from ssl_vit.train.loop import (
     BadSteps,
@@ -78,6 +79,7 @@ def evaluate(model, source: str, cfg: FinetuneConfig, acc) -> float:
     """Top-1 accuracy over the whole eval split (each rank a disjoint part, counts summed)."""
     model.eval()
     counts = torch.zeros(2, device=acc.device)
+    mean, std = pixel_stats(cfg.data.mean, cfg.data.std, acc.device)
     for batch in eval_loader(
         source,
         cfg.train.batch_size // acc.num_processes,
@@ -87,7 +89,7 @@ def evaluate(model, source: str, cfg: FinetuneConfig, acc) -> float:
         world_size=acc.num_processes,
         limit=cfg.data.max_eval,
     ):
-        x = normalize_pixels(batch.images.to(acc.device), cfg.data.mean, cfg.data.std)
+        x = normalize_pixels(batch.images.to(acc.device), mean, std)
         with acc.autocast():
             pred = model(x).argmax(dim=-1)
         labels = batch.labels.to(acc.device)
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     model = Classifier(encoder, len(label_names), cfg.pool).to(acc.device)
     optimizer = build_sgd(model, tc)
-    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema)) if cfg.ema else None
+    ema = EMA(model, cfg.ema) if cfg.ema else None  # updated on the device, no sync
 
     start = resume(run, args.resume, model, optimizer)
     start_step, counters = start.step, start.counters
@@ -125,6 +127,14 @@ def main(argv: list[str] | None = None) -> dict:
     metrics.truncate_after(start_step)
     model, optimizer = acc.prepare(model, optimizer)
     raw = acc.unwrap_model(model)
+    mean, std = pixel_stats(cfg.data.mean, cfg.data.std, acc.device)  # once, not per batch
+
+    def forward_loss(images_u8: torch.Tensor, labels: torch.Tensor):
+        """-> (mean cross-entropy, logits): the region compiled with `train.compile`."""
+        logits = model(normalize_pixels(images_u8, mean, std))
+        return F.cross_entropy(logits.float(), labels), logits
+
+    forward = maybe_compile(forward_loss, tc.compile, tc.compile_mode, acc.device)
 
     loader = train_loader(
         cfg.data,
@@ -159,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
         "random init" if cfg.init.scratch else cfg.init.checkpoint,
     )
     stats = StepStats({"loss": 1, "micro": 1, "correct": 1, "seen": 1}, acc.device)
-    bad = BadSteps(tc.max_bad_steps, run.ckpt_dir, counters)
+    bad = BadSteps(tc, run.ckpt_dir, counters, acc.device)
     bar = progress_bar(tc.steps, start_step, acc.is_main_process)
     model.train()
     done, last_log, row = start_step, start_step, {}
@@ -174,11 +184,9 @@ def main(argv: list[str] | None = None) -> dict:
             for _ in range(tc.grad_accum):
                 batch = batches.next()
                 x = batch.images.to(acc.device, non_blocking=True)
-                x = normalize_pixels(x, cfg.data.mean, cfg.data.std)
                 y = batch.labels.to(acc.device, non_blocking=True)
                 with acc.accumulate(model):
-                    logits = model(x)
-                    loss = F.cross_entropy(logits.float(), y)
+                    loss, logits = forward(x, y)
                     acc.backward(loss)
                     if acc.sync_gradients:  # a non-finite gradient norm: the step is skipped
                         applied = apply_step(acc, model, optimizer, tc.grad_clip)
@@ -187,8 +195,8 @@ def main(argv: list[str] | None = None) -> dict:
             done = step + 1
             stats.end_step(applied)  # a skipped step counts in no logged mean
             bad.update(applied, done)
-            if ema is not None and applied:
-                ema.update_parameters(raw)
+            if ema is not None:
+                ema.update(raw, applied)  # leaves the average as it is if not applied
             bar.update(1)
             if done % tc.log_every == 0 or done == tc.steps:
                 sums = stats.reduce(acc)  # skipped steps are not in them: NaN if all were
@@ -206,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
             ckpt.save_if_due(done, bad, watch)
         bar.close()
 
-        ckpt.save(done)
+        ckpt.save(done, bad)
         if done < tc.steps:
             return end_preempted(metrics, acc, done)
         # --- Final evaluation and save (a signal from here on ends the job at once) ----------

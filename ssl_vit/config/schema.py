@@ -159,7 +159,11 @@ class OptimConfig:
     momentum: float = 0.9  # SGD (fine-tuning)
     grad_clip: float = 1.0  # global norm; 0 disables
     mixed_precision: MixedPrecision = "auto"
-    compile: bool = False
+    # torch.compile of the step's forward+loss (and few-shot feature extraction): "auto" on
+    # CUDA only, or true/false; compile_mode: default | reduce-overhead (CUDA graphs, for small
+    # models) | max-autotune. A compile failure falls back to eager with one warning.
+    compile: bool | Literal["auto"] = "auto"
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
     log_every: int = 50
     # Experiment trackers (Accelerate's): tensorboard, wandb, mlflow, comet_ml, aim, ... Each
     # metrics.jsonl row also goes to them, from the main process; offline unless configured.
