@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> dict:
         knn_k=cfg.knn_k,
         knn_train=cfg.knn_train,
         knn_temperature=cfg.knn_temperature,
+        compile=cfg.compile,
+        compile_mode=cfg.compile_mode,
     )
     res.update(
         checkpoint=args.checkpoint,

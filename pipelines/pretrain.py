@@ -259,6 +259,8 @@ def fewshot(cfg, encoder, acc, metrics, step, model) -> dict | None:
             knn_k=f.knn_k,
             knn_train=f.knn_train,
             knn_temperature=f.knn_temperature,
+            compile=cfg.train.compile,
+            compile_mode=cfg.train.compile_mode,
         )
         metrics.log({"step": step, **{f"fewshot/{k}": v for k, v in res["summary"].items()}})
         if "knn" in res:  # the k-NN monitor (fewshot.knn_k > 0), on the same test features

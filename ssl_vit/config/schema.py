@@ -319,6 +319,9 @@ class FewshotConfig:
     knn_k: int = 0  # also weighted k-NN top-1 (eval.knn) of the readout; 0: off
     knn_train: int = 10000  # train images the k-NN compares against (0: all)
     knn_temperature: float = 0.07
+    # torch.compile of the feature extraction, as train.compile / train.compile_mode.
+    compile: bool | Literal["auto"] = "auto"
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: FewshotDataConfig = field(default_factory=FewshotDataConfig)
     shots: list[int] = field(default_factory=lambda: [1, 5, 10, 25])
