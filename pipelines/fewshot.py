@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> dict:
         knn_train=cfg.knn_train,
         knn_temperature=cfg.knn_temperature,
         standardize=cfg.standardize,
+        compile=cfg.compile,
+        compile_mode=cfg.compile_mode,
     )
     res.update(
         checkpoint=args.checkpoint,

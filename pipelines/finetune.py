@@ -18,14 +18,15 @@ import time
 from pathlib import Path
 
 import torch
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from ssl_vit.config import FinetuneConfig, load_config, to_dict
 from ssl_vit.data import eval_loader, train_loader
 from ssl_vit.data.device_augment import build_device_augment
-from ssl_vit.model import Classifier, build_vit, normalize_pixels
+from ssl_vit.model import Classifier, build_vit, normalize_pixels, pixel_stats
 from ssl_vit.train import preflight
 from ssl_vit.train.checkpoint import rng_state, save_classifier
+from ssl_vit.train.compile import maybe_compile
+from ssl_vit.train.ema import EMA
 from ssl_vit.train.guard import StopRequest, one_line_errors, run_job
 from ssl_vit.train.loop import (
     BadSteps,
@@ -80,6 +81,7 @@ def evaluate(model, source: str, cfg: FinetuneConfig, acc) -> float:
     """Top-1 accuracy over the whole eval split (each rank a disjoint part, counts summed)."""
     model.eval()
     counts = torch.zeros(2, device=acc.device)
+    mean, std = pixel_stats(cfg.data.mean, cfg.data.std, acc.device)
     loader = eval_loader(
         source,
         cfg.train.batch_size // acc.num_processes,
@@ -91,7 +93,7 @@ def evaluate(model, source: str, cfg: FinetuneConfig, acc) -> float:
         num_classes=acc.unwrap_model(model).head.out_features,  # other labels: counted skips
     )
     for batch in watched(loader, "data.eval"):  # a stalled source ends the job
-        x = normalize_pixels(batch.images.to(acc.device), cfg.data.mean, cfg.data.std)
+        x = normalize_pixels(batch.images.to(acc.device), mean, std)
         with acc.autocast():
             pred = model(x).argmax(dim=-1)
         labels = batch.labels.to(acc.device)
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
     optimizer = build_finetune_optimizer(model, cfg.parts, tc)
     mixer = BatchMixer(cfg.parts, len(label_names)) if cfg.parts.mixes else None
     loss_fn = recipe_loss(cfg.parts)
-    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema)) if cfg.ema else None
+    ema = EMA(model, cfg.ema) if cfg.ema else None  # updated on the device, no sync
 
     start = resume(run, args.resume, model, optimizer)
     start_step, counters = start.step, start.counters
@@ -144,6 +146,15 @@ def main(argv: list[str] | None = None) -> dict:
     metrics.truncate_after(start_step)
     model, optimizer = acc.prepare(model, optimizer)
     raw = acc.unwrap_model(model)
+    mean, std = pixel_stats(cfg.data.mean, cfg.data.std, acc.device)  # once, not per batch
+
+    def forward_loss(images: torch.Tensor, targets: torch.Tensor):
+        """uint8 (or mixed [0, 1]) images, labels [B] (or soft targets [B, K] when mixing)
+        -> (mean loss, logits): the region compiled with `train.compile`."""
+        logits = model(normalize_pixels(images, mean, std))
+        return loss_fn(logits.float(), targets), logits
+
+    forward = maybe_compile(forward_loss, tc.compile, tc.compile_mode, acc.device)
 
     loader = train_loader(
         cfg.data,
@@ -185,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
         "random init" if cfg.init.scratch else cfg.init.checkpoint,
     )
     stats = StepStats({"loss": 1, "micro": 1, "correct": 1, "seen": 1}, acc.device)
-    bad = BadSteps(tc.max_bad_steps, run.ckpt_dir, counters)
+    bad = BadSteps(tc, run.ckpt_dir, counters, acc.device)
     bar = progress_bar(tc.steps, start_step, acc.is_main_process)
     model.train()
     done, last_log, row = start_step, start_step, {}
@@ -202,14 +213,12 @@ def main(argv: list[str] | None = None) -> dict:
                 x = batch.images.to(acc.device, non_blocking=True)
                 if augment is not None:
                     x = augment(x)
-                x = normalize_pixels(x, cfg.data.mean, cfg.data.std)
                 y = batch.labels.to(acc.device, non_blocking=True)
                 target = y
-                if mixer is not None:  # mixed images, soft targets [B, K]
-                    x, target = mixer(x, y)
+                if mixer is not None:  # mixed [0, 1] images, soft targets [B, K]
+                    x, target = mixer(x.float() / 255.0, y)
                 with acc.accumulate(model):
-                    logits = model(x)
-                    loss = loss_fn(logits.float(), target)
+                    loss, logits = forward(x, target)
                     acc.backward(loss)
                     if acc.sync_gradients:  # a non-finite gradient norm: the step is skipped
                         applied = apply_step(acc, model, optimizer, tc.grad_clip)
@@ -218,8 +227,8 @@ def main(argv: list[str] | None = None) -> dict:
             done = step + 1
             stats.end_step(applied)  # a skipped step counts in no logged mean
             bad.update(applied, done)
-            if ema is not None and applied:
-                ema.update_parameters(raw)
+            if ema is not None:
+                ema.update(raw, applied)  # leaves the average as it is if not applied
             bar.update(1)
             if done % tc.log_every == 0 or done == tc.steps:
                 sums = stats.reduce(acc)  # skipped steps are not in them: NaN if all were
@@ -237,7 +246,7 @@ def main(argv: list[str] | None = None) -> dict:
             ckpt.save_if_due(done, bad, watch)
         bar.close()
 
-        ckpt.save(done)
+        ckpt.save(done, bad)
         if done < tc.steps:
             return end_preempted(metrics, acc, done)
         # --- Final evaluation and save (a signal from here on ends the job at once) ----------

@@ -25,6 +25,7 @@ from ssl_vit.model import build_vit
 from ssl_vit.objectives import NUM_COLOR_CLASSES, MaskedPatchPrediction, draw_corruption
 from ssl_vit.train import preflight
 from ssl_vit.train.checkpoint import rng_state
+from ssl_vit.train.compile import maybe_compile
 from ssl_vit.train.guard import StopRequest, one_line_errors, run_job
 from ssl_vit.train.loop import (
     BadSteps,
@@ -101,8 +102,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     metrics.truncate_after(start_step)
     model, optimizer = acc.prepare(model, optimizer)
-    if tc.compile:
-        model = torch.compile(model)
+    # forward+loss, one graph (the corruption draws come in as a tensor); the optimizer step
+    # stays outside: fused kernels already.
+    forward = maybe_compile(model, tc.compile, tc.compile_mode, acc.device)
     encoder = acc.unwrap_model(model).encoder
 
     # --- Data: every rank streams its own shards (never dispatched from rank 0) -----------
@@ -153,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     stats = StepStats({"loss": 1, "micro": 1, "correct": 1, "predicted": 1, "kinds": 4}, acc.device)
     step_hist = torch.zeros_like(target_hist)
-    bad = BadSteps(tc.max_bad_steps, run.ckpt_dir, counters)
+    bad = BadSteps(tc, run.ckpt_dir, counters, acc.device)
     bar = progress_bar(tc.steps, start_step, acc.is_main_process)
     fewshot_every = cfg.fewshot.every if cfg.fewshot.train else 0
     model.train()
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
                     images = augment(images)
                 noise = draw_corruption(len(images), encoder.num_patches, gen, acc.device)
                 with acc.accumulate(model):
-                    out = model(images, noise)  # autocast (mixed precision) comes from prepare()
+                    out = forward(images, noise)  # autocast (mixed precision) comes from prepare()
                     acc.backward(out.loss)
                     if acc.sync_gradients:
                         applied = apply_step(acc, model, optimizer, tc.grad_clip)
@@ -185,8 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
             done = step + 1
             stats.end_step(applied)  # a skipped step counts in no logged mean
             bad.update(applied, done)
-            if applied:
-                target_hist += step_hist
+            target_hist += step_hist * applied  # applied: a bool on the device, no sync
             step_hist.zero_()
             bar.update(1)
             if done % tc.log_every == 0 or done == tc.steps:
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
         bar.close()
 
         # --- Final save and results ------------------------------------------------------
-        ckpt.save(done)
+        ckpt.save(done, bad)
         if done < tc.steps:
             return end_preempted(metrics, acc, done)
         stop.finish_loop()  # a signal from here on ends the job at once (checkpoint complete)
@@ -275,6 +276,8 @@ def fewshot(cfg, encoder, acc, metrics, step, model) -> dict | None:
             knn_train=f.knn_train,
             knn_temperature=f.knn_temperature,
             standardize=f.standardize,
+            compile=cfg.train.compile,
+            compile_mode=cfg.train.compile_mode,
         )
         metrics.log({"step": step, **{f"fewshot/{k}": v for k, v in res["summary"].items()}})
         if "knn" in res:  # the k-NN monitor (fewshot.knn_k > 0), on the same test features

@@ -290,7 +290,11 @@ class OptimConfig:
     momentum: float = 0.9  # SGD (fine-tuning)
     grad_clip: float = 1.0  # global norm; 0 disables
     mixed_precision: MixedPrecision = "auto"
-    compile: bool = False
+    # torch.compile of the step's forward+loss (and few-shot feature extraction): "auto" on
+    # CUDA only, or true/false; compile_mode: default | reduce-overhead (CUDA graphs, for small
+    # models) | max-autotune. A compile failure falls back to eager with one warning.
+    compile: bool | Literal["auto"] = "auto"
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
     log_every: int = 50
     # Experiment trackers (Accelerate's): tensorboard, wandb, mlflow, comet_ml, aim, ... Each
     # metrics.jsonl row also goes to them, from the main process; offline unless configured.
@@ -514,6 +518,9 @@ class FewshotConfig:
     knn_k: int = 0  # also weighted k-NN top-1 (eval.knn) of the readout; 0: off
     knn_train: int = 10000  # train images the k-NN compares against (0: all)
     knn_temperature: float = 0.07
+    # torch.compile of the feature extraction, as train.compile / train.compile_mode.
+    compile: bool | Literal["auto"] = "auto"
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: FewshotDataConfig = field(default_factory=FewshotDataConfig)
     # Shots per class; "all": every train image (a full linear probe, same closed-form ridge).

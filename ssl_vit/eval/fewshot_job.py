@@ -46,13 +46,18 @@ def extract_features(
     std: tuple[float, float, float],
     pool: str = "cls",
     device: torch.device | str = "cpu",
+    compile: bool | str = False,
+    compile_mode: str = "default",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(uint8 images [B, 3, S, S], labels [B]) batches -> (features [M, D] float32 on CPU,
-    labels [M]). The representation is the pooled output of the final LayerNorm."""
+    labels [M]). The representation is the pooled output of the final LayerNorm. `compile`,
+    `compile_mode`: see readouts.frozen_forward."""
     feats, labels = [], []
-    for x, y in frozen_forward(
-        encoder, images, mean, std, device, lambda x: encoder(x, pool).float().cpu()
-    ):
+
+    def pooled(x: torch.Tensor) -> torch.Tensor:
+        return encoder(x, pool)
+
+    for x, y in frozen_forward(encoder, images, mean, std, device, pooled, compile, compile_mode):
         feats.append(x)
         labels.append(y)
     if not feats:
@@ -117,6 +122,8 @@ def fewshot_evaluate(
     knn_train: int = 10000,
     knn_temperature: float = 0.07,
     standardize: bool = True,
+    compile: bool | str = False,
+    compile_mode: str = "default",
 ) -> dict[str, Any]:
     """Few-shot linear accuracy of `encoder` (frozen).
 
@@ -128,7 +135,8 @@ def fewshot_evaluate(
     the best readout). `knn_k` > 0 adds 'knn' ({"top1", "k", "temperature", "num_train"}):
     weighted k-NN of the same test features against `knn_train` train images (0: all; a
     fixed random draw otherwise). A shot "all" extracts every train image (a full linear
-    probe); `standardize` as in `fewshot_sweep`.
+    probe); `standardize` as in `fewshot_sweep`. `compile`, `compile_mode`: torch.compile of
+    the feature extraction (`train.compile`'s values, see readouts.frozen_forward).
     """
     t0 = time.perf_counter()
     depth = len(encoder.blocks)
@@ -150,12 +158,13 @@ def fewshot_evaluate(
     num_eval = len(open_source(eval))
     num_eval = min(num_eval, max_eval) if max_eval > 0 else num_eval
     bar = progress_bar(len(rows) + num_eval, desc="few-shot features", unit="img", every_s=30)
+    compiling = (compile, compile_mode)
 
     def features(batches):
         if not per_layer:  # the one readout: pooled last output (unchanged default path)
-            x, y = extract_features(encoder, batches, mean, std, pool, device)
+            x, y = extract_features(encoder, batches, mean, std, pool, device, *compiling)
             return {depth - 1: {pool: x}}, y
-        return extract_layer_features(encoder, batches, mean, std, extract_at, device)
+        return extract_layer_features(encoder, batches, mean, std, extract_at, device, *compiling)
 
     kept: list[int] = []  # the train rows that decoded: features row i is sample kept[i]
     train_batches = _subset_batches(train_src, rows, image_size, batch_size, kept)
@@ -203,7 +212,7 @@ def fewshot_evaluate(
         knn_x, knn_y = extract_features(
             encoder,
             _subset_batches(train_src, knn_rows, image_size, batch_size),
-            *(mean, std, pool, device),
+            *(mean, std, pool, device, *compiling),
         )
         result["knn"] = {
             "top1": knn_top1(knn_x, knn_y, test_x, test_f[1], knn_k, knn_temperature, num_classes),

@@ -19,10 +19,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_map
 
 from ssl_vit.eval.fewshot import fewshot_sweep, shot_order
-from ssl_vit.model.pixels import normalize_pixels
+from ssl_vit.model.pixels import normalize_pixels, pixel_stats
 from ssl_vit.model.vit import POOLS, ViT, resolve_layers
+from ssl_vit.train.compile import maybe_compile
 
 __all__ = [
     "LayerFeatures",
@@ -97,19 +99,35 @@ def frozen_forward(
     std: tuple[float, float, float],
     device: torch.device | str,
     forward: Callable[[torch.Tensor], T],
+    compile: bool | str = False,
+    compile_mode: str = "default",
 ) -> Iterator[tuple[T, torch.Tensor]]:
-    """(uint8 images [B, 3, S, S], labels [B]) batches -> (forward(normalized images), labels)
-    per batch: the encoder in eval mode (its mode restored after), bf16 autocast on a GPU."""
+    """(uint8 images [B, 3, S, S], labels [B]) batches -> (forward(normalized images) as float32
+    on the CPU, labels) per batch: `forward` returns device tensors (any nesting of lists and
+    dicts); the encoder in eval mode (its mode restored after), bf16 autocast on a GPU.
+
+    `compile` (`train.compile`: true, false, "auto" = CUDA only) compiles `forward` (see
+    train.compile); the last, smaller batch is then padded to the first's size so that one
+    static-shape graph (one CUDA graph with reduce-overhead) serves every batch."""
     was_training = encoder.training
     encoder.eval()
     dev = torch.device(device)
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
+    mean_t, std_t = pixel_stats(mean, std, dev)  # once, not per batch
+    step = maybe_compile(forward, compile, compile_mode, dev)
+    padded_size = 0
     try:
         for x_u8, y in images:
-            x = normalize_pixels(x_u8.to(dev, non_blocking=True), mean, std)
+            n = len(x_u8)
+            x_u8 = x_u8.to(dev, non_blocking=True)
+            padded_size = padded_size or n
+            if step is not forward and n < padded_size:
+                pad = x_u8.new_zeros((padded_size - n, *x_u8.shape[1:]))
+                x_u8 = torch.cat([x_u8, pad])
+            x = normalize_pixels(x_u8, mean_t, std_t)
             with autocast:
-                out = forward(x)
-            yield out, y
+                out = step(x)
+            yield tree_map(lambda t, n=n: t[:n].float().cpu(), out), y
     finally:
         encoder.train(was_training)
 
@@ -121,6 +139,8 @@ def extract_layer_features(
     std: tuple[float, float, float],
     layers: Sequence[int],
     device: torch.device | str = "cpu",
+    compile: bool | str = False,
+    compile_mode: str = "default",
 ) -> tuple[LayerFeatures, torch.Tensor]:
     """(uint8 images [B, 3, S, S], labels [B]) batches -> ({block: {"cls", "gap"}}, labels
     [M]): one forward pass per batch for all `layers` (sorted), pooled on the device."""
@@ -129,9 +149,11 @@ def extract_layer_features(
 
     def pooled(x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         outs = encoder.forward_features(x, layers=list(layers))
-        return [{p: ViT.pool(t, p).float().cpu() for p in ("cls", "gap")} for t in outs]
+        return [{p: ViT.pool(t, p) for p in ("cls", "gap")} for t in outs]
 
-    for outs, y in frozen_forward(encoder, images, mean, std, device, pooled):
+    for outs, y in frozen_forward(
+        encoder, images, mean, std, device, pooled, compile, compile_mode
+    ):
         for i, by_pool in zip(layers, outs, strict=True):
             for p, x in by_pool.items():
                 parts[i][p].append(x)

@@ -111,8 +111,10 @@ class StepStats:
 
     `add(name=value)` adds to the current step (device tensors or Python numbers; entries may be
     vectors, e.g. 4 counts); `end_step(applied)` keeps the step's values only if the optimizer
-    applied it, so skipped steps never enter the logged means; `reduce(acc)` sums the lap over
-    ranks (one all-reduce, one host sync) and starts a new lap."""
+    applied it (a bool, or a bool tensor on the device: no sync), so skipped steps never enter
+    the logged means; `reduce(acc)` sums the lap over ranks (one all-reduce, one host sync) and
+    starts a new lap. Python numbers are added on the device as kernel arguments (no copy);
+    sums are float32, exact for counts below 2**24 per lap."""
 
     def __init__(self, sizes: dict[str, int], device: torch.device) -> None:
         self.slices: dict[str, slice] = {}
@@ -121,29 +123,23 @@ class StepStats:
             self.slices[name] = slice(n, n + size)
             n += size
         self.step_dev, self.lap_dev = torch.zeros(n, device=device), torch.zeros(n, device=device)
-        self.step_host, self.lap_host = [0.0] * n, [0.0] * n
 
     def add(self, **values: torch.Tensor | float) -> None:
         for name, value in values.items():
             where = self.slices[name]
-            if isinstance(value, torch.Tensor):
-                self.step_dev[where] += value.detach()
-            else:
-                self.step_host[where.start] += value
+            self.step_dev[where] += value.detach() if isinstance(value, torch.Tensor) else value
 
-    def end_step(self, applied: bool) -> None:
-        if applied:
+    def end_step(self, applied: bool | torch.Tensor) -> None:
+        if isinstance(applied, torch.Tensor):  # where, not a product: a skipped loss is NaN
+            self.lap_dev += torch.where(applied, self.step_dev, 0.0)
+        elif applied:
             self.lap_dev += self.step_dev
-            self.lap_host = [a + b for a, b in zip(self.lap_host, self.step_host, strict=True)]
         self.step_dev.zero_()
-        self.step_host = [0.0] * len(self.step_host)
 
     def reduce(self, acc: Any) -> dict[str, Any]:
         """{name: float, or a list for vector entries}, summed over ranks; resets the lap."""
-        lap = self.lap_dev + torch.tensor(self.lap_host, device=self.lap_dev.device)
-        totals = acc.reduce(lap, reduction="sum").tolist()
+        totals = acc.reduce(self.lap_dev.clone(), reduction="sum").tolist()
         self.lap_dev.zero_()
-        self.lap_host = [0.0] * len(self.lap_host)
         return {
             name: totals[s.start] if s.stop - s.start == 1 else totals[s]
             for name, s in self.slices.items()
@@ -152,26 +148,55 @@ class StepStats:
 
 class BadSteps:
     """Steps with a non-finite gradient norm are not applied (`apply_step`); they are counted
-    in `counters["skipped_steps"]`, and `max_in_a_row` of them in a row stop the job with an
-    error naming the last good checkpoint (none is written during such a run)."""
+    in `counters["skipped_steps"]`, and `max_bad_steps` of them in a row stop the job with an
+    error naming the last good checkpoint (none is written during such a run).
 
-    def __init__(self, max_in_a_row: int, ckpt_dir: Path, counters: dict[str, int]) -> None:
-        self.max_in_a_row, self.ckpt_dir, self.counters = max_in_a_row, ckpt_dir, counters
-        self.in_a_row = 0
+    The counts stay on the device (`update` takes the step's applied flag as a tensor: no
+    sync) and are read at log and checkpoint steps (`train.log_every`, `checkpoint_every`,
+    the last step): a run of bad steps stops the job at the next of those at the latest, and
+    `in_a_row` is current whenever a checkpoint is due."""
 
-    def update(self, applied: bool, step: int) -> None:
-        if applied:
-            self.in_a_row = 0
-            return
-        self.in_a_row += 1
-        self.counters["skipped_steps"] += 1
-        log.warning(
-            "step %d: non-finite gradient norm, step skipped (%d in a row)", step, self.in_a_row
-        )
-        if self.in_a_row >= self.max_in_a_row:
+    def __init__(
+        self, tc: OptimConfig, ckpt_dir: Path, counters: dict[str, int], device: torch.device
+    ) -> None:
+        self.tc, self.ckpt_dir, self.counters = tc, ckpt_dir, counters
+        self.in_a_row = 0  # as of the last read
+        # [skipped since the last read, bad steps in a row now, longest run since the last read]
+        self.dev = torch.zeros(3, dtype=torch.long, device=device)
+
+    def update(self, applied: bool | torch.Tensor, step: int) -> None:
+        skipped, in_a_row, longest = self.dev.unbind(0)
+        bad = ~torch.as_tensor(applied, device=self.dev.device)
+        skipped += bad
+        in_a_row.mul_(bad).add_(bad)  # +1, or back to 0 on an applied step
+        torch.maximum(longest, in_a_row, out=longest)
+        tc = self.tc
+        every = tc.checkpoint_every
+        if step % tc.log_every == 0 or step == tc.steps or (every and step % every == 0):
+            self.check(step)
+
+    def sync(self, step: int) -> int:
+        """Read the device counts as of `step` (one host sync) into `counters` and `in_a_row`;
+        returns the longest run of bad steps since the last read."""
+        skipped, self.in_a_row, longest = self.dev.tolist()
+        self.dev[0] = 0
+        self.dev[2] = self.in_a_row
+        self.counters["skipped_steps"] += skipped
+        if skipped:
+            log.warning(
+                "%d step(s) skipped since the last log: non-finite gradient norm (%d in a row "
+                "at step %d)",
+                *(skipped, self.in_a_row, step),
+            )
+        return longest
+
+    def check(self, step: int) -> None:
+        """`sync`, then stop the job if a run of bad steps reached `max_bad_steps`."""
+        longest = self.sync(step)
+        if longest >= self.tc.max_bad_steps:
             raise SystemExit(
-                f"error: {self.in_a_row} steps in a row with a non-finite loss or gradient "
-                f"(last: step {step}); stopping. Last good checkpoint: "
+                f"error: at least {self.tc.max_bad_steps} steps in a row with a non-finite loss "
+                f"or gradient ({longest} by step {step}); stopping. Last good checkpoint: "
                 f"{latest_valid_checkpoint(self.ckpt_dir)}"
             )
 
@@ -203,7 +228,11 @@ class Checkpointer:
             with watch.paused():
                 self.save(step)
 
-    def save(self, step: int) -> Path:
+    def save(self, step: int, bad: BadSteps | None = None) -> Path:
+        """Every rank, at the same step; `bad`: bring its skipped-step count up to date first
+        (the loop's last step may not have been a log step: a preemption)."""
+        if bad is not None:
+            bad.sync(step)
         acc, t0 = self.run.acc, time.perf_counter()
         path = save_checkpoint(
             self.run.ckpt_dir,

@@ -1,4 +1,5 @@
-"""Optimizers with the usual no-weight-decay set (biases, norms, embeddings, tokens)."""
+"""Optimizers with the usual no-weight-decay set (biases, norms, embeddings, tokens), and the
+optimizer step that skips a non-finite gradient on the device (no host sync)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from torch import nn
 
 from ssl_vit.config.schema import OptimConfig
 
-__all__ = ["apply_step", "decay_exempt", "param_groups", "build_adam", "build_sgd"]
+__all__ = ["apply_step", "decay_exempt", "param_groups", "build_adam", "build_sgd", "fused_sgd"]
 
 
 def decay_exempt(name: str, p: torch.Tensor) -> bool:
@@ -34,7 +35,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 def build_adam(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
     """Adam (paper B.1.2); with weight_decay > 0 it is decoupled (AdamW). The fused kernel on
     GPU and CPU alike: one pass over each parameter instead of ~10 elementwise ops (on 2 CPU
-    cores 7x faster than the default for-loop update; same update up to float rounding)."""
+    cores 7x faster than the default for-loop update; same update up to float rounding), and
+    it skips a step on the device when told to (`found_inf`, see `apply_step`)."""
     return torch.optim.AdamW(
         param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, fused=True
     )
@@ -42,17 +44,44 @@ def build_adam(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
 
 def build_sgd(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
     """SGD with momentum (paper B.1.1 fine-tuning), no weight decay by default."""
-    return torch.optim.SGD(param_groups(model, cfg.weight_decay), lr=cfg.lr, momentum=cfg.momentum)
+    return fused_sgd(param_groups(model, cfg.weight_decay), cfg)
 
 
-def apply_step(acc, model: nn.Module, optimizer, grad_clip: float) -> bool:
-    """Clip and apply the optimizer step unless the gradient norm is not finite; returns
-    whether it was applied.
+def fused_sgd(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    """SGD over `groups`, fused (one kernel per parameter group, GPU and CPU) so that a step is
+    skipped on the device (`apply_step`).
+    The momentum buffers start at zero instead of being created by the first step: a first
+    step that is skipped would otherwise leave them uninitialized (the fused kernel returns
+    before writing them). Without dampening the first update is the same: 0 * m + g = g."""
+    opt = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, fused=True)
+    if cfg.momentum > 0:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+    return opt
 
-    The norm is taken after the gradient all-reduce, so every rank sees the same value and
-    skips the same steps. Reading it is one host sync per step, as in AMP's GradScaler."""
+
+def apply_step(acc, model: nn.Module, optimizer, grad_clip: float) -> torch.Tensor:
+    """Clip the gradients and apply the optimizer step unless their norm is not finite.
+    Returns a bool scalar tensor on the device: whether the step was applied.
+
+    No host sync: the norm stays on the device and the fused optimizer kernel reads the skip
+    flag there (`found_inf`, the attribute AMP's GradScaler sets for optimizers with
+    `_step_supports_amp_scaling`), leaving parameters, moments, momentum buffers and step
+    counters untouched. The norm is taken after the gradient all-reduce, so every rank sees
+    the same value and skips the same steps. With fp16 the scaler sets `found_inf` itself
+    (inf/NaN gradients, the same steps) and lowers its scale."""
     norm = acc.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
-    finite = math.isfinite(float(norm))
-    if finite or acc.scaler is not None:  # fp16: the scaler skips the step and lowers the scale
+    finite = torch.isfinite(norm)
+    if acc.scaler is None:
+        inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper holds it
+        if not getattr(inner, "_step_supports_amp_scaling", False):
+            raise TypeError(f"{type(inner).__name__} cannot skip a step on the device: fused=True")
+        inner.found_inf = (~finite).float()
+        try:
+            optimizer.step()
+        finally:
+            del inner.found_inf
+    else:
         optimizer.step()
     return finite

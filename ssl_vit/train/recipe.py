@@ -15,7 +15,7 @@ from torch import nn
 
 from ssl_vit.config.recipe import RecipeParts
 from ssl_vit.config.schema import OptimConfig
-from ssl_vit.train.optim import build_sgd, decay_exempt, param_groups
+from ssl_vit.train.optim import build_sgd, decay_exempt, fused_sgd, param_groups
 
 __all__ = ["BatchMixer", "build_finetune_optimizer", "layer_decay_groups", "recipe_loss"]
 
@@ -46,7 +46,7 @@ def build_finetune_optimizer(
     else:
         groups = param_groups(model, cfg.weight_decay)
     if parts.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+        return fused_sgd(groups, cfg)
     # The fused kernel where the build has one (CUDA, CPU); same update up to float rounding.
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=True)
 

@@ -1,0 +1,235 @@
+"""The training step never waits on the host: no device->host read and no tensor built from
+Python data between log steps (pretraining, fine-tuning with EMA), counted on the CPU by a
+TorchDispatchMode; a non-finite step is skipped on the device and leaves the weights and the
+optimizer state bit-identical."""
+
+import copy
+
+import pytest
+import torch
+from accelerate import Accelerator
+from test_pipelines import ROOT, pipeline, pretrain_args
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ssl_vit.config.schema import OptimConfig
+from ssl_vit.train import loop
+from ssl_vit.train.ema import EMA
+from ssl_vit.train.optim import apply_step, build_adam, build_sgd
+
+aten = torch.ops.aten
+# Ops that read a device value on the host (on a GPU: a sync, the step waits for the queue),
+# or whose output size depends on data (the same), and the op behind torch.tensor(<Python
+# data>) (on a GPU: a host-to-device copy). aten.scalar_tensor is not one: on a GPU it is a
+# fill kernel with the value as an argument.
+SYNC_OPS = {
+    aten._local_scalar_dense,
+    aten.item,
+    aten.is_nonzero,
+    aten.equal,
+    aten.nonzero,
+    aten.masked_select,
+    aten.bincount,
+    aten._unique2,
+    aten.unique_consecutive,
+    aten.unique_dim,
+}
+FROM_PYTHON_OPS = {aten.lift_fresh, aten.lift_fresh_copy}
+
+
+class HostReads(TorchDispatchMode):
+    """Records (step, op) of every op in SYNC_OPS | FROM_PYTHON_OPS while active. `step` is set
+    by the caller; data loading is not the step (its own processes on a GPU job)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step, self.active, self.events = 0, True, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.active and func.overloadpacket in SYNC_OPS | FROM_PYTHON_OPS:
+            self.events.append((self.step, str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_counter_sees_syncs_and_python_tensors():
+    x = torch.ones(3)
+    with HostReads() as reads:
+        float(x.sum())  # a sync
+        torch.tensor([1.0, 2.0])  # a host-to-device copy on a GPU
+        bool(x[0] > 0)  # a sync
+        torch.where(x > 0, x, 0.0).sum()  # neither
+    assert [op for _, op in reads.events] == [
+        "aten._local_scalar_dense.default",
+        "aten.lift_fresh.default",
+        "aten._local_scalar_dense.default",
+    ]
+
+
+def _run_counting(monkeypatch, main, args) -> HostReads:
+    """Run a pipeline's `main(args)` in this process under HostReads; each batch taken from
+    the stream starts the next step (one micro-batch per step), loading itself not counted."""
+    reads = HostReads()
+    next_batch = loop.Batches.next
+
+    def counted_next(self):
+        reads.step += 1
+        reads.active = False
+        try:
+            return next_batch(self)
+        finally:
+            reads.active = True
+
+    monkeypatch.setattr(loop.Batches, "next", counted_next)
+    with reads:
+        main(args)
+    return reads
+
+
+STEPS, EVERY = 8, 4  # steps 4 and 8 log (and may checkpoint): they may sync
+
+
+def _between_log_steps(reads: HostReads) -> list:
+    return [(s, op) for s, op in reads.events if 1 <= s <= STEPS and s % EVERY]
+
+
+def test_pretraining_steps_between_log_steps_never_wait_on_the_host(
+    synthetic_shards, tmp_path, monkeypatch
+):
+    args = pretrain_args(
+        synthetic_shards,
+        tmp_path,
+        f"train.steps={STEPS}",
+        f"train.log_every={EVERY}",
+        f"train.checkpoint_every={EVERY}",
+    )
+    reads = _run_counting(monkeypatch, pipeline("pretrain"), args)
+    assert _between_log_steps(reads) == []
+    assert any(s == EVERY for s, _ in reads.events)  # the log step itself does read
+
+
+def test_finetuning_with_ema_between_log_steps_never_waits_on_the_host(
+    synthetic_shards, tmp_path, monkeypatch
+):
+    args = [
+        "--config",
+        str(ROOT / "configs/finetune/smoke.yaml"),
+        f"data.train={synthetic_shards}",
+        "data.eval=",
+        f"output_dir={tmp_path}",
+        f"train.steps={STEPS}",
+        f"train.log_every={EVERY}",
+        f"train.checkpoint_every={EVERY}",
+        "ema=0.9",
+    ]
+    reads = _run_counting(monkeypatch, pipeline("finetune"), args)
+    assert _between_log_steps(reads) == []
+    assert any(s == EVERY for s, _ in reads.events)
+
+
+def _tiny():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 3))
+
+
+def _backward(model, x, poison=False):
+    loss = model(x).square().mean()
+    (loss * float("nan") if poison else loss).backward()
+
+
+@pytest.mark.parametrize("build", [build_adam, build_sgd])
+def test_a_non_finite_step_leaves_weights_and_optimizer_state_bit_identical(build, tmp_path):
+    acc = Accelerator(cpu=True)
+    model = _tiny()
+    opt = build(model, OptimConfig(lr=0.1, weight_decay=0.01))
+    model, opt = acc.prepare(model, opt)
+    counters = loop.new_counters()
+    bad = loop.BadSteps(OptimConfig(log_every=3, max_bad_steps=2), tmp_path, counters, acc.device)
+    x = torch.randn(4, 6)
+    _backward(model, x)
+    bad.update(apply_step(acc, model, opt, 1.0), 1)
+    opt.zero_grad()
+    before = copy.deepcopy((model.state_dict(), opt.state_dict()))
+
+    _backward(model, x, poison=True)
+    applied = apply_step(acc, model, opt, 1.0)
+    opt.zero_grad()
+    assert applied.dtype == torch.bool and not applied
+    params, state = model.state_dict(), opt.state_dict()
+    assert all(torch.equal(params[k], v) for k, v in before[0].items())
+    for i, s in before[1]["state"].items():  # Adam: moments and step; SGD: momentum buffers
+        assert s.keys() == state["state"][i].keys()
+        assert all(torch.equal(v, state["state"][i][k]) for k, v in s.items())
+    bad.update(applied, 2)
+    assert counters["skipped_steps"] == 0  # on the device until a log step
+    bad.update(apply_step(acc, model, opt, 1.0), 3)  # no gradient: norm 0, applied; logs
+    assert counters["skipped_steps"] == 1 and bad.in_a_row == 0
+
+
+def test_sgd_skipping_the_first_step_changes_nothing_after(tmp_path):
+    # The fused kernel creates the momentum buffers on the first step: a skipped first step
+    # must not leave them uninitialized (build_sgd starts them at zero).
+    acc = Accelerator(cpu=True)
+    x = torch.randn(4, 6)
+    runs = []
+    for skip_first in (False, True):
+        model = _tiny()
+        opt = build_sgd(model, OptimConfig(lr=0.1))
+        if skip_first:
+            _backward(model, x, poison=True)
+            assert not apply_step(acc, model, opt, 1.0)
+            opt.zero_grad()
+        for _ in range(3):
+            _backward(model, x)
+            assert apply_step(acc, model, opt, 1.0)
+            opt.zero_grad()
+        runs.append(model.state_dict())
+    assert all(torch.equal(v, runs[1][k]) for k, v in runs[0].items())
+
+
+def test_fused_sgd_is_torchs_update():
+    # Zero-started momentum buffers: bit-identical to torch's fused SGD (which creates them on
+    # the first step); and the same update as the for-loop SGD up to float rounding.
+    x = torch.randn(4, 6)
+    ours, fused, plain = _tiny(), _tiny(), _tiny()
+    opts = [
+        build_sgd(ours, OptimConfig(lr=0.1, momentum=0.9)),
+        torch.optim.SGD(fused.parameters(), lr=0.1, momentum=0.9, fused=True),
+        torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9, foreach=False),
+    ]
+    for _ in range(4):
+        for m, o in zip((ours, fused, plain), opts, strict=True):
+            _backward(m, x)
+            o.step()
+            o.zero_grad()
+    for p, q, r in zip(ours.parameters(), fused.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(p, q)
+        torch.testing.assert_close(p, r, rtol=1e-6, atol=1e-7)
+
+
+def test_too_many_bad_steps_stop_at_the_next_log_step(tmp_path):
+    counters = loop.new_counters()
+    bad = loop.BadSteps(OptimConfig(log_every=5, max_bad_steps=3), tmp_path, counters, "cpu")
+    ok, skip = torch.tensor(True), torch.tensor(False)
+    for step, applied in enumerate([ok, skip, skip, skip, ok], start=1):  # 3 bad, then good
+        if step < 5:
+            bad.update(applied, step)
+    with pytest.raises(SystemExit, match="at least 3 steps in a row with a non-finite"):
+        bad.update(ok, 5)  # the run ended before the log step: still seen there
+    assert counters["skipped_steps"] == 3
+
+
+def test_ema_on_the_device_matches_averaged_model():
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    model = _tiny()
+    ours, ref = EMA(model, 0.9), AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+    for applied in (True, True, False, True):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        ours.update(model, torch.tensor(applied))
+        if applied:
+            ref.update_parameters(model)
+    assert ours.state_dict().keys() == ref.state_dict().keys()  # the same checkpoint format
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(ours.state_dict()[k], v, rtol=0, atol=1e-6)
+    assert int(ours.n_averaged) == 3
