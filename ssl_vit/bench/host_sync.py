@@ -28,7 +28,7 @@ def training_step(shape: dict, device: torch.device, precision: str) -> Callable
 
     from ssl_vit.data.device_augment import DeviceAugment
     from ssl_vit.model import build_vit
-    from ssl_vit.objectives import MaskedPatchPrediction
+    from ssl_vit.objectives import MaskedPatchPrediction, draw_corruption
     from ssl_vit.train.loop import StepStats
     from ssl_vit.train.optim import apply_step, build_adam
 
@@ -43,12 +43,14 @@ def training_step(shape: dict, device: torch.device, precision: str) -> Callable
     gen = torch.Generator(dev).manual_seed(1)
     stats = StepStats({"loss": 1, "micro": 1, "kinds": 4}, dev)
     size, batch = shape["image_size"], shape["batch"]
+    num_patches = (size // shape["patch_size"]) ** 2
     loaded = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, device=dev)
 
     def step() -> None:
         images = augment(loaded)
+        noise = draw_corruption(batch, num_patches, gen, dev)  # outside the compiled region
         with acc.accumulate(model):
-            out = model(images, gen)
+            out = model(images, noise)
             acc.backward(out.loss)
             applied = apply_step(acc, model, optimizer, 1.0)
             optimizer.zero_grad(set_to_none=True)
