@@ -67,7 +67,7 @@ SHAPES = {
     "base": dict(image_size=224, patch_size=16, width=768, depth=12, heads=12, batch=8, gpu=128),
     "tiny": dict(image_size=16, patch_size=4, width=32, depth=2, heads=2, batch=8, gpu=8),
 }
-# Where the README's data steps put CIFAR-10 (relative to the repo root): the shards made by
+# Where docs/results.md's data steps put CIFAR-10 (relative to the repo root): the shards made by
 # `ssl-vit make-shards` and the PNG folder they were made from.
 ROOT = Path(__file__).resolve().parent.parent
 CIFAR_SHARDS = str(ROOT / "data/cifar10-train")
@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     # Our default, train.mixed_precision=auto: bf16 on a GPU that has it, fp32 on CPU (there bf16
-    # is opt-in: its loss curve ends ~0.5% above fp32's, see the README).
+    # is opt-in: its loss curve ends ~0.5% above fp32's, see docs/performance.md).
     default_precision = resolve_mixed_precision("auto") if device.type == "cuda" else "no"
     shapes: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:

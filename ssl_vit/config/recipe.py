@@ -53,7 +53,7 @@ class RecipeParts:
     cutmix: float = 0.0  # Beta(alpha, alpha) of cutmix (0: off)
     mixup_prob: float = 1.0  # probability that a batch is mixed at all (mixup or cutmix > 0)
     switch_prob: float = 0.5  # with both on: probability of cutmix instead of mixup
-    label_smoothing: float = 0.0
+    label_smoothing: float = 0.0  # share of each target spread over all classes (0: off)
     drop_path: float = 0.0  # stochastic depth of the last block (linear from 0 over blocks)
 
     def validate(self) -> None:

@@ -202,8 +202,8 @@ class ObjectiveConfig:
     # take over predicting colours so the encoder's top blocks stay semantic. 0: none (the
     # paper's design). Width 0: the encoder's; heads 0: the encoder's head dimension kept.
     decoder_depth: int = 0
-    decoder_width: int = 0
-    decoder_heads: int = 0
+    decoder_width: int = 0  # the decoder's width (0: the encoder's)
+    decoder_heads: int = 0  # the decoder's heads (0: the encoder's head dimension kept)
     # `all`: every patch goes through the encoder, corrupted as above (the paper). `visible`
     # (MAE's arm, needs decoder_depth >= 1): the round(mask_ratio * N) chosen patches are left
     # out of the encoder and only the decoder sees [mask] tokens there; `probs` do not apply.
@@ -245,7 +245,7 @@ class PretrainDataConfig:
     record_keys: bool = False  # append each rank's consumed sample keys to keys_rank{R}.txt
     crop_scale: tuple[float, float] = (0.08, 1.0)
     hflip: bool = True
-    augment: Augment = "auto"
+    augment: Augment = "auto"  # crop + flip: auto (device on CUDA), device or workers
     # augment=device: the workers' square size (shorter side resized, centre crop); 0: auto
     # (model.image_size up to 64 px, 8/7 of it above; ssl_vit.data.device_augment.load_size).
     load_size: int = 0
@@ -294,7 +294,7 @@ class OptimConfig:
     # CUDA only, or true/false; compile_mode: default | reduce-overhead (CUDA graphs, for small
     # models) | max-autotune. A compile failure falls back to eager with one warning.
     compile: bool | Literal["auto"] = "auto"
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"  # torch's
     log_every: int = 50
     # Experiment trackers (Accelerate's): tensorboard, wandb, mlflow, comet_ml, aim, ... Each
     # metrics.jsonl row also goes to them, from the main process; offline unless configured.
@@ -402,7 +402,7 @@ class FinetuneDataConfig:
     crop_scale: tuple[float, float] = (0.08, 1.0)
     hflip: bool = True
     augment: Augment = "auto"  # as PretrainDataConfig
-    load_size: int = 0
+    load_size: int = 0  # augment=device: the workers' square size (0: auto), as pretraining
     mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     std: tuple[float, float, float] = (0.5, 0.5, 0.5)
     max_eval: int = 0  # evaluate on the first N images only (0: the whole split)
@@ -520,6 +520,7 @@ class FewshotConfig:
     knn_temperature: float = 0.07
     # torch.compile of the feature extraction, as train.compile / train.compile_mode.
     compile: bool | Literal["auto"] = "auto"
+    # as train.compile_mode: default | reduce-overhead (CUDA graphs) | max-autotune
     compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: FewshotDataConfig = field(default_factory=FewshotDataConfig)

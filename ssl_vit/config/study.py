@@ -37,7 +37,7 @@ class StudyRecipe:
     `recipe=modern`) applied on top of the budget's fine-tuning overrides."""
 
     name: str = ""  # a simple identifier: it ends run directory names and column headers
-    finetune: list[str] = field(default_factory=list)
+    finetune: list[str] = field(default_factory=list)  # overrides after the budget's
 
 
 @dataclass
