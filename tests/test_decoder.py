@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from ssl_vit.bench.host_sync import HostReads
 from ssl_vit.config import ConfigError, ObjectiveConfig, PretrainConfig, from_dict
 from ssl_vit.model import ViT
 from ssl_vit.objectives import MASKED, UNTOUCHED, MaskedPatchPrediction
@@ -66,19 +66,6 @@ def test_no_decoder_all_patches_is_the_paper_objective_bit_for_bit(synthetic_sha
     assert "decoder" not in dict(tiny_model().named_children())
 
 
-class _CountSyncs(TorchDispatchMode):
-    """Counts aten._local_scalar_dense: every device -> host read (.item(), bool(t), ...)."""
-
-    def __init__(self):
-        super().__init__()
-        self.syncs = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.syncs += 1
-        return func(*args, **(kwargs or {}))
-
-
 def test_visible_arm_encoder_sees_exactly_the_kept_patches_and_no_sync():
     model = tiny_model(**VISIBLE)  # 16 patches, n = 12 left out, 4 kept
     shapes = {}
@@ -93,7 +80,7 @@ def test_visible_arm_encoder_sees_exactly_the_kept_patches_and_no_sync():
     model.decoder.blocks[0].register_forward_pre_hook(record("decoder"))
     images = torch.randint(0, 256, (3, 3, 16, 16), dtype=torch.uint8)
     noise = model.draw_noise(3, torch.Generator().manual_seed(0))
-    with _CountSyncs() as counter:
+    with HostReads() as counter:
         out = model(images, noise)
         out.loss.backward()
     assert counter.syncs == 0

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torchvision import transforms
 
+from ssl_vit.bench.host_sync import HostReads
 from ssl_vit.config import PretrainConfig, load_config
 from ssl_vit.config.schema import PretrainDataConfig, auto_num_workers
 from ssl_vit.data import pretrain_loader, resolve_shards
@@ -99,21 +99,10 @@ def test_box_distribution_matches_torchvision(height, width, scale):
     assert abs(float(fb_ours - fb_ref)) < 0.05
 
 
-class _CountSyncs(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.syncs = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.syncs += 1
-        return func(*args, **(kwargs or {}))
-
-
 def test_no_host_sync_and_static_shape():
     aug = _augment(24)
     x = torch.randint(0, 256, (32, 3, 28, 28), dtype=torch.uint8)
-    with _CountSyncs() as counter:
+    with HostReads() as counter:
         outs = [aug(x) for _ in range(3)]
     assert counter.syncs == 0
     assert all(o.shape == (32, 3, 24, 24) and o.dtype == torch.uint8 for o in outs)

@@ -9,45 +9,12 @@ import pytest
 import torch
 from accelerate import Accelerator
 from test_pipelines import ROOT, pipeline, pretrain_args
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from ssl_vit.bench.host_sync import HostReads
 from ssl_vit.config.schema import OptimConfig
 from ssl_vit.train import loop
 from ssl_vit.train.ema import EMA
 from ssl_vit.train.optim import apply_step, build_adam, build_sgd
-
-aten = torch.ops.aten
-# Ops that read a device value on the host (on a GPU: a sync, the step waits for the queue),
-# or whose output size depends on data (the same), and the op behind torch.tensor(<Python
-# data>) (on a GPU: a host-to-device copy). aten.scalar_tensor is not one: on a GPU it is a
-# fill kernel with the value as an argument.
-SYNC_OPS = {
-    aten._local_scalar_dense,
-    aten.item,
-    aten.is_nonzero,
-    aten.equal,
-    aten.nonzero,
-    aten.masked_select,
-    aten.bincount,
-    aten._unique2,
-    aten.unique_consecutive,
-    aten.unique_dim,
-}
-FROM_PYTHON_OPS = {aten.lift_fresh, aten.lift_fresh_copy}
-
-
-class HostReads(TorchDispatchMode):
-    """Records (step, op) of every op in SYNC_OPS | FROM_PYTHON_OPS while active. `step` is set
-    by the caller; data loading is not the step (its own processes on a GPU job)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.step, self.active, self.events = 0, True, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.active and func.overloadpacket in SYNC_OPS | FROM_PYTHON_OPS:
-            self.events.append((self.step, str(func)))
-        return func(*args, **(kwargs or {}))
 
 
 def test_the_counter_sees_syncs_and_python_tensors():

@@ -10,10 +10,56 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig
 
-__all__ = ["sync_count_row", "sync_debug_row", "training_step"]
+__all__ = [
+    "FROM_PYTHON_OPS",
+    "HostReads",
+    "SYNC_OPS",
+    "sync_count_row",
+    "sync_debug_row",
+    "training_step",
+]
+
+aten = torch.ops.aten
+# Ops that read a device value on the host (on a GPU: a sync, the step waits for the queue),
+# or whose output size depends on data (the same), and the op behind torch.tensor(<Python
+# data>) (on a GPU: a host-to-device copy). aten.scalar_tensor is not one: on a GPU it is a
+# fill kernel with the value as an argument.
+SYNC_OPS = {
+    aten._local_scalar_dense,
+    aten.item,
+    aten.is_nonzero,
+    aten.equal,
+    aten.nonzero,
+    aten.masked_select,
+    aten.bincount,
+    aten._unique2,
+    aten.unique_consecutive,
+    aten.unique_dim,
+}
+FROM_PYTHON_OPS = {aten.lift_fresh, aten.lift_fresh_copy}
+
+
+class HostReads(TorchDispatchMode):
+    """Records (step, op) of every op in SYNC_OPS | FROM_PYTHON_OPS while active, on any
+    device (on a CPU this proves what a GPU would wait for). `step` is set by the caller."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step, self.active, self.events = 0, True, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.active and func.overloadpacket in SYNC_OPS | FROM_PYTHON_OPS:
+            self.events.append((self.step, str(func)))
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def syncs(self) -> int:
+        """Device -> host reads and data-dependent shapes seen (Python-data tensors apart)."""
+        return sum(op.split(".")[0] != "aten.lift_fresh" for _, op in self.events)
 
 
 def _one_line(e: BaseException) -> str:
@@ -62,22 +108,13 @@ def training_step(shape: dict, device: torch.device, precision: str) -> Callable
 
 def sync_count_row(shape: dict, device: torch.device, precision: str) -> dict:
     """Device -> host reads per step (`.item()`, `float()`, ...), counted over 3 steps."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func is torch.ops.aten._local_scalar_dense.default:
-                Count.n += 1
-            return func(*args, **(kwargs or {}))
-
     step, steps = training_step(shape, device, precision), 3
     step()
-    with Count():
+    with HostReads() as reads:
         for _ in range(steps):
             step()
-    return {"steps": steps, "host_syncs_per_step": Count.n / steps}
+    n = sum(op == "aten._local_scalar_dense.default" for _, op in reads.events)
+    return {"steps": steps, "host_syncs_per_step": n / steps}
 
 
 def sync_debug_row(shape: dict, device: torch.device, precision: str) -> dict:
