@@ -160,9 +160,9 @@ def main(argv: list[str] | None = None) -> dict:
     fewshot_every = cfg.fewshot.every if cfg.fewshot.train else 0
     model.train()
     done, last_log, last_row = start_step, start_step, {}
-    with (
-        batches,
+    with (  # the stop handler first: a signal while the loader workers start is a preemption
         StopRequest(acc.num_processes, tc.stop_timeout_s) as stop,
+        batches,
     ):
         for step in range(start_step, tc.steps):
             lr = warmup_cosine(step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr)

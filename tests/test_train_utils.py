@@ -116,3 +116,24 @@ def test_stopwatch_leaves_pauses_out_of_the_lap(monkeypatch):
         pass
     elapsed, totals = watch.lap()
     assert elapsed == 7.0 and totals == {"data": 0.5}
+
+
+def test_batches_start_the_loader_workers_only_inside_the_with_block():
+    """The pipelines enter the stop handler before `Batches`: workers must not start earlier,
+    or a stop signal during their start-up would kill the job and orphan them."""
+    from ssl_vit.train.loop import Batches, Resumed
+    from ssl_vit.train.metrics import Stopwatch
+
+    started = []
+
+    class Loader:
+        num_workers = 0
+
+        def __iter__(self):
+            started.append(True)
+            return iter([])
+
+    batches = Batches(Loader(), Resumed(), 1, Stopwatch())
+    assert not started
+    with batches:
+        assert started == [True]

@@ -55,7 +55,10 @@ class Batches:
     its loader's skips and the global image count to `counters`, records its stream position
     (consumed batches only; prefetched ones do not count) and the time spent waiting for it.
 
-    `close()` (or leaving the `with` block) shuts the loader workers down on every exit path."""
+    The loader workers start when the `with` block is entered (enter it after the stop handler
+    is installed: a stop signal during their start-up is then a preemption, not the default
+    action that would orphan them); `close()` (or leaving the block) shuts them down on every
+    exit path."""
 
     def __init__(
         self,
@@ -66,16 +69,17 @@ class Batches:
         keys_file: Path | None = None,
         what: str = "the training data",
     ) -> None:
-        self.what = what
-        with waiting_for(what):  # worker start-up
-            self.it: Iterator[Batch] = iter(loader)
-        track_loader(self.it)  # a dead worker is named in the job's error line
+        self.what, self.loader = what, loader
+        self.it: Iterator[Batch] | None = None
         workers = loader.num_workers
         self.tracker = StreamTracker(world_size, workers, start.stream)  # -> the checkpoint
         self.counters, self.world_size = start.counters, world_size
         self.watch, self.keys_file = watch, keys_file
 
     def __enter__(self) -> Batches:
+        with waiting_for(self.what):  # worker start-up
+            self.it = iter(self.loader)
+        track_loader(self.it)  # a dead worker is named in the job's error line
         return self
 
     def __exit__(self, *exc: object) -> None:
