@@ -5,7 +5,7 @@
     python pipelines/fewshot.py --checkpoint random ...   # a random-init encoder of model.*
 
 config -> checks -> encoder -> features (once) -> closed-form solves for every shot/seed/l2
--> results. Exit status: 0 done, 1 failed (or stopped by a signal: nothing to resume).
+-> results. Exit status: 0 done, 1 failed; SIGTERM ends it at once (it has nothing to resume).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
     python scripts/bench.py [--device cpu|cuda] [--model small,base] [--json OUT] [--quick]
     python scripts/bench.py --suite gpu --out FILE.json [--markdown]  # the GPU table, <= 8 min
     python scripts/bench.py --suite gpu --tiny --out FILE.json         # the same, tiny, on CPU
+    python scripts/bench.py --suite gpu --sections peak,objectives --batch-size 32  # a section
 
 Per model shape (the first is the default shape, whose figures are also the JSON's top level):
   1. training images/s of our step (corruption, targets, forward, loss on corrupted patches,
@@ -111,6 +112,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     g.add_argument("--data", help="shards for the loader and pipeline rows (default: synthetic)")
     g.add_argument(
+        "--sections",
+        help="comma list: run only these sections (peak,models,objectives,sync,loader,pipeline)",
+    )
+    g.add_argument(
+        "--objectives",
+        default=str(ROOT / "configs/study/classifier.yaml"),
+        help="a study config whose variants' objectives the objectives section compares",
+    )
+    g.add_argument(
         "--pipeline-override",
         action="append",
         default=[],
@@ -121,6 +131,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.rounds = args.rounds or (3 if args.quick else 7)
     args.steps = args.steps or 1
     args.models = args.model.split(",")
+    sections = {"peak", "models", "objectives", "sync", "loader", "pipeline"}
+    if args.sections and (unknown := set(args.sections.split(",")) - sections):
+        p.error(f"unknown section(s) {sorted(unknown)}; choose from {sorted(sections)}")
     if unknown := [m for m in args.models if m not in SHAPES]:
         p.error(f"unknown model shape(s) {unknown}; choose from {sorted(SHAPES)}")
     return args
@@ -371,8 +384,11 @@ def gpu_suite(args, device: torch.device) -> dict:
     import logging
 
     from ssl_vit.bench.gpu_suite import Suite, markdown_table, run_suite
+    from ssl_vit.config import load_config
+    from ssl_vit.config.study import StudyConfig
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    variants = load_config(StudyConfig, args.objectives).variants
     suite = Suite(
         device,
         size="tiny" if args.tiny else "full",
@@ -380,6 +396,9 @@ def gpu_suite(args, device: torch.device) -> dict:
         data=args.data,
         pipeline=ROOT / "pipelines/pretrain.py",
         overrides=args.pipeline_override,
+        objectives={v.name: v.objective for v in variants},
+        sections=frozenset(args.sections.split(",")) if args.sections else None,
+        batch=args.batch_size,
     )
     result = run_suite(suite)
     out = args.out or args.json

@@ -38,6 +38,7 @@ from pathlib import Path
 from ssl_vit.config import ConfigError, load_config, save_config, to_dict
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig
 from ssl_vit.config.study import StudyBudget, StudyConfig
+from ssl_vit.eval.fewshot import shot_order
 from ssl_vit.progress import progress_bar
 from ssl_vit.report.runs import fewshot_table, read_results
 
@@ -202,12 +203,14 @@ def run_job(job: Job, log_dir: Path, dry_run: bool, say=print) -> str:
         # A few-shot job has nothing to resume: an interrupted one (this same command, as
         # checked above) is replaced rather than refused by the run-directory rule.
         rc = execute([*argv, "--overwrite"] if job.stage == "fewshot" else argv, f)
+    # Stopped: pretraining and fine-tuning checkpoint and exit 0, and the same command resumes
+    # them; a few-shot job has nothing to save and ends on the signal, and is run again.
+    if STOPPED and (rc == 0 or job.stage == "fewshot"):
+        say(f"[stop] {label}: {STOPPED[0]}; run the same command again to resume")
+        sys.exit(0)
     if rc != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
         sys.exit(f"{tail}\nerror: {label} failed (exit {rc}); full log: {log}")
-    if STOPPED:  # the job checkpointed and exited 0: the same command resumes it
-        say(f"[stop] {label}: {STOPPED[0]}; run the same command again to resume")
-        sys.exit(0)
     return f"[done] {label} in {(time.time() - t0) / 60:.1f} min"
 
 
@@ -262,7 +265,7 @@ def _total(values: list[float | None]) -> float | None:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    shots = sorted({int(k) for r in rows for k in r["fewshot"]})
+    shots = sorted({k for r in rows for k in r["fewshot"]}, key=shot_order)  # 1, 5, ..., all
     recipes = list(rows[0]["finetune_by_recipe"]) if rows else []
     head = ["variant", "pretraining steps", "colour acc"] + [f"{k}-shot (%)" for k in shots]
     head += [f"fine-tune top-1 ({r}) (%)" for r in recipes] or ["fine-tune top-1 (%)"]

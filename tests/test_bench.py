@@ -100,6 +100,7 @@ def test_gpu_suite_tiny_on_cpu_writes_every_row(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())
     rows = {r["name"]: r for r in res["rows"]}
+    r0 = rows["ours tiny_w32_p4_16 eager"]
     assert res["device"] == "cpu" and res["size"] == "tiny"
     assert rows["matmul peak"]["status"] == "ok" and rows["matmul peak"]["flops_per_s"] > 0
     for who in ("ours", "timm"):
@@ -119,6 +120,18 @@ def test_gpu_suite_tiny_on_cpu_writes_every_row(tmp_path):
     assert pipe["status"] == "ok" and pipe["img_per_s"] > 0 and len(pipe["img_per_s_laps"]) == 2
     assert rows["pipelines/pretrain.py compiled"]["status"] == "skipped: no CUDA"
     assert "| models | ours tiny_w32_p4_16 eager | ok |" in proc.stdout
+    # The objectives of configs/study/classifier.yaml, each with its speed-up over the paper's.
+    for name in ("paper_mpp", "mpp_decoder", "visible_75"):
+        r = rows[f"{name} tiny_w32_p4_16 eager"]
+        assert r["status"] == "ok" and r["img_per_s"] > 0, r
+        assert rows[f"{name} tiny_w32_p4_16 compiled"]["status"] == "skipped: no CUDA"
+    assert rows["paper_mpp tiny_w32_p4_16 eager"]["step_gflop"] == r0["step_gflop"]
+    for name in ("mpp_decoder", "visible_75"):
+        ratio = rows[f"{name}/paper_mpp tiny_w32_p4_16 eager"]
+        assert ratio["speedup"] > 0 and ratio["flop_ratio"] > 0
+    # A decoder of 2 blocks on a 2-block encoder, on every token: exactly twice the step's
+    # block FLOPs, plus the same patch projection and head.
+    assert 1.5 < rows["mpp_decoder/paper_mpp tiny_w32_p4_16 eager"]["flop_ratio"] < 2.0
 
 
 def test_gpu_suite_guards_sections_and_budget():
@@ -140,3 +153,24 @@ def test_gpu_suite_guards_sections_and_budget():
     res = run_suite(Suite(torch.device("cpu"), size="tiny", budget_s=0))
     assert res["rows"] and all(r["status"].startswith("skipped") for r in res["rows"])
     assert "| peak | matmul peak | skipped: time budget" in markdown_table(res)
+
+
+def test_gpu_suite_sections_and_batch():
+    """--sections runs only the sections named; --batch-size replaces every shape's batch."""
+    from ssl_vit.bench.gpu_suite import Suite, run_suite
+    from ssl_vit.config.schema import ObjectiveConfig
+
+    visible = ObjectiveConfig(encoder="visible", decoder_depth=1)
+    objectives = {"paper": ObjectiveConfig(), "visible": visible}
+    suite = Suite(torch.device("cpu"), size="tiny", objectives=objectives,
+                  sections=frozenset({"objectives"}), batch=4)  # fmt: skip
+    rows = run_suite(suite)["rows"]
+    assert [r["name"] for r in rows] == [
+        "paper tiny_w32_p4_16 eager", "visible tiny_w32_p4_16 eager",
+        "visible/paper tiny_w32_p4_16 eager",
+        "paper tiny_w32_p4_16 compiled", "visible tiny_w32_p4_16 compiled",
+    ]  # fmt: skip
+    assert rows[0]["batch"] == 4 and rows[2]["speedup"] > 0
+    bad = [sys.executable, str(ROOT / "scripts/bench.py"), "--suite", "gpu", "--sections", "x"]
+    proc = subprocess.run(bad, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown section(s) ['x']" in proc.stderr

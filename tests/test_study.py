@@ -154,12 +154,52 @@ def test_recipes_fine_tune_each_variant_and_scratch_once_per_recipe(tmp_path, ca
     for name, top1 in [("scratch-paper", 0.5), ("scratch-modern", 0.625)]:
         (out / "finetune" / name).mkdir(parents=True)
         (out / "finetune" / name / "results.json").write_text(json.dumps({"top1": top1}))
+    # Few-shot at 10 shots and `all` (the full linear probe): columns in that order.
+    few = {k: {"l2_reg": {"1024": {"mean": m, "std": 0.0}}} for k, m in [("all", 0.4), ("10", 0.2)]}
+    (out / "fewshot/random").mkdir(parents=True)
+    (out / "fewshot/random/results.json").write_text(json.dumps({"shots": few}))
     summary = study.summarize(cfg, cfg.quick, out, "quick")
     assert summary["rows"][0]["finetune_by_recipe"] == {"paper": 0.5, "modern": 0.625}
     assert summary["rows"][1]["finetune_by_recipe"] == {"paper": None, "modern": None}
     head, _, scratch, *_ = (out / "summary.md").read_text().splitlines()
+    assert "| 10-shot (%) | all-shot (%) |" in head
     assert "| fine-tune top-1 (paper) (%) | fine-tune top-1 (modern) (%) |" in head
-    assert "| 50.0 | 62.5 |" in scratch
+    assert "| 20.0 ± 0.0 | 40.0 ± 0.0 | 50.0 | 62.5 |" in scratch
 
     with pytest.raises(SystemExit, match="recipes: need unique names that are simple"):
         study.main([*base, f"quick.output_dir={out}", "recipes=[{name: a-b}]"])
+
+
+@pytest.mark.parametrize("stage", ["fewshot", "pretrain"])
+def test_a_stop_during_a_job_is_a_stop_not_a_failure(tmp_path, capsys, stage):
+    """SIGTERM to the study mid-job: forwarded once to the real child process. A few-shot job
+    ends on the signal (exit -15), which is a stop (exit 0, '[stop]'); a pretraining job
+    that ends on it instead of checkpointing has failed."""
+    import os
+    import signal
+    import threading
+    import time
+
+    study = load_study()
+    ready = tmp_path / "ready"
+    script = tmp_path / "job.py"
+    script.write_text(f"import pathlib, time\npathlib.Path({str(ready)!r}).touch()\ntime.sleep(60)")
+    job = study.Job(stage, "x", tmp_path / "run", lambda: [sys.executable, str(script)])
+    original = signal.getsignal(signal.SIGTERM)
+
+    def stop_once_forwarding() -> None:
+        # Deterministic: the study's forwarding handler is installed and the child is running.
+        while not ready.exists() or signal.getsignal(signal.SIGTERM) is original:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop_once_forwarding, daemon=True).start()
+    with pytest.raises(SystemExit) as stop:
+        study.run_job(job, tmp_path, dry_run=False)
+    assert signal.getsignal(signal.SIGTERM) is original  # restored
+    assert study.STOPPED == ["SIGTERM"]
+    if stage == "fewshot":
+        assert stop.value.code == 0
+        assert "[stop] fewshot/x: SIGTERM" in capsys.readouterr().out
+    else:
+        assert "error: pretrain/x failed (exit -15)" in str(stop.value.code)

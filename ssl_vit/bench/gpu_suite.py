@@ -7,6 +7,10 @@ and all under one time budget (rows that would not fit are `skipped: time budget
             and the small shape (w384 d12 p4 32 px): eager bf16, torch.compile, and
             compile mode reduce-overhead (CUDA graphs); model FLOPs counted by FlopCounterMode
             (forward + backward);
+  objectives our training step at the small shape for each pretraining objective given
+            (scripts/bench.py: the variants of configs/study/classifier.yaml: the paper's, +
+            a decoder, the visible-only arm), eager and compiled, and each one's speed-up
+            over the first (per epoch: the images per epoch are the same);
   sync      host syncs of the training step: aten._local_scalar_dense counted per step (any
             device), and N steps under torch.cuda.set_sync_debug_mode("error") (CUDA);
   loader    loader img/s at the GPU batch, workers decode + collate (data.augment=device) and
@@ -73,6 +77,10 @@ class Suite:
     data: str | None = None  # shards to read (default: synthetic ones made here)
     pipeline: Path | None = None  # pipelines/pretrain.py
     overrides: list[str] = field(default_factory=list)  # extra pipeline overrides
+    # The objectives section: name -> objective, the first the reference of the speed-ups.
+    objectives: dict[str, ObjectiveConfig] = field(default_factory=dict)
+    sections: frozenset[str] | None = None  # run only these (None: all)
+    batch: int | None = None  # overrides every shape's batch (e.g. a smaller one on a CPU)
     rows: list[dict] = field(default_factory=list)
     start: float = field(default_factory=time.monotonic)
     tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ssl-vit-bench-")))
@@ -110,8 +118,17 @@ class Suite:
                 self._shards = str(out)
         return self._shards
 
+    def shapes(self) -> dict[str, dict]:
+        """The model shapes of this size, with `batch` applied."""
+        shapes = SIZES[self.size]
+        if self.batch:
+            shapes = {k: {**s, "batch": self.batch} for k, s in shapes.items()}
+        return shapes
+
     def row(self, section: str, name: str, need_s: float, fn: Callable[[], dict], cuda_only=False):
         """Append the row `fn()` makes, or one that says why there is none."""
+        if self.sections is not None and section not in self.sections:
+            return
         base = {"section": section, "name": name}
         if cuda_only and not self.cuda:
             self.rows.append({**base, "status": "skipped: no CUDA"})
@@ -174,7 +191,9 @@ def peak_row(suite: Suite) -> dict:
 
 
 # --- models ----------------------------------------------------------------------------------
-def model_row(suite: Suite, shape: dict, contender: str, mode: str) -> dict:
+def model_row(
+    suite: Suite, shape: dict, contender: str, mode: str, objective: ObjectiveConfig | None = None
+) -> dict:
     from ssl_vit.bench.timm_baseline import TimmMaskedPatch
     from ssl_vit.model import build_vit
     from ssl_vit.objectives import MaskedPatchPrediction
@@ -183,7 +202,7 @@ def model_row(suite: Suite, shape: dict, contender: str, mode: str) -> dict:
     torch.manual_seed(0)
     mcfg, dev = _shape_cfg(shape), suite.device
     if contender == "ours":
-        model = MaskedPatchPrediction(build_vit(mcfg), ObjectiveConfig()).to(dev)
+        model = MaskedPatchPrediction(build_vit(mcfg), objective or ObjectiveConfig()).to(dev)
     else:
         args = (mcfg.image_size, mcfg.patch_size, mcfg.width, mcfg.depth, mcfg.heads)
         model = TimmMaskedPatch(*args, mcfg.mlp_ratio).to(dev)
@@ -213,7 +232,7 @@ def model_row(suite: Suite, shape: dict, contender: str, mode: str) -> dict:
 def model_rows(suite: Suite, modes: list[str]) -> None:
     """Ours and timm at every shape in `modes` (compiled ones: CUDA only), and their ratio."""
     for mode in modes:
-        for name, shape in SIZES[suite.size].items():
+        for name, shape in suite.shapes().items():
             for who in ("ours", "timm"):
                 suite.row(
                     "models",
@@ -234,6 +253,31 @@ def _ratio_row(suite: Suite, name: str, mode: str) -> None:
         )  # fmt: skip
 
 
+# --- objectives ------------------------------------------------------------------------------
+def objective_rows(suite: Suite, mode: str) -> None:
+    """Our step at the small shape per objective, and each one's speed-up over the first:
+    e.g. the visible-only arm's pretraining per epoch against the paper's (issue 22)."""
+    name, shape = list(suite.shapes().items())[-1]
+    rows = {}
+    for objective, cfg in suite.objectives.items():
+        label = f"{objective} {name} {mode}"
+        need = NEED_S[mode] if not suite.tiny else 1
+        suite.row(
+            "objectives", label, need, lambda c=cfg: model_row(suite, shape, "ours", mode, c),
+            cuda_only=mode != "eager",
+        )  # fmt: skip
+        if suite.rows and suite.rows[-1]["name"] == label and suite.rows[-1].get("img_per_s"):
+            rows[objective] = suite.rows[-1]
+    ref = next(iter(suite.objectives), None)
+    for objective, r in rows.items():
+        if objective != ref and ref in rows:
+            suite.rows.append(
+                {"section": "objectives", "name": f"{objective}/{ref} {name} {mode}",
+                 "status": "ok", "speedup": r["img_per_s"] / rows[ref]["img_per_s"],
+                 "flop_ratio": r["step_gflop"] / rows[ref]["step_gflop"]}
+            )  # fmt: skip
+
+
 # --- loader ----------------------------------------------------------------------------------
 def loader_rows(suite: Suite) -> dict:
     from ssl_vit.bench.loaders import interleaved_rates
@@ -241,7 +285,7 @@ def loader_rows(suite: Suite) -> dict:
     from ssl_vit.data import pretrain_loader, resolve_shards
     from ssl_vit.data.device_augment import DeviceAugment, load_size
 
-    shape = list(SIZES[suite.size].values())[-1]
+    shape = list(suite.shapes().values())[-1]
     batch, size = shape["batch"], shape["image_size"]
     workers = 1 if suite.tiny else auto_num_workers(-1)
     urls, data = resolve_shards(suite.shards()), PretrainDataConfig(num_workers=workers)
@@ -276,7 +320,7 @@ def pipeline_row(suite: Suite, compile: bool) -> dict:
     suite's overrides (e.g. train.compile_mode=reduce-overhead)."""
     if suite.pipeline is None:
         raise ValueError("no pipelines/pretrain.py given")
-    shape = list(SIZES[suite.size].values())[-1]
+    shape = list(suite.shapes().values())[-1]
     steps, every = (4, 2) if suite.tiny else (300, 100)
     out = suite.tmp / f"pipeline_run_{'compiled' if compile else 'eager'}"
     model = [
@@ -339,13 +383,15 @@ def run_suite(suite: Suite) -> dict:
 def _sections(suite: Suite) -> None:
     suite.row("peak", "matmul peak", 10, lambda: peak_row(suite))
     model_rows(suite, ["eager"])  # cheap rows first; compiled ones last (they take the longest)
-    step = (list(SIZES[suite.size].values())[-1], suite.device, suite.precision)
+    objective_rows(suite, "eager")
+    step = (list(suite.shapes().values())[-1], suite.device, suite.precision)
     suite.row("sync", "host syncs per step (counted)", 10, lambda: sync_count_row(*step))
     debug = "set_sync_debug_mode(error)"
     suite.row("sync", debug, 20, lambda: sync_debug_row(*step), cuda_only=True)
     suite.row("loader", "loader img/s at the GPU batch", 30, lambda: loader_rows(suite))
     suite.row("pipeline", "pipelines/pretrain.py eager", 60, lambda: pipeline_row(suite, False))
     model_rows(suite, ["compiled"])
+    objective_rows(suite, "compiled")
     pipe = "pipelines/pretrain.py compiled"
     suite.row("pipeline", pipe, 120, lambda: pipeline_row(suite, True), cuda_only=True)
     model_rows(suite, ["reduce-overhead"])
