@@ -80,6 +80,7 @@ def checkpoint_of(pretrain_dir: Path) -> str:
 def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
     """Baselines first, then per variant: pretrain, few-shot, fine-tune."""
     d, py = cfg.data, [sys.executable]
+    seed = [] if cfg.seed is None else [f"seed={cfg.seed}"]  # after each budget's overrides
     pre_every = budget.pretrain_fewshot_every
     pre_fewshot = (
         [f"fewshot.train={d.train}", f"fewshot.eval={d.eval}", f"fewshot.every={pre_every}"]
@@ -93,7 +94,7 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
             str(REPO / "pipelines/fewshot.py"), "--checkpoint", ckpt(),
             "--config", cfg.fewshot_config, f"output_dir={run_dir}",
             f"data.train={d.train}", f"data.eval={d.eval}",
-            *model_overrides(budget.model), *budget.fewshot,
+            *model_overrides(budget.model), *budget.fewshot, *seed,
         ])  # fmt: skip
 
     def finetune_one(name: str, ckpt: Callable[[], str], job: str, extra: list[str]) -> Job:
@@ -103,7 +104,7 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
             f"output_dir={run_dir}", f"init.checkpoint={ckpt()}",
             f"data.train={d.train}", f"data.eval={d.eval}",
             *model_overrides(budget.model, budget.finetune_image_size), *budget.finetune,
-            *extra,
+            *seed, *extra,
         ], chain=name)  # fmt: skip
 
     def finetune(name: str, ckpt: Callable[[], str]) -> list[Job]:
@@ -119,6 +120,7 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
             str(REPO / "pipelines/pretrain.py"), "--resume", "--config", cfg.pretrain_config,
             f"output_dir={pre_dir}", f"data.train_shards={d.train}", *pre_fewshot,
             *model_overrides(budget.model), *objective_overrides(v.objective), *budget.pretrain,
+            *seed,
         ]))  # fmt: skip
         ckpt = lambda pre_dir=pre_dir: checkpoint_of(pre_dir)  # noqa: E731
         jobs += [fewshot(v.name, ckpt), *finetune(v.name, ckpt)]

@@ -203,3 +203,23 @@ def test_a_stop_during_a_job_is_a_stop_not_a_failure(tmp_path, capsys, stage):
         assert "[stop] fewshot/x: SIGTERM" in capsys.readouterr().out
     else:
         assert "error: pretrain/x failed (exit -15)" in str(stop.value.code)
+
+
+def test_seed_reaches_every_job_after_the_budget(tmp_path, capsys):
+    """`seed=N`: every job of the study gets `seed=N` right after its budget's overrides (a
+    recipe's come after it); without it, no job is given a seed."""
+    study = load_study()
+    base = ["--config", str(REPO / "configs/study/classifier.yaml"), "--quick", "--dry-run"]
+    study.main([*base, f"quick.output_dir={tmp_path}", "seed=3"])
+    plan = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[plan]")]
+    assert len(plan) == 15 and all(" seed=3" in line for line in plan)
+    finetunes = [line for line in plan if line.startswith("[plan] finetune/")]
+    assert all(
+        line.endswith(
+            ("data.max_eval=5000 seed=3 train.lr=0.03", "data.max_eval=5000 seed=3 recipe=modern")
+        )
+        for line in finetunes
+    )
+    assert all(line.endswith("seed=3") for line in plan if "finetune/" not in line)
+    study.main([*base, f"quick.output_dir={tmp_path}"])
+    assert "seed=" not in capsys.readouterr().out.replace("seeds=", "")

@@ -80,6 +80,10 @@ class StudyConfig:
     gpu: StudyBudget = field(default_factory=StudyBudget)  # one GPU, one chain in minutes
     # Fine-tuning recipes compared (empty: one fine-tune per variant, the base config's recipe).
     recipes: list[StudyRecipe] = field(default_factory=list)
+    # Every job's `seed` (pretraining, the random-init encoder, fine-tuning), after the budget's
+    # overrides: another seed of the whole study, in another output_dir. None: the configs'.
+    # The few-shot draws keep their own `seeds`.
+    seed: int | None = None
 
     def validate(self) -> None:
         if not self.data.train or not self.data.eval:
