@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from ssl_vit.bench.gpu_suite import SECTIONS
 from ssl_vit.bench.loaders import (
     imagefolder_loader,
     interleaved_rates,
@@ -113,7 +114,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--data", help="shards for the loader and pipeline rows (default: synthetic)")
     g.add_argument(
         "--sections",
-        help="comma list: run only these sections (peak,models,objectives,sync,loader,pipeline)",
+        help=f"comma list: run only these sections ({','.join(SECTIONS)})",
     )
     g.add_argument(
         "--objectives",
@@ -131,9 +132,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.rounds = args.rounds or (3 if args.quick else 7)
     args.steps = args.steps or 1
     args.models = args.model.split(",")
-    sections = {"peak", "models", "objectives", "sync", "loader", "pipeline"}
-    if args.sections and (unknown := set(args.sections.split(",")) - sections):
-        p.error(f"unknown section(s) {sorted(unknown)}; choose from {sorted(sections)}")
+    if args.sections and (unknown := set(args.sections.split(",")) - set(SECTIONS)):
+        p.error(f"unknown section(s) {sorted(unknown)}; choose from {sorted(SECTIONS)}")
     if unknown := [m for m in args.models if m not in SHAPES]:
         p.error(f"unknown model shape(s) {unknown}; choose from {sorted(SHAPES)}")
     return args

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 import torch
-from test_pipelines import ROOT, pipeline, pretrain_args
+from test_pipelines import ROOT, finetune_args, pipeline, pretrain_args
 
 from ssl_vit.config import FinetuneConfig, PretrainConfig, load_config
 from ssl_vit.config.loader import ConfigError
@@ -82,19 +82,6 @@ def _losses(out) -> list:
     return [json.loads(line)["loss"] for line in lines if "loss" in json.loads(line)]
 
 
-def _finetune_args(shards, out, *extra):
-    return [
-        "--config",
-        str(ROOT / "configs/finetune/smoke.yaml"),
-        f"data.train={shards}",
-        "data.eval=",
-        f"output_dir={out}",
-        "train.steps=4",
-        "train.log_every=2",
-        *extra,
-    ]
-
-
 @pytest.mark.parametrize("job", ["pretrain", "finetune"])
 def test_pipelines_compile_one_graph_or_fall_back(job, synthetic_shards, tmp_path, monkeypatch):
     def run(out, *extra):
@@ -102,7 +89,7 @@ def test_pipelines_compile_one_graph_or_fall_back(job, synthetic_shards, tmp_pat
         if job == "pretrain":
             args = pretrain_args(synthetic_shards, out, "train.steps=4", "train.log_every=2")
         else:
-            args = _finetune_args(synthetic_shards, out)
+            args = finetune_args(synthetic_shards, out, "train.steps=4", "train.log_every=2")
         return pipeline(job)([*args, *extra])
 
     run(tmp_path / "eager", "train.compile=false")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_pipelines import ROOT, pipeline, pretrain_args, rows
+from test_pipelines import ROOT, finetune_args, pipeline, pretrain_args, rows
 
 from ssl_vit.objectives import masked_patch
 from ssl_vit.train.checkpoint import latest_valid_checkpoint
@@ -143,35 +143,32 @@ def test_corrupted_checkpoint_falls_back(synthetic_shards, tmp_path, capfd):
     assert results["step"] == 6
 
 
-def test_finetune_preempted_and_resumed_is_exact(synthetic_shards, tmp_path, monkeypatch):
-    """Fine-tuning: a stop request after step 5 (as SIGTERM would set it), then --resume."""
+def stop_after_step(monkeypatch, step: int) -> None:
+    """The job's stop request is agreed at its `step`-th check (after that step), as a SIGTERM
+    then would."""
     from ssl_vit.train.runtime import StopRequest
 
+    calls = [0]
+
+    def agreed(self):
+        calls[0] += 1
+        return calls[0] == step
+
+    monkeypatch.setattr(StopRequest, "agreed", agreed)
+
+
+def test_finetune_preempted_and_resumed_is_exact(synthetic_shards, tmp_path, monkeypatch):
+    """Fine-tuning: a stop request after step 5 (as SIGTERM would set it), then --resume."""
+
     def args(out, *extra):
-        return [
-            "--config",
-            str(ROOT / "configs/finetune/smoke.yaml"),
-            f"data.train={synthetic_shards}",
-            "data.eval=",
-            f"output_dir={out}",
-            "train.steps=10",
-            "train.log_every=1",
-            "train.checkpoint_every=0",
-            "data.num_workers=2",
-            *extra,
-        ]
+        every = ["train.log_every=1", "train.checkpoint_every=0", "data.num_workers=2"]
+        return finetune_args(synthetic_shards, out, "train.steps=10", *every, *extra)
 
     main = pipeline("finetune")
     # (finetune builds a random-init encoder before start_run seeds the RNGs: seed it here)
     torch.manual_seed(0)
     main(args(tmp_path / "ref"))
-    calls = [0]
-
-    def agreed(self):
-        calls[0] += 1
-        return calls[0] == 5
-
-    monkeypatch.setattr(StopRequest, "agreed", agreed)
+    stop_after_step(monkeypatch, 5)
     torch.manual_seed(0)
     assert main(args(tmp_path / "run")) == {"step": 5, "preempted": True}
     assert latest_valid_checkpoint(tmp_path / "run/checkpoints").name == "step_00000005"

@@ -33,6 +33,18 @@ def pretrain_args(shards, out, *extra):
     ]
 
 
+def finetune_args(shards, out, *extra):
+    """The smoke fine-tune from scratch on `shards`, no evaluation set."""
+    return [
+        "--config",
+        str(ROOT / "configs/finetune/smoke.yaml"),
+        f"data.train={shards}",
+        "data.eval=",
+        f"output_dir={out}",
+        *extra,
+    ]
+
+
 @pytest.fixture(scope="module")
 def pretrained(synthetic_shards, tmp_path_factory):
     out = tmp_path_factory.mktemp("pretrain")

@@ -8,7 +8,8 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from test_pipelines import ROOT, pipeline, rows
+from test_faults import stop_after_step
+from test_pipelines import finetune_args, pipeline, rows
 
 from ssl_vit.config import ConfigError, FinetuneConfig, from_dict, load_config
 from ssl_vit.config.recipe import RecipeParts
@@ -181,16 +182,7 @@ def test_randaugment_never_fails_at_full_magnitude():
 
 
 def _smoke_args(shards, out, *extra):
-    return [
-        "--config",
-        str(ROOT / "configs/finetune/smoke.yaml"),
-        f"data.train={shards}",
-        "data.eval=",
-        f"output_dir={out}",
-        "train.log_every=1",
-        "train.checkpoint_every=0",
-        *extra,
-    ]
+    return finetune_args(shards, out, "train.log_every=1", "train.checkpoint_every=0", *extra)
 
 
 # The smoke fine-tune's losses (configs/finetune/smoke.yaml, 20 steps, data.num_workers=0) as
@@ -214,7 +206,6 @@ def test_modern_recipe_preempted_and_resumed_is_exact(synthetic_shards, tmp_path
     """recipe=modern (RandAugment in 2 workers, mixup/cutmix from NumPy's RNG, drop path from
     torch's, AdamW with layer decay): stopped after step 5 and resumed, the losses and the final
     weights are those of the uninterrupted run."""
-    from ssl_vit.train.runtime import StopRequest
 
     def args(out, *extra):
         modern = ["recipe=modern", "train.lr=1e-3", "train.steps=10", "data.num_workers=2"]
@@ -223,13 +214,7 @@ def test_modern_recipe_preempted_and_resumed_is_exact(synthetic_shards, tmp_path
     main = pipeline("finetune")
     torch.manual_seed(0)
     main(args(tmp_path / "ref"))
-    calls = [0]
-
-    def agreed(self):
-        calls[0] += 1
-        return calls[0] == 5
-
-    monkeypatch.setattr(StopRequest, "agreed", agreed)
+    stop_after_step(monkeypatch, 5)
     torch.manual_seed(0)
     assert main(args(tmp_path / "run")) == {"step": 5, "preempted": True}
     main(args(tmp_path / "run", "--resume"))

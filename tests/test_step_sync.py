@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 from accelerate import Accelerator
-from test_pipelines import ROOT, pipeline, pretrain_args
+from test_pipelines import finetune_args, pipeline, pretrain_args
 
 from ssl_vit.bench.host_sync import HostReads
 from ssl_vit.config.schema import OptimConfig
@@ -76,17 +76,8 @@ def test_pretraining_steps_between_log_steps_never_wait_on_the_host(
 def test_finetuning_with_ema_between_log_steps_never_waits_on_the_host(
     synthetic_shards, tmp_path, monkeypatch
 ):
-    args = [
-        "--config",
-        str(ROOT / "configs/finetune/smoke.yaml"),
-        f"data.train={synthetic_shards}",
-        "data.eval=",
-        f"output_dir={tmp_path}",
-        f"train.steps={STEPS}",
-        f"train.log_every={EVERY}",
-        f"train.checkpoint_every={EVERY}",
-        "ema=0.9",
-    ]
+    every = [f"train.log_every={EVERY}", f"train.checkpoint_every={EVERY}"]
+    args = finetune_args(synthetic_shards, tmp_path, f"train.steps={STEPS}", *every, "ema=0.9")
     reads = _run_counting(monkeypatch, pipeline("finetune"), args)
     assert _between_log_steps(reads) == []
     assert any(s == EVERY for s, _ in reads.events)

@@ -1,24 +1,15 @@
 """configs/study/classifier.yaml: its variants are valid pretraining configs in both presets and
 plan the chains issue 22 asks for (the `recipes` key is the cls-ft branch's: dropped here)."""
 
-import importlib.util
 import shlex
-import sys
 from pathlib import Path
 
 import yaml
+from test_study import load_study
 
 from ssl_vit.config import PretrainConfig, StudyConfig, from_dict, load_config
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def load_study():
-    spec = importlib.util.spec_from_file_location("study", REPO / "scripts/study.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["study"] = module  # its dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_classifier_study_plans_valid_chains(tmp_path, capsys):

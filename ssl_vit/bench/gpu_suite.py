@@ -44,7 +44,7 @@ from ssl_vit.bench.host_sync import sync_count_row, sync_debug_row
 from ssl_vit.bench.timing import make_train_step, step_flops, sync
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig, auto_num_workers
 
-__all__ = ["SIZES", "Suite", "markdown_table", "run_suite"]
+__all__ = ["SECTIONS", "SIZES", "Suite", "markdown_table", "run_suite"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ SIZES = {
     },
     "tiny": {"tiny_w32_p4_16": _shape(16, 4, 32, 2, 2, batch=8)},
 }
+SECTIONS = ("peak", "models", "objectives", "sync", "loader", "pipeline")
 MODES = {"eager": None, "compiled": "default", "reduce-overhead": "reduce-overhead"}
 NEED_S = {"eager": 30, "compiled": 90, "reduce-overhead": 90}  # a row's rough worst case
 
@@ -125,19 +126,26 @@ class Suite:
             shapes = {k: {**s, "batch": self.batch} for k, s in shapes.items()}
         return shapes
 
-    def row(self, section: str, name: str, need_s: float, fn: Callable[[], dict], cuda_only=False):
-        """Append the row `fn()` makes, or one that says why there is none."""
+    def small_shape(self) -> tuple[str, dict]:
+        """The last shape (name, shape): that of the objectives, sync, loader, pipeline rows."""
+        return list(self.shapes().items())[-1]
+
+    def row(
+        self, section: str, name: str, need_s: float, fn: Callable[[], dict], cuda_only=False
+    ) -> dict | None:
+        """Append and return the row `fn()` makes, or one that says why there is none (None:
+        its section is not asked for)."""
         if self.sections is not None and section not in self.sections:
-            return
+            return None
         base = {"section": section, "name": name}
         if cuda_only and not self.cuda:
             self.rows.append({**base, "status": "skipped: no CUDA"})
-            return
+            return self.rows[-1]
         if self.left_s() < need_s:
             self.rows.append(
                 {**base, "status": f"skipped: time budget ({self.left_s():.0f}s left)"}
             )
-            return
+            return self.rows[-1]
         log.info("[bench gpu] %s: %s", section, name)
         t0 = time.monotonic()
         try:
@@ -150,6 +158,7 @@ class Suite:
             if self.cuda:
                 torch.cuda.empty_cache()
         self.rows.append({**base, "status": status, **figures, "wall_s": time.monotonic() - t0})
+        return self.rows[-1]
 
 
 def _one_line(e: BaseException) -> str:
@@ -257,17 +266,16 @@ def _ratio_row(suite: Suite, name: str, mode: str) -> None:
 def objective_rows(suite: Suite, mode: str) -> None:
     """Our step at the small shape per objective, and each one's speed-up over the first:
     e.g. the visible-only arm's pretraining per epoch against the paper's (issue 22)."""
-    name, shape = list(suite.shapes().items())[-1]
+    name, shape = suite.small_shape()
     rows = {}
     for objective, cfg in suite.objectives.items():
-        label = f"{objective} {name} {mode}"
         need = NEED_S[mode] if not suite.tiny else 1
-        suite.row(
-            "objectives", label, need, lambda c=cfg: model_row(suite, shape, "ours", mode, c),
-            cuda_only=mode != "eager",
+        row = suite.row(
+            "objectives", f"{objective} {name} {mode}", need,
+            lambda c=cfg: model_row(suite, shape, "ours", mode, c), cuda_only=mode != "eager",
         )  # fmt: skip
-        if suite.rows and suite.rows[-1]["name"] == label and suite.rows[-1].get("img_per_s"):
-            rows[objective] = suite.rows[-1]
+        if row and row.get("img_per_s"):
+            rows[objective] = row
     ref = next(iter(suite.objectives), None)
     for objective, r in rows.items():
         if objective != ref and ref in rows:
@@ -285,7 +293,7 @@ def loader_rows(suite: Suite) -> dict:
     from ssl_vit.data import pretrain_loader, resolve_shards
     from ssl_vit.data.device_augment import DeviceAugment, load_size
 
-    shape = list(suite.shapes().values())[-1]
+    _, shape = suite.small_shape()
     batch, size = shape["batch"], shape["image_size"]
     workers = 1 if suite.tiny else auto_num_workers(-1)
     urls, data = resolve_shards(suite.shards()), PretrainDataConfig(num_workers=workers)
@@ -320,7 +328,7 @@ def pipeline_row(suite: Suite, compile: bool) -> dict:
     suite's overrides (e.g. train.compile_mode=reduce-overhead)."""
     if suite.pipeline is None:
         raise ValueError("no pipelines/pretrain.py given")
-    shape = list(suite.shapes().values())[-1]
+    _, shape = suite.small_shape()
     steps, every = (4, 2) if suite.tiny else (300, 100)
     out = suite.tmp / f"pipeline_run_{'compiled' if compile else 'eager'}"
     model = [
@@ -384,7 +392,7 @@ def _sections(suite: Suite) -> None:
     suite.row("peak", "matmul peak", 10, lambda: peak_row(suite))
     model_rows(suite, ["eager"])  # cheap rows first; compiled ones last (they take the longest)
     objective_rows(suite, "eager")
-    step = (list(suite.shapes().values())[-1], suite.device, suite.precision)
+    step = (suite.small_shape()[1], suite.device, suite.precision)
     suite.row("sync", "host syncs per step (counted)", 10, lambda: sync_count_row(*step))
     debug = "set_sync_debug_mode(error)"
     suite.row("sync", debug, 20, lambda: sync_debug_row(*step), cuda_only=True)
