@@ -19,6 +19,9 @@ from ssl_vit.bench.timing import time_interleaved  # noqa: E402
 from ssl_vit.bench.timm_baseline import TimmMaskedPatch, copy_weights  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+# A time budget no machine runs out of (11 days; not inf: the pipeline row's subprocess timeout
+# is derived from it and must fit a poll() timeout), so that no row depends on machine speed.
+NO_BUDGET_S = 1e6
 
 
 def _pair(seed: int = 0):
@@ -49,10 +52,17 @@ def test_timm_baseline_computes_our_loss_and_gradients():
 def test_timm_baseline_uses_the_same_corruption_draws():
     ours, theirs = _pair(1)
     images = torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8)
-    # Different generator seeds give different masks, hence (almost surely) different losses.
-    a = theirs(images, theirs.draw_noise(len(images), torch.Generator().manual_seed(1)))
-    b = ours(images, ours.draw_noise(len(images), torch.Generator().manual_seed(2))).loss
-    assert not torch.allclose(a, b)
+
+    def draws(model, seed):
+        return model.draw_noise(len(images), torch.Generator().manual_seed(seed))
+
+    # The same seed: the same draws, hence the same corrupted patches and the same loss.
+    assert torch.equal(draws(theirs, 1), draws(ours, 1))
+    same = theirs(images, draws(theirs, 1))
+    torch.testing.assert_close(same, ours(images, draws(ours, 1)).loss, rtol=1e-5, atol=1e-5)
+    # Another seed: other draws, other masks, hence (almost surely) another loss.
+    assert not torch.equal(draws(theirs, 1), draws(ours, 2))
+    assert not torch.allclose(same, ours(images, draws(ours, 2)).loss)
 
 
 def test_time_interleaved_alternates_rounds():
@@ -86,17 +96,19 @@ def test_bench_quick_tiny_writes_every_figure(tmp_path):
     (shape,) = res["shapes"]
     for k in keys[1:]:
         assert shape[k] == res[k] and res[k] > 0, k
-    assert 0 < res["utilization"] < 1.5 and 0 < res["overhead_fraction"] < 1.5
     assert "ratio ours/timm same precision" in proc.stdout
 
 
 def test_gpu_suite_tiny_on_cpu_writes_every_row(tmp_path):
-    """`--suite gpu --tiny` on the CPU: every section answers, CUDA-only rows say so."""
+    """`--suite gpu --tiny` on the CPU: every section answers, CUDA-only rows say so. The time
+    budget is unlimited: how fast this machine is decides no row (the budget's own test is
+    test_gpu_suite_guards_sections_and_budget); the subprocess timeout only bounds a hang."""
     out = tmp_path / "gpu.json"
     cmd = [sys.executable, str(ROOT / "scripts/bench.py"), "--suite", "gpu", "--tiny"]
     cmd += ["--device", "cpu", "--threads", "1", "--out", str(out), "--markdown"]
+    cmd += ["--budget-s", str(NO_BUDGET_S)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())
     rows = {r["name"]: r for r in res["rows"]}
@@ -137,14 +149,14 @@ def test_gpu_suite_tiny_on_cpu_writes_every_row(tmp_path):
 def test_gpu_suite_guards_sections_and_budget():
     from ssl_vit.bench.gpu_suite import Suite, markdown_table, run_suite
 
-    suite = Suite(torch.device("cpu"), size="tiny", budget_s=60)
+    suite = Suite(torch.device("cpu"), size="tiny", budget_s=NO_BUDGET_S)  # 0 s rows: in
 
     def boom():
         raise RuntimeError("first line\nsecond line")
 
     suite.row("x", "fails", 0, boom)
     suite.row("x", "runs after", 0, lambda: {"v": 1.0})
-    suite.row("x", "too long", 1e6, lambda: {"v": 2.0})
+    suite.row("x", "too long", 1e7, lambda: {"v": 2.0})
     fails, after, too_long = suite.rows
     assert fails["status"] == "error: RuntimeError: first line" and "traceback" in fails
     assert after["status"] == "ok" and after["v"] == 1.0
@@ -163,7 +175,7 @@ def test_gpu_suite_sections_and_batch():
     visible = ObjectiveConfig(encoder="visible", decoder_depth=1)
     objectives = {"paper": ObjectiveConfig(), "visible": visible}
     suite = Suite(torch.device("cpu"), size="tiny", objectives=objectives,
-                  sections=frozenset({"objectives"}), batch=4)  # fmt: skip
+                  sections=frozenset({"objectives"}), batch=4, budget_s=NO_BUDGET_S)  # fmt: skip
     rows = run_suite(suite)["rows"]
     assert [r["name"] for r in rows] == [
         "paper tiny_w32_p4_16 eager", "visible tiny_w32_p4_16 eager",

@@ -12,10 +12,15 @@ from collections import Counter
 
 import pytest
 import torch
+from accelerate.utils import DistributedType
 from test_pipelines import ROOT, pretrain_args, rows
 
+from ssl_vit.config import PretrainConfig, from_dict
 from ssl_vit.data import synthetic_shapes
 from ssl_vit.data.synthetic import make_synthetic_shards
+from ssl_vit.model import build_vit
+from ssl_vit.objectives import MaskedPatchPrediction
+from ssl_vit.train.runtime import replica_checksum
 
 # 8 shards of 12 = 96 samples; 2 ranks x 2 workers = 4 reader units of 2 shards (24 samples)
 # each. Global batch 16 = 8 per rank: 6 steps consume 48 samples per rank, exactly one epoch.
@@ -67,9 +72,42 @@ def _check_run(out) -> None:
         state = torch.load(out / f"checkpoints/step_{step:08d}/state.pt", weights_only=True)
         a, b = state["replica_checksums"]
         print(f"step {step}: parameter checksums per rank {a!r} {b!r}")
-        assert a == b
+        # Equal by construction (replica_checksum raises otherwise: its own test below); what
+        # can fail here is that they are the checksum of the parameters this step saved.
+        assert a == b == pytest.approx(_checksum(state), rel=1e-12, abs=0)
     ckpt = out / "checkpoints/step_00000006"
     assert {"rng_rank0.pt", "rng_rank1.pt"} <= {p.name for p in ckpt.iterdir()}
+
+
+def _checksum(state: dict) -> float:
+    """The float64 sum of the parameters saved in a checkpoint's state, as replica_checksum
+    sums them (parameter order), computed here from the saved weights."""
+    cfg = from_dict(PretrainConfig, state["config"])
+    model = MaskedPatchPrediction(build_vit(cfg.model), cfg.objective)
+    model.load_state_dict(state["model"])
+    return sum(p.detach().double().sum() for p in model.parameters()).item()
+
+
+class _TwoRanks:
+    """The part of an Accelerator replica_checksum uses: 2 processes, the other rank's
+    parameter sum `offset` away from this one's."""
+
+    device = torch.device("cpu")
+    distributed_type = DistributedType.MULTI_CPU
+
+    def __init__(self, offset: float) -> None:
+        self.offset = offset
+
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, t + self.offset])
+
+
+def test_replica_checksum_ends_a_run_whose_replicas_differ():
+    model = torch.nn.Linear(3, 2)
+    total = sum(p.detach().double().sum() for p in model.parameters()).item()
+    assert replica_checksum(model, _TwoRanks(0.0)) == [total, total]
+    with pytest.raises(RuntimeError, match=r"parameters differ across ranks \(checksums"):
+        replica_checksum(model, _TwoRanks(2.0**-20))
 
 
 def test_two_processes(eight_shards, tmp_path):

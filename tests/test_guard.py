@@ -1,6 +1,7 @@
 """No job ever hangs: real subprocesses hit by real faults must exit, non-zero where they
 failed, within a bound, leaving no process behind; bad inputs stop them before step 1."""
 
+import contextlib
 import json
 import os
 import signal
@@ -159,15 +160,22 @@ def test_failing_rank_ends_every_rank(synthetic_shards, tmp_path):
 def test_sigterm_during_final_evaluation(synthetic_shards, tmp_path):
     out = tmp_path / "run"
     shard = sorted(synthetic_shards.glob("*.tar"))[0]
-    # An evaluation split that takes 30 s to arrive: the signal surely lands inside it.
-    slow_eval = f"pipe:sleep 30; cat {shard}"
+    # The evaluation split is read only by the final evaluation: its command first leaves a
+    # marker (the job is inside the evaluation, the final checkpoint written), then holds the
+    # data back, far longer than the test waits (the sleep dies with the process group).
+    opened = tmp_path / "eval_opened"
+    slow_eval = f"pipe:touch {opened}; sleep 600; cat {shard}"
     few = [f"fewshot.train={synthetic_shards}", f"fewshot.eval={slow_eval}", "fewshot.shots=[1]"]
     args = pretrain_args(synthetic_shards, out, "train.steps=4", *few)
     proc = _launch(_pipeline("pretrain", *args), out)
-    _wait_until(lambda: "pretraining" in _log(out) and _final(out), proc, out)
-    time.sleep(1.0)  # into the evaluation
-    os.killpg(proc.pid, signal.SIGTERM)  # the whole process group, as a scheduler does
-    rc, seconds = _exit_within(proc, out, 30)
+    try:
+        _wait_until(opened.exists, proc, out)  # inside the evaluation: an event, not a delay
+        assert _final(out), _log(out)[-3000:]
+        os.killpg(proc.pid, signal.SIGTERM)  # the whole process group, as a scheduler does
+        rc, seconds = _exit_within(proc, out, 30)
+    finally:  # a failure above leaves neither the job nor its sleep behind
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     assert rc == 0, _log(out)[-3000:]  # preempted after the final checkpoint: resumable
     assert "SIGTERM received" in _log(out) and not (out / "results.json").exists()
     assert latest_valid_checkpoint(out / "checkpoints").name == "step_00000004"

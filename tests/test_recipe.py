@@ -6,6 +6,7 @@ import random
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 import yaml
 from safetensors.torch import load_file
 from test_faults import stop_after_step
@@ -16,6 +17,7 @@ from ssl_vit.config.recipe import RecipeParts
 from ssl_vit.data.images import RandAugment, train_transform
 from ssl_vit.model import Classifier
 from ssl_vit.model.vit import ViT
+from ssl_vit.train.optim import build_sgd
 from ssl_vit.train.recipe import BatchMixer, build_finetune_optimizer, recipe_loss
 from ssl_vit.train.schedules import set_lr
 
@@ -185,21 +187,42 @@ def _smoke_args(shards, out, *extra):
     return finetune_args(shards, out, "train.log_every=1", "train.checkpoint_every=0", *extra)
 
 
-# The smoke fine-tune's losses (configs/finetune/smoke.yaml, 20 steps, data.num_workers=0) as
-# the code before recipes existed gave them (commit 1f9e305); recipe=paper must keep them (they
-# were bit-identical on the machine that recorded them; the tolerance allows another CPU).
-PAPER_LOSSES = [
-    2.3025851249694824, 2.299988269805908, 2.3001596927642822, 2.239527702331543,
-    2.23781156539917, 2.2451956272125244, 2.1459808349609375, 2.1151444911956787,
-    2.190721035003662, 2.077153205871582, 2.1112992763519287, 2.0308191776275635,
-    2.136146068572998, 1.9589357376098633, 1.9766424894332886, 2.054954767227173,
-    1.9962162971496582, 1.884964942932129, 2.0293562412261963, 2.0296308994293213,
-]  # fmt: skip
+def test_paper_recipe_keeps_the_losses_of_before(synthetic_shards, tmp_path, monkeypatch):
+    """recipe=paper through the recipe's code (build_finetune_optimizer, recipe_loss,
+    set_drop_path, the loader's randaugment) against the same run with those calls replaced by
+    what the pipeline called before recipes existed (commit 1f9e305: build_sgd, F.cross_entropy,
+    no drop path, no RandAugment argument), in this process: the same 20 losses and final
+    weights, bit for bit."""
+    pipeline("finetune")(_smoke_args(synthetic_shards, tmp_path / "recipe", "data.num_workers=0"))
+    before = pipeline("finetune")
+    g = before.__globals__  # this fresh module's own names: nothing else sees the swap
+    calls: list[str] = []
+    train_loader = g["train_loader"]
 
+    def sgd(model, parts, cfg):
+        calls.append("optimizer")
+        return build_sgd(model, cfg)
 
-def test_paper_recipe_keeps_the_losses_of_before(synthetic_shards, tmp_path):
-    pipeline("finetune")(_smoke_args(synthetic_shards, tmp_path, "data.num_workers=0"))
-    assert [r["loss"] for r in rows(tmp_path)] == pytest.approx(PAPER_LOSSES, rel=1e-5)
+    def cross_entropy(parts):
+        calls.append("loss")
+        return F.cross_entropy
+
+    def loader(*args, randaugment, **kwargs):
+        calls.append("loader")
+        return train_loader(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setitem(g, "build_finetune_optimizer", sgd)
+        m.setitem(g, "recipe_loss", cross_entropy)
+        m.setattr(ViT, "set_drop_path", lambda self, rate: calls.append("drop_path"))
+        m.setitem(g, "train_loader", loader)
+        before(_smoke_args(synthetic_shards, tmp_path / "before", "data.num_workers=0"))
+    assert sorted(calls) == ["drop_path", "loader", "loss", "optimizer"]  # the swap took
+    recipe, ref = rows(tmp_path / "recipe"), rows(tmp_path / "before")
+    assert len(ref) == 20
+    assert [r["loss"] for r in recipe] == [r["loss"] for r in ref]
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("recipe", "before"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_modern_recipe_preempted_and_resumed_is_exact(synthetic_shards, tmp_path, monkeypatch):
