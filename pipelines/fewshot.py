@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from accelerate.utils import set_seed
 
+from ssl_vit.atomic import write_text
 from ssl_vit.config import FewshotConfig, load_config, to_dict
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.eval.readouts import format_layer_table
@@ -65,7 +66,11 @@ def main(argv: list[str] | None = None) -> dict:
             )
         preflight.check_writable("output_dir", cfg.output_dir)
         run_dir = Path(cfg.output_dir)
-        lock = claim_run_dir(run_dir, cfg, overwrite=args.overwrite)  # noqa: F841 (held)
+        # --overwrite never removes the run (or checkpoint) being evaluated.
+        reads = {"--checkpoint": args.checkpoint} if args.checkpoint != "random" else {}
+        lock = claim_run_dir(  # noqa: F841 (held)
+            run_dir, cfg, overwrite=args.overwrite, reads=reads
+        )
     set_data_timeout(cfg.data_timeout_s)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     metrics = MetricsWriter(run_dir, log_with=cfg.log_with, config=to_dict(cfg))
@@ -100,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
         image_size=cfg.model.image_size,
         wall_time_s=time.time() - t_start,
     )
-    (run_dir / "results.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+    write_text(run_dir / "results.json", json.dumps(res, indent=2, default=str) + "\n")
     metrics.log({"step": 0, **{f"fewshot/{k}": v for k, v in res["summary"].items()}})
     if "knn" in res:
         metrics.log({"step": 0, "knn/top1": res["knn"]["top1"]})

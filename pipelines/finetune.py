@@ -12,6 +12,7 @@ and evaluation. Exit status: 0 done or preempted (checkpoint written), 1 failed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import time
@@ -20,8 +21,10 @@ from pathlib import Path
 import torch
 
 from ssl_vit.config import FinetuneConfig, load_config, to_dict
-from ssl_vit.data import eval_loader, train_loader
+from ssl_vit.config.schema import FinetuneDataConfig
+from ssl_vit.data import eval_loader, open_source, train_loader
 from ssl_vit.data.device_augment import build_device_augment
+from ssl_vit.data.labelled import check_recorded, choose_labelled, use_labelled
 from ssl_vit.model import Classifier, build_vit, normalize_pixels, pixel_stats
 from ssl_vit.train import preflight
 from ssl_vit.train.checkpoint import rng_state, save_classifier
@@ -57,11 +60,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_intermixed_args(argv)
 
 
-def check(cfg: FinetuneConfig):
+def check(cfg: FinetuneConfig, resume: bool):
     """Everything the job will touch, before any compute: sources with labels, the init
-    checkpoint (loaded: its shape must fit), the output directory.
-    -> (label names, the loaded encoder or None for random init)"""
+    checkpoint (loaded: its shape must fit), the label budget's subset, the output directory.
+    -> (label names, the loaded encoder or None for random init, the subset or None)"""
     label_names = preflight.check_labelled_source("data.train", cfg.data.train)
+    # Drawn on every process (labels only; the same on all): a class too small fails here.
+    subset = None
+    if cfg.data.labels_per_class:
+        subset = choose_labelled(cfg.data.train, cfg.data.labels_per_class, cfg.data.labels_seed)
+        if resume:  # the run's own subset, or one error line before config.yaml is rewritten
+            check_recorded(subset, cfg.output_dir)
     if cfg.data.eval:
         eval_names = preflight.check_labelled_source("data.eval", cfg.data.eval)
         preflight.check_same_labels(("data.train", label_names), ("data.eval", eval_names))
@@ -73,7 +82,7 @@ def check(cfg: FinetuneConfig):
             "init.checkpoint", i.checkpoint, cfg.model, i.pos_interp, i.format
         )
     preflight.check_writable("output_dir", cfg.output_dir)
-    return label_names, loaded
+    return label_names, loaded, subset
 
 
 @torch.no_grad()
@@ -109,10 +118,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     with one_line_errors():
         cfg = load_config(FinetuneConfig, args.config, args.overrides)
-        label_names, loaded = check(cfg)  # loaded before start_run: a bad one makes no run dir
+        # Before start_run: a bad init checkpoint or label budget makes no run directory.
+        label_names, loaded, subset = check(cfg, args.resume)
         if loaded is not None:
             cfg.model = loaded.model_config  # the checkpoint's shape, at this image size
         run = start_run(cfg, args.resume, args.overwrite)  # Accelerator, locked run dir, seeds
+        train_data = labelled_data(cfg, subset, run)
     tc, acc = cfg.train, run.acc
     # Random init is built after the seeds are set, so a from-scratch run is reproducible.
     encoder = build_vit(cfg.model) if loaded is None else loaded.encoder
@@ -157,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
     forward = maybe_compile(forward_loss, tc.compile, tc.compile_mode, acc.device)
 
     loader = train_loader(
-        cfg.data,
+        train_data,
         batch_size=run.local_batch,
         image_size=cfg.model.image_size,
         seed=cfg.seed,
@@ -168,8 +179,9 @@ def main(argv: list[str] | None = None) -> dict:
         num_classes=len(label_names),  # a label outside [0, K): a counted skip, not a crash
         randaugment=cfg.parts.randaugment,
     )
+    keys_file = run.run_dir / f"keys_rank{acc.process_index}.txt" if cfg.data.record_keys else None
     watch = Stopwatch()
-    batches = Batches(loader, start, acc.num_processes, watch)
+    batches = Batches(loader, start, acc.num_processes, watch, keys_file)
     ckpt = Checkpointer(
         run,
         tc,
@@ -261,6 +273,11 @@ def main(argv: list[str] | None = None) -> dict:
         "skipped_steps": counters["skipped_steps"],
         "init": "random" if cfg.init.scratch else cfg.init.checkpoint,
         "image_size": cfg.model.image_size,
+        "recipe": cfg.recipe,
+        "seed": cfg.seed,
+        "labels_per_class": cfg.data.labels_per_class,  # 0: every label of data.train
+        "num_labelled": subset.num_labelled if subset else _source_size(cfg.data.train),
+        "num_classes": len(label_names),
         "wall_time_s": time.time() - t_start,
     }
     if acc.is_main_process:  # the averaged weights when there are any (what top1_ema scored)
@@ -287,6 +304,25 @@ def save_final(model, cfg: FinetuneConfig, label_names: list[str]) -> None:
     meta = {"model_config": to_dict(cfg.model), "pool": cfg.pool, "label_names": label_names}
     save_classifier(model, out / "model.safetensors", **meta)
     (out / "labels.json").write_text(json.dumps(label_names, indent=1) + "\n")
+
+
+def labelled_data(cfg: FinetuneConfig, subset, run) -> FinetuneDataConfig:
+    """The data section the training stream reads: with a label budget, its images copied once
+    into the run directory by the main process, which every process then reads (config.yaml
+    keeps the source's name)."""
+    if subset is None:
+        return cfg.data
+    spec = use_labelled(subset, run.run_dir, write=run.acc.is_main_process)
+    run.acc.wait_for_everyone()
+    return dataclasses.replace(cfg.data, train=spec)
+
+
+def _source_size(spec: str) -> int | None:
+    """The number of samples of `spec` (from its index for shards), None if unknown."""
+    try:
+        return len(open_source(spec))
+    except (OSError, ValueError):
+        return None
 
 
 def _div(a: float, b: float) -> float:

@@ -35,11 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from ssl_vit.config import ConfigError, load_config, save_config, to_dict
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig
 from ssl_vit.config.study import StudyBudget, StudyConfig
 from ssl_vit.eval.fewshot import shot_order
-from ssl_vit.progress import progress_bar
+from ssl_vit.progress import format_eta, progress_bar
 from ssl_vit.report.runs import fewshot_table, read_results
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,10 +110,8 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
         ], chain=name)  # fmt: skip
 
     def finetune(name: str, ckpt: Callable[[], str]) -> list[Job]:
-        """One fine-tune, or one per recipe (its overrides after the budget's)."""
-        if not cfg.recipes:
-            return [finetune_one(name, ckpt, name, [])]
-        return [finetune_one(name, ckpt, f"{name}-{r.name}", r.finetune) for r in cfg.recipes]
+        """One fine-tune per recipe x label budget x seed (their overrides after the budget's)."""
+        return [finetune_one(name, ckpt, name + tag, extra) for tag, extra in finetunes(cfg)]
 
     jobs = [fewshot("random", lambda: "random"), *finetune("scratch", lambda: "none")]
     for v in cfg.variants:
@@ -125,6 +125,24 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
         ckpt = lambda pre_dir=pre_dir: checkpoint_of(pre_dir)  # noqa: E731
         jobs += [fewshot(v.name, ckpt), *finetune(v.name, ckpt)]
     return jobs
+
+
+def labels_tag(k: int) -> str:
+    return "all" if k == 0 else str(k)
+
+
+def finetunes(cfg: StudyConfig) -> list[tuple[str, list[str]]]:
+    """(run-name suffix, overrides) of each fine-tune of one encoder: recipe x label budget x
+    seed, an axis the study does not vary left out of the name (`-paper`, `-l50`, `-s1`)."""
+    recipes = [(f"-{r.name}", r.finetune) for r in cfg.recipes] or [("", [])]
+    budgets = [
+        (f"-l{labels_tag(b.per_class)}", [f"data.labels_per_class={b.per_class}", *b.finetune])
+        for b in cfg.labels
+    ] or [("", [])]
+    seeds = [(f"-s{s}", [f"seed={s}"]) for s in cfg.finetune_seeds] or [("", [])]
+    return [
+        (r + b + s, [*ro, *bo, *so]) for r, ro in recipes for b, bo in budgets for s, so in seeds
+    ]
 
 
 BASELINES = ("random", "scratch")  # the random-init rows' job names
@@ -148,10 +166,26 @@ def copy_small(out: Path, dest: Path) -> None:
 
 
 STOPPED: list[str] = []  # the stop signal the study received while a job ran, if any
+POLL_S, STATUS_EVERY_S = 2.0, 15.0  # how often a running job's progress is read, and shown
 
 
-def execute(argv: list[str], log) -> int:
-    """Run one job in its own process (isolated memory, a crash stays in its log).
+def job_status(run_dir: Path) -> str | None:
+    """'step 350/1200, 412 img/s, eta 2m05s': a running job's progress from the last row of its
+    metrics.jsonl and its config.yaml (None before its first logged step)."""
+    try:
+        rows = (run_dir / "metrics.jsonl").read_bytes().splitlines()
+        train = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]
+        row = json.loads(rows[-1])  # a torn last line (being written): next time
+        step, rate = int(row["step"]), float(row["img_per_s"])
+    except (OSError, IndexError, KeyError, TypeError, ValueError, yaml.YAMLError):
+        return None
+    left = (train["steps"] - step) * train["batch_size"] / rate if rate > 0 else float("nan")
+    return f"step {step}/{train['steps']}, {rate:.0f} img/s, eta {format_eta(left)}"
+
+
+def execute(argv: list[str], log, tick: Callable[[], None] = lambda: None) -> int:
+    """Run one job in its own process (isolated memory, a crash stays in its log), calling
+    `tick` every few seconds while it runs.
 
     The job runs in its own session, so a signal sent to the study's process group reaches the
     job exactly once: forwarded here (a second SIGTERM would make it skip its checkpoint), and
@@ -165,7 +199,11 @@ def execute(argv: list[str], log) -> int:
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return proc.wait()  # bounded: every job ends on its own after a signal (guard.py)
+        while True:  # bounded: every job ends on its own after a signal (guard.py)
+            try:
+                return proc.wait(timeout=POLL_S)
+            except subprocess.TimeoutExpired:
+                tick()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -199,12 +237,20 @@ def run_job(job: Job, log_dir: Path, dry_run: bool, say=print) -> str:
     t0 = time.time()
     job.run_dir.mkdir(parents=True, exist_ok=True)
     recorded.write_text(json.dumps({"command": command}, indent=1) + "\n")
+    shown = {"line": None, "at": time.monotonic()}
+
+    def tick() -> None:  # the running job's own step, img/s and ETA, every STATUS_EVERY_S
+        line = job_status(job.run_dir)
+        if line and line != shown["line"] and time.monotonic() - shown["at"] >= STATUS_EVERY_S:
+            say(f"       {label}: {line}")
+            shown.update(line=line, at=time.monotonic())
+
     with open(log, "a") as f:
         f.write(f"$ {shlex.join(argv)}\n")
         f.flush()
         # A few-shot job has nothing to resume: an interrupted one (this same command, as
         # checked above) is replaced rather than refused by the run-directory rule.
-        rc = execute([*argv, "--overwrite"] if job.stage == "fewshot" else argv, f)
+        rc = execute([*argv, "--overwrite"] if job.stage == "fewshot" else argv, f, tick)
     # Stopped: pretraining and fine-tuning checkpoint and exit 0, and the same command resumes
     # them; a few-shot job has nothing to save and ends on the signal, and is run again.
     if STOPPED and (rc == 0 or job.stage == "fewshot"):
@@ -218,7 +264,8 @@ def run_job(job: Job, log_dir: Path, dry_run: bool, say=print) -> str:
 
 def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> dict:
     """Collect the jobs' results.json into summary.json and a markdown table summary.md."""
-    rows = []
+    rows, jobs = [], finetunes(cfg)
+    labelled = bool(cfg.labels or cfg.finetune_seeds)
     for v in [None, *cfg.variants]:
         name = v.name if v else BASELINE
         pre = read_results(out / "pretrain" / name) if v else {}
@@ -227,7 +274,10 @@ def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> 
         ft = read_results(out / "finetune" / ft_name)
         # One fine-tune per recipe: top-1 and wall time by recipe name.
         by_recipe = {r.name: read_results(out / "finetune" / f"{ft_name}-{r.name}")
-                     for r in cfg.recipes}  # fmt: skip
+                     for r in cfg.recipes} if not labelled else {}  # fmt: skip
+        # Label budgets and seeds: one column per recipe x budget, its seeds' top-1 values.
+        runs = {tag: read_results(out / "finetune" / (ft_name + tag)) for tag, _ in jobs}
+        by_labels = labels_columns(cfg, runs) if labelled else {}
         rows.append({
             "variant": name,
             "objective": to_dict(v.objective) if v else None,
@@ -241,11 +291,12 @@ def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> 
             "finetune_steps": ft.get("step"),
             "finetune_image_size": ft.get("image_size"),
             "finetune_by_recipe": {k: r.get("top1") for k, r in by_recipe.items()},
+            "finetune_by_labels": by_labels,
             "wall_time_s": {
                 "pretrain": pre.get("wall_time_s"),
                 "fewshot": few.get("wall_time_s"),
-                "finetune": _total([r.get("wall_time_s") for r in by_recipe.values()])
-                if by_recipe else ft.get("wall_time_s"),
+                "finetune": _total([r.get("wall_time_s") for r in runs.values()])
+                if len(runs) > 1 else ft.get("wall_time_s"),
             },
         })  # fmt: skip
     walls = [w for r in rows for w in r["wall_time_s"].values() if w is not None]
@@ -260,6 +311,27 @@ def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> 
     return summary
 
 
+def labels_columns(cfg: StudyConfig, runs: dict[str, dict]) -> dict[str, dict]:
+    """{column: {"recipe", "labels_per_class", "num_labelled", "top1": [per seed]}} from one
+    encoder's fine-tunes by run-name suffix; a column is a recipe x label budget."""
+    columns: dict[str, dict] = {}
+    for recipe in [r.name for r in cfg.recipes] or [""]:
+        for k in [b.per_class for b in cfg.labels] or [None]:
+            budget = "" if k is None else ("all labels" if k == 0 else f"{k}/class")
+            col = " ".join(x for x in (recipe, budget) if x)
+            tag = (f"-{recipe}" if recipe else "") + ("" if k is None else f"-l{labels_tag(k)}")
+            found = [runs.get(tag + (f"-s{s}" if cfg.finetune_seeds else ""), {})
+                     for s in cfg.finetune_seeds or [None]]  # fmt: skip
+            done = [r for r in found if r.get("top1") is not None]
+            columns[col or "fine-tune"] = {
+                "recipe": recipe or None,
+                "labels_per_class": k,
+                "num_labelled": done[0].get("num_labelled") if done else None,
+                "top1": [r["top1"] for r in done],
+            }
+    return columns
+
+
 def _total(values: list[float | None]) -> float | None:
     """The sum of the values known (None if none is)."""
     known = [v for v in values if v is not None]
@@ -269,8 +341,12 @@ def _total(values: list[float | None]) -> float | None:
 def markdown_table(rows: list[dict]) -> str:
     shots = sorted({k for r in rows for k in r["fewshot"]}, key=shot_order)  # 1, 5, ..., all
     recipes = list(rows[0]["finetune_by_recipe"]) if rows else []
+    labels = list(rows[0].get("finetune_by_labels") or {}) if rows else []
     head = ["variant", "pretraining steps", "colour acc"] + [f"{k}-shot (%)" for k in shots]
-    head += [f"fine-tune top-1 ({r}) (%)" for r in recipes] or ["fine-tune top-1 (%)"]
+    if labels:  # mean over the fine-tuning seeds, then each seed's value
+        head += [f"fine-tune {c} (%)" for c in labels]
+    else:
+        head += [f"fine-tune top-1 ({r}) (%)" for r in recipes] or ["fine-tune top-1 (%)"]
     head += ["wall: pretrain / few-shot / fine-tune (min)"]
 
     def pct(x: float | None) -> str:
@@ -285,12 +361,24 @@ def markdown_table(rows: list[dict]) -> str:
             "-" if r["color_acc"] is None else f"{r['color_acc']:.3f}",
         ]
         cells += [f"{pct(f['mean'])} ± {pct(f['std'])}" if f else "-" for f in few]
-        cells += [pct(t) for t in r["finetune_by_recipe"].values()] or [pct(r["finetune_top1"])]
+        if labels:
+            cells += [seeds_cell(c["top1"]) for c in r["finetune_by_labels"].values()]
+        else:
+            by_recipe = [pct(t) for t in r["finetune_by_recipe"].values()]
+            cells += by_recipe or [pct(r["finetune_top1"])]
         cells.append(
             " / ".join("-" if w is None else f"{w / 60:.1f}" for w in r["wall_time_s"].values())
         )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def seeds_cell(top1: list[float]) -> str:
+    """'36.3 (35.1 / 37.5)': the mean over seeds in %, then each seed's; '-' if none ran."""
+    if not top1:
+        return "-"
+    mean = f"{100 * sum(top1) / len(top1):.1f}"
+    return mean if len(top1) == 1 else f"{mean} ({' / '.join(f'{100 * t:.1f}' for t in top1)})"
 
 
 def report(run_dirs: list[Path], out: Path) -> None:

@@ -143,7 +143,12 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
         help="also write the masked-prediction head (ssl-vit names) as "
         "masked_patch_head.safetensors",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a non-empty output directory (never a run directory, checkpoint or "
+        "dataset, nor the source)",
+    )
     p.set_defaults(func=cmd_export)
 
 
@@ -153,7 +158,9 @@ def cmd_import(args: argparse.Namespace) -> int:
     from ssl_vit.train.checkpoint import CheckpointError
 
     try:
-        info = import_weights(args.source, args.format, args.outdir, heads=args.heads)
+        info = import_weights(
+            args.source, args.format, args.outdir, heads=args.heads, overwrite=args.overwrite
+        )
     except CheckpointError as e:
         raise ValueError(str(e)) from None
     c = info["model_config"]
@@ -176,6 +183,11 @@ def _add_import(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("outdir", help="output directory (encoder.safetensors)")
     p.add_argument("--heads", type=int, help="attention heads of a bare timm state dict")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a non-empty output directory (never a checkpoint or run directory)",
+    )
     p.set_defaults(func=cmd_import)
 
 

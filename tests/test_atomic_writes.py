@@ -74,17 +74,32 @@ def test_failed_make_shards_keeps_the_dataset(tmp_path, capsys):
     assert _snapshot(data) == before and _leftovers(data) == []
 
 
+# `ssl-vit` whose read of the image file zzz.png never returns (a stalled network file
+# system; a FIFO no longer does it: make-shards skips what is not a regular file).
+STALLED_READ = """import sys, threading
+from ssl_vit.cli import main
+from ssl_vit.data import sources
+read = sources.FolderSource.__getitem__
+def stalled(self, i):
+    if self.files[i].endswith("zzz.png"):
+        threading.Event().wait()
+    return read(self, i)
+sources.FolderSource.__getitem__ = stalled
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def test_killed_make_shards_keeps_the_dataset(tmp_path):
     data = tmp_path / "data"
     make_synthetic_shards(data, n=8, image_size=16, seed=0, shard_size=4)
     before = _snapshot(data)
     src = tmp_path / "src" / "cls"
     src.mkdir(parents=True)
-    for i in range(6):
-        (src / f"img{i}.png").write_bytes(_png((40 * i, 0, 0)))
-    os.mkfifo(src / "zzz.png")  # read last (--no-shuffle): make-shards blocks there
-    argv = [*SSL_VIT, "make-shards", "--source", str(src.parent), "--output", str(data)]
-    proc = subprocess.Popen([*argv, "--shard-size", "1", "--no-shuffle"], start_new_session=True)
+    for i in range(7):  # zzz.png, read last (--no-shuffle): make-shards blocks there
+        (src / ("zzz.png" if i == 6 else f"img{i}.png")).write_bytes(_png((40 * i, 0, 0)))
+    args = ["make-shards", "--source", str(src.parent), "--output", str(data)]
+    stalled = [sys.executable, "-c", STALLED_READ, *args, "--shard-size", "1", "--no-shuffle"]
+    proc = subprocess.Popen(stalled, start_new_session=True)
     try:
         _wait_until(
             lambda: len(list(tmp_path.glob(".data.staging-*/shard-*.tar"))) >= 5, proc, data
@@ -95,7 +110,7 @@ def test_killed_make_shards_keeps_the_dataset(tmp_path):
     assert _snapshot(data) == before  # not one old shard replaced, no new one mixed in
     assert _leftovers(data)  # the killed run's staging directory ...
     os.unlink(src / "zzz.png")
-    subprocess.run([*argv, "--shard-size", "4"], check=True, capture_output=True)
+    subprocess.run([*SSL_VIT, *args, "--shard-size", "4"], check=True, capture_output=True)
     assert _leftovers(data) == []  # ... is removed by the next run
     index = json.loads((data / "index.json").read_text())
     assert index["num_samples"] == 6
@@ -237,20 +252,28 @@ def fifo(tmp_path):
     os.close(fd)
 
 
+def _stalled_source(args: list[str], fifo: Path, opened: Path) -> list[str]:
+    """`args` reading the training data from `fifo`, which nobody writes: the source's command
+    first creates `opened` (the job is reading the source now), then blocks forever."""
+    source = f"data.train_shards=pipe:touch {opened}; cat {fifo}"
+    return [source if a.startswith("data.train_shards=") else a for a in args]
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stalled_source_ends_the_job(synthetic_shards, fifo, tmp_path, workers):
-    out = tmp_path / "run"
-    args = pretrain_args(synthetic_shards, out, "train.data_timeout_s=3")
-    args = [
-        a if not a.startswith("data.train_shards=") else f"data.train_shards=pipe:cat {fifo}"
-        for a in args
-    ]
+    """The 3 s are the watchdog under test, not a guess at how long anything takes: the read
+    never returns, so on any machine the job can only end by the watchdog."""
+    out, opened = tmp_path / "run", tmp_path / "source_opened"
+    args = _stalled_source(
+        pretrain_args(synthetic_shards, out, "train.data_timeout_s=3"), fifo, opened
+    )
     t0 = time.time()
     proc = _launch(_pipeline("pretrain", *args, f"data.num_workers={workers}"), out)
     rc, _ = _exit_within(proc, out, 60)
     last = _log(out).rstrip().splitlines()[-1]
     assert rc == 1, _log(out)[-3000:]
     assert last.startswith("error: no batch from the training data for 3s"), last
+    assert opened.exists()  # it was the source that stalled (not, say, a worker's start-up)
     assert not _alive(str(out))
     print(f"stalled source, {workers} workers -> exit {rc} in {time.time() - t0:.1f}s")
 
@@ -263,14 +286,14 @@ def _catches_sigterm(pid: int) -> bool:
 
 
 def test_stop_that_times_out_exits(synthetic_shards, fifo, tmp_path):
-    out = tmp_path / "run"
+    """The 2 s are the stop timeout under test: the step waits on a read that never returns,
+    so on any machine the graceful stop can only be cut short."""
+    out, opened = tmp_path / "run", tmp_path / "source_opened"
     args = pretrain_args(synthetic_shards, out, "train.stop_timeout_s=2", "data.num_workers=2")
-    args = [
-        a if not a.startswith("data.train_shards=") else f"data.train_shards=pipe:cat {fifo}"
-        for a in args
-    ]
-    proc = _launch(_pipeline("pretrain", *args), out)
-    _wait_until(lambda: _catches_sigterm(proc.pid), proc, out)  # the loop's handler is in
+    proc = _launch(_pipeline("pretrain", *_stalled_source(args, fifo, opened)), out)
+    # A worker reads the source: the loop's block, entered after its stop handler, is running.
+    _wait_until(opened.exists, proc, out)
+    assert _catches_sigterm(proc.pid)  # the loop's handler is in
     proc.send_signal(signal.SIGTERM)
     rc, seconds = _exit_within(proc, out, 60)
     log = _log(out)

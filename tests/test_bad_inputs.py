@@ -18,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-from ssl_vit.config import ConfigError, load_config
+from ssl_vit.config import ConfigError, from_dict, load_config, to_dict
 from ssl_vit.config.schema import FewshotConfig, FinetuneConfig, PretrainConfig
 from ssl_vit.config.study import StudyConfig
 from ssl_vit.data import decode_image, eval_loader
@@ -383,13 +383,30 @@ def test_bad_config_values_are_one_line_naming_the_key(schema, override, message
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
+SHIPPED = {
+    "pretrain": PretrainConfig,
+    "finetune": FinetuneConfig,
+    "fewshot": FewshotConfig,
+    "study": StudyConfig,
+}
+
+
 def test_shipped_configs_still_load():
-    for path in sorted((ROOT / "configs").glob("*/*.yaml")):
-        kind = path.parent.name
-        schema = {"pretrain": PretrainConfig, "finetune": FinetuneConfig}.get(kind)
-        schema = schema or {"fewshot": FewshotConfig, "study": StudyConfig}.get(kind)
-        if schema is not None:
-            load_config(schema, path)
+    """Every config shipped for a pipeline loads and validates into its schema, and is what it
+    loads: written out (as config.yaml records it) and read back, the same config. No folder is
+    passed over: configs/accelerate/ is accelerate's own format, every other one has a schema."""
+    paths = sorted((ROOT / "configs").glob("*/*.yaml"))
+    assert {p.parent.name for p in paths} == {*SHIPPED, "accelerate"}
+    checked = set()
+    for path in paths:
+        schema = SHIPPED.get(path.parent.name)
+        if schema is None:
+            continue
+        cfg = load_config(schema, path)
+        assert isinstance(cfg, schema), path
+        assert from_dict(schema, to_dict(cfg)) == cfg, path
+        checked.add(path.parent.name)
+    assert checked == set(SHIPPED)  # at least one config of each kind
 
 
 def test_fp16_on_a_cpu_is_refused():
@@ -464,3 +481,203 @@ def test_hf_dataset_16bit_huge_and_unlabelled_rows(tmp_path, caplog):
     assert image.unique().tolist() == [128]  # 32896 / 257
     assert f"{tmp_path / 'hf'} row 1" in caplog.text and "more than" in caplog.text
     assert "label -1 out of range [0, 2)" in caplog.text
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 29, the second campaign: absurd aspect ratios, FIFOs and devices, null HF images, two
+# image columns, a user's shard-notes.txt, duplicated YAML keys, alias bombs, an MLP of nothing.
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG whose header says width x height (8-bit grey), as `huge_png`: ~60 bytes."""
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(b"\0"))
+
+
+def test_absurd_aspect_ratio_is_refused_before_decoding():
+    from ssl_vit.data.decode import MAX_ASPECT
+
+    # The issue's 1 x 2,000,000 PNG: refused from its header, no pixel decoded (evaluation would
+    # have resized it to 224 x 448 M pixels, 18 GB).
+    with pytest.raises(ValueError, match="^1x2000000 image: aspect ratio beyond 100:1"):
+        decode_image(png_header(1, 2_000_000))
+    for size, fmt in (((1000, 2), "PNG"), ((2, 1000), "BMP"), ((1000, 2), "JPEG")):
+        with pytest.raises(ValueError, match=f"^{size[0]}x{size[1]} image: aspect ratio"):
+            decode_image(encode(Image.new("RGB", size), fmt))  # torchvision's path and PIL's
+    assert MAX_ASPECT == 100
+    assert decode_image(encode(Image.new("RGB", (200, 2)))).shape == (3, 2, 200)  # 100:1 is ok
+    with pytest.raises(ValueError, match="^0x5 image: no pixels"):
+        decode_image(png_header(0, 5))
+
+
+def test_absurd_aspect_ratio_is_a_counted_skip_everywhere(tmp_path, caplog):
+    """An eval folder, pretraining with `data.augment=device` (workers resize the shorter side)
+    and make-shards each skip a 1000 x 2 image, counted and named: the memory bound is that no
+    such image reaches a resize (a resized image is at most 100 x S^2 pixels)."""
+    from ssl_vit.config.schema import PretrainDataConfig
+    from ssl_vit.data import pretrain_loader
+
+    long = encode(Image.new("RGB", (1000, 2), (9, 9, 9)))
+    folder = _folders(tmp_path / "folder", ["a"], n=3, size=8)
+    (folder / "a" / "long.png").write_bytes(long)
+    batches = list(eval_loader(str(folder), 8, 8, num_workers=0))
+    assert sum(len(b.labels) for b in batches) == 3 and sum(b.skipped for b in batches) == 1
+    assert str(folder / "a" / "long.png") in caplog.text and "aspect ratio beyond" in caplog.text
+
+    index = make_shards(folder, tmp_path / "made", progress=False)
+    assert index["num_samples"] == 3 and index["num_skipped"] == 1
+
+    good = [encode(Image.new("RGB", (8, 8), (k, 0, 0))) for k in range(3)]
+    shards = _shards(tmp_path / "shards", [(d, 0) for d in good] + [(long, 0)], ["a"])
+    data = PretrainDataConfig(train_shards=str(shards), num_workers=0, shuffle_buffer=1)
+    loader = iter(pretrain_loader(data, batch_size=3, image_size=8, load_size=8))
+    first = [next(loader) for _ in range(2)]  # 6 good images: the whole first epoch read
+    assert all(b.images.shape == (3, 3, 8, 8) for b in first)
+    assert sum(b.skipped for b in first) >= 1
+
+
+_READ_FOLDER = """
+import json, sys
+from ssl_vit.data import eval_loader, make_shards
+folder, out = sys.argv[1:]
+index = make_shards(folder, out, progress=False)
+batches = list(eval_loader(folder, 8, 8, num_workers=0))
+print(json.dumps([index["num_samples"], index["num_skipped"], sum(len(b.labels) for b in batches),
+                  sum(b.skipped for b in batches)]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
+def test_fifo_and_device_in_a_class_folder_are_counted_skips(tmp_path):
+    """A FIFO named zz.png and a symlink to /dev/zero: make-shards and the eval loader neither
+    wait (the FIFO has no writer) nor read without end; a symlink to a regular file is read.
+    In a subprocess with a timeout, so a regression fails instead of hanging the suite."""
+    folder = _folders(tmp_path / "folder", ["a"], n=2, size=8)
+    os.mkfifo(folder / "a" / "zz.png")
+    os.symlink("/dev/zero", folder / "a" / "zero.png")
+    os.symlink(folder / "a" / "0.png", folder / "a" / "link.png")  # followed: a regular file
+    proc = subprocess.run(
+        [sys.executable, "-c", _READ_FOLDER, str(folder), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[3, 2, 3, 2]"
+    assert f"cannot read {folder / 'a' / 'zz.png'}: not a regular file (a FIFO)" in proc.stderr
+    assert "zero.png: not a regular file (a character device)" in proc.stderr
+
+
+def test_image_file_size_cap(tmp_path, monkeypatch):
+    from ssl_vit.data import decode
+    from ssl_vit.data.sources import FolderSource
+
+    folder = _folders(tmp_path / "folder", ["a"], n=2, size=8)
+    size = (folder / "a" / "0.png").stat().st_size
+    monkeypatch.setattr(decode, "MAX_FILE_BYTES", size - 1)
+    with pytest.raises(OSError, match=f"^{size} bytes: more than {size - 1}"):
+        decode.read_image_file(folder / "a" / "0.png")
+    assert FolderSource(folder)[0].data == b""  # logged; every consumer skips empty data
+
+
+def test_hf_null_image_row_is_a_counted_skip(tmp_path, caplog):
+    from ssl_vit.data.sources import open_source
+    from ssl_vit.eval.fewshot_job import _subset_batches
+
+    datasets = pytest.importorskip("datasets")
+    png = encode(Image.new("RGB", (8, 8), (1, 2, 3)))
+    features = datasets.Features(
+        {"img": datasets.Image(), "y": datasets.ClassLabel(names=["a", "b"])}
+    )
+    ds = datasets.Dataset.from_dict(
+        {"img": [{"bytes": png, "path": None}, None, {"bytes": png, "path": None}], "y": [0, 1, 1]},
+        features=features,
+    )
+    ds.save_to_disk(tmp_path / "hf")
+    index = make_shards(tmp_path / "hf", tmp_path / "shards", progress=False)
+    assert index["num_samples"] == 2 and index["num_skipped"] == 1
+    batches = list(eval_loader(str(tmp_path / "hf"), 4, 8, num_workers=0))
+    assert sum(len(b.labels) for b in batches) == 2 and sum(b.skipped for b in batches) == 1
+    kept: list[int] = []  # few-shot's train side
+    source = open_source(str(tmp_path / "hf"))
+    (x, y), *rest = _subset_batches(source, np.arange(3), 8, 4, kept)
+    assert not rest and x.shape == (2, 3, 8, 8) and kept == [0, 2] and y.tolist() == [0, 1]
+    assert f"{tmp_path / 'hf'} row 1: the image is null" in caplog.text
+
+
+def test_hf_dataset_with_two_image_columns_is_one_line(tmp_path):
+    from ssl_vit.data.sources import open_source
+
+    datasets = pytest.importorskip("datasets")
+    png = {"bytes": encode(Image.new("RGB", (8, 8))), "path": None}
+    features = datasets.Features({"mask": datasets.Image(), "image": datasets.Image()})
+    datasets.Dataset.from_dict({"mask": [png], "image": [png]}, features=features).save_to_disk(
+        tmp_path / "hf"
+    )
+    message = r"2 Image columns \(mask, image\); keep the one to read"
+    with pytest.raises(ValueError, match=message) as err:
+        open_source(str(tmp_path / "hf"))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=message):
+        make_shards(tmp_path / "hf", tmp_path / "shards", progress=False)
+    assert not (tmp_path / "shards").exists()
+
+
+def test_make_shards_keeps_files_that_only_look_like_shards(tmp_path):
+    folder = _folders(tmp_path / "folder", ["a"], n=2, size=8)
+    out = tmp_path / "out"
+    out.mkdir()
+    keep = {"shard-notes.txt": "my notes", "shard-000001.tar.bak": "backup", "README": "hi"}
+    for name, text in keep.items():
+        (out / name).write_text(text)
+    (out / "shard-000007.tar").write_text("an old shard")  # the writer's own: replaced
+    make_shards(folder, out, progress=False)
+    assert {n: (out / n).read_text() for n in keep} == keep
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [*keep, "index.json", "shard-000000.tar"]
+    )
+
+
+def test_yaml_key_given_twice_is_one_line_naming_it(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("train:\n  steps: 3\nmodel:\n  width: 32\ntrain:\n  lr: 0.1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(PretrainConfig, path)
+    assert str(err.value) == (
+        f"{path}, line 5, column 1: key 'train' given twice (YAML would keep only the last)"
+    )
+    with pytest.raises(ConfigError, match="key 'steps' given twice"):  # nested, and overrides
+        load_config(PretrainConfig, None, ["train={steps: 1, steps: 2}"])
+
+
+def test_yaml_alias_bomb_is_one_short_line(tmp_path):
+    """9^5 values from ~300 bytes (the issue's 438 bytes made 9^9: a 400 MB error line); a
+    few aliases, as the shipped study config uses, still load."""
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for prev, name in zip("abcd", "bcde", strict=True):
+        lines.append(f"{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]")
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\ntrain: {steps: *e}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(PretrainConfig, path)
+    assert str(err.value) == (
+        f"{path}, line 5, column 4: YAML aliases expand to more than 10000 values"
+    )
+    path.write_text("a: &a [1]\nb: &b [*b]\n")
+    with pytest.raises(ConfigError, match="line 2, column 4: a recursive YAML alias"):
+        load_config(PretrainConfig, path)
+    path.write_text("train: &t {steps: 7}\n")  # an anchor and no alias: fine
+    assert load_config(PretrainConfig, path, [*TINY, "data.train_shards=x"]).train.steps == 7
+
+
+def test_mlp_without_hidden_units_is_refused_naming_the_key():
+    tiny = [*TINY, "data.train_shards=x"]
+    with pytest.raises(ConfigError) as err:
+        load_config(PretrainConfig, None, [*tiny, "model.mlp_ratio=0.01"])
+    assert str(err.value) == (
+        "model.mlp_ratio: 0.01 x model.width 16 leaves the MLP no hidden unit "
+        "(need int(width * mlp_ratio) >= 1)"
+    )
+    cfg = load_config(PretrainConfig, None, [*tiny, "model.mlp_ratio=0.0625"])
+    assert int(cfg.model.width * cfg.model.mlp_ratio) == 1

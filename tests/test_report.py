@@ -248,3 +248,153 @@ def test_pixels_l2_pixels_unpatchify_and_clip():
     assert torch.allclose(tgt[2], images[0, :, 2:, :2])
     assert pred.min() >= 0 and pred.max() <= 1
     assert torch.allclose(pred[3], (images[0, :, 2:, 2:] * 3 - 1).clamp(0, 1))
+
+
+# --- Accuracy vs labels per class (label budgets, issue 27), from faked run directories ---
+
+CKPT = "runs/s/pretrain/paper_mpp/checkpoints/step_00001200"
+# {(encoder init, K): top1 of seeds 0 and 1}; K = 0 (every label) used 6000 images of 10 classes
+BUDGET_TOP1 = {
+    (CKPT, 10): (0.40, 0.50),
+    (CKPT, 0): (0.90, 0.80),
+    ("none", 10): (0.20, 0.30),
+    ("none", 0): (0.70, 0.72),
+}
+
+
+def _fake_run(path: Path, config: dict, results: dict | None, rows: tuple = ()) -> None:
+    import json
+
+    import yaml
+
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if results is not None:
+        (path / "results.json").write_text(json.dumps(results))
+
+
+def _fake_finetune(root: Path, name: str, init: str, k: int | None, seed: int, top1: float):
+    """A finished fine-tune as pipelines/finetune.py writes it; k None: from before label
+    budgets (no labels_per_class / num_labelled / num_classes in its results)."""
+    results = {"top1": top1, "init": "random" if init == "none" else init, "image_size": 32}
+    if k is not None:
+        results |= {"labels_per_class": k, "num_labelled": 10 * k or 6000, "num_classes": 10}
+        results["seed"] = seed
+    config = {"init": {"checkpoint": init}, "data": {"labels_per_class": k or 0}, "seed": seed}
+    rows = ({"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5, "top1": top1})
+    _fake_run(root / name, config, results, rows)
+
+
+def _budget_runs(root: Path, budgets: tuple[int, ...] = (10, 0)) -> Path:
+    """2 encoders x `budgets` x 2 seeds of fine-tunes, an older fine-tune (no budget keys),
+    an unfinished one and a few-shot run of the pretrained encoder."""
+    for (init, k), top1s in BUDGET_TOP1.items():
+        if k in budgets:
+            enc = "scratch" if init == "none" else "mpp"
+            for seed, top1 in enumerate(top1s):
+                _fake_finetune(root, f"ft-{enc}-l{k}-s{seed}", init, k, seed, top1)
+    _fake_finetune(root, "ft-old", CKPT, None, 0, 0.99)
+    _fake_run(root / "ft-running", {"init": {"checkpoint": CKPT}}, None)
+    entry = {"l2_reg": {"1024.0": {"mean": 0.3, "std": 0.0, "per_seed": [0.3]}}}
+    _fake_run(
+        root / "few-mpp",
+        {"shots": [1, 10, "all"], "pool": "cls"},
+        {"checkpoint": CKPT, "shots": {"1": entry, "10": entry, "all": entry}},
+    )
+    return root
+
+
+def test_labels_curves_group_seeds_by_encoder_and_budget(tmp_path):
+    from ssl_vit.report.budget import all_labels_per_class, encoder_name, labels_curves
+
+    runs = load_runs([_budget_runs(tmp_path)])
+    curves = labels_curves(runs)
+    # The pretraining run directory names the encoder; the old run (K = 0, size unknown),
+    # the unfinished one and the few-shot run are not points.
+    assert {e: {k: sorted(v) for k, v in c.items()} for e, c in curves.items()} == {
+        "paper_mpp": {10: [0.40, 0.50], 0: [0.80, 0.90]},
+        "scratch": {10: [0.20, 0.30], 0: [0.70, 0.72]},
+    }
+    assert all(list(c) == [10, 0] for c in curves.values())  # K ascending, every label last
+    assert all_labels_per_class(runs) == 600.0  # 6000 images / 10 classes
+    assert {encoder_name(r) for r in runs if r.name == "few-mpp"} == {"paper_mpp"}
+
+
+def test_budget_table_cells_are_mean_std_and_seeds(tmp_path):
+    from ssl_vit.report.budget import all_labels_per_class, budget_table, labels_curves
+
+    runs = load_runs([_budget_runs(tmp_path)])
+    table = budget_table(labels_curves(runs), all_labels_per_class(runs))
+    assert table.header == ["encoder", "10 / class", "all (600) / class"]
+    # Population std: half the range of two seeds. Scratch last, as in the summary.
+    assert table.rows == [
+        ["paper_mpp", "45.0 ± 5.0 (2 seeds)", "85.0 ± 5.0 (2 seeds)"],
+        ["scratch", "25.0 ± 5.0 (2 seeds)", "71.0 ± 1.0 (2 seeds)"],
+    ]
+    one = budget_table({"scratch": {10: [0.25]}}, None)  # one seed, no every-label runs
+    assert one.header == ["encoder", "10 / class"]
+    assert one.rows == [["scratch", "25.0 ± 0.0 (1 seed)"]]
+
+
+def test_report_draws_accuracy_vs_labels(tmp_path):
+    from ssl_vit.report import build_report
+
+    paths = build_report([_budget_runs(tmp_path / "runs")], tmp_path / "out")
+    md, page = paths["md"].read_text(), paths["html"].read_text()
+    assert ">Accuracy vs labels per class</h2>" in page
+    section = md.split("## Accuracy vs labels per class")[1].split("\n## ")[0]
+    assert "| paper_mpp | 45.0 ± 5.0 (2 seeds) | 85.0 ± 5.0 (2 seeds) |" in section
+    assert "| scratch | 25.0 ± 5.0 (2 seeds) | 71.0 ± 1.0 (2 seeds) |" in section
+    assert "Left out (every label, but results.json does not say how many): ft-old." in section
+    assert "figures/accuracy_vs_labels.png" in section
+    png = tmp_path / "out" / "figures" / "accuracy_vs_labels.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("budgets", [(0,), ()])
+def test_no_label_budget_no_section(tmp_path, budgets):
+    """Every fine-tune on every label (or none finished): the report is as before."""
+    from ssl_vit.report import build_report
+    from ssl_vit.report.budget import budget_section
+
+    root = _budget_runs(tmp_path / "runs", budgets)
+    assert budget_section(load_runs([root])) is None
+    paths = build_report([root], tmp_path / "out")
+    assert "Accuracy vs labels" not in paths["html"].read_text()
+    assert not (tmp_path / "out" / "figures" / "accuracy_vs_labels.png").exists()
+
+
+def test_accuracy_vs_labels_figure_without_every_label_point():
+    from ssl_vit.report import figures
+
+    fig = figures.accuracy_vs_labels({"a": {1: [0.1, 0.2], 10: [0.5]}}, None, [("a", {5: 0.3})])
+    assert fig is not None
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "5", "10"]
+    assert figures.accuracy_vs_labels({}, None) is None
+
+
+def test_several_recipes_are_lines_of_their_own(tmp_path):
+    """Fine-tunes of one encoder with two recipes (results.json `recipe`) are two lines."""
+    import json
+
+    import yaml
+
+    from ssl_vit.report.budget import labels_curves
+
+    root = _budget_runs(tmp_path, budgets=(10,))
+    for name in [p.name for p in root.iterdir() if p.name.startswith("ft-") and "-l10-" in p.name]:
+        results = json.loads((root / name / "results.json").read_text())
+        modern = {**results, "recipe": "modern", "top1": results["top1"] / 2}
+        config = yaml.safe_load((root / name / "config.yaml").read_text())
+        _fake_run(root / f"{name}-modern", config, modern)
+        (root / name / "results.json").write_text(json.dumps({**results, "recipe": "paper"}))
+    curves = labels_curves(load_runs([root]))
+    assert {e: {k: sorted(v) for k, v in c.items()} for e, c in curves.items()} == {
+        "paper_mpp (paper)": {10: [0.40, 0.50]},
+        "paper_mpp (modern)": {10: [0.20, 0.25]},
+        "scratch (paper)": {10: [0.20, 0.30]},
+        "scratch (modern)": {10: [0.10, 0.15]},
+    }

@@ -5,6 +5,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from test_distributed import LAUNCH, _free_port
 from test_guard import _alive, _exit_within, _launch, _log, _pipeline, _wait_until
 from test_pipelines import ROOT, pipeline, pretrain_args
 
+from ssl_vit.cli import main as cli
 from ssl_vit.train.rundir import LOCK_NAME
 
 
@@ -167,3 +169,139 @@ def test_lock_is_released_by_a_dead_process(tmp_path):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free at once
     finally:
         os.close(fd)
+
+
+# --- issue 29: no command writes into, replaces or removes what another job owns or reads ------
+
+
+@pytest.fixture(scope="module")
+def pre_run(synthetic_shards, tmp_path_factory) -> Path:
+    """A finished 2-step smoke pretraining run (config.yaml, checkpoints/step_00000002, ...)."""
+    out = tmp_path_factory.mktemp("pre") / "run"
+    pipeline("pretrain")(pretrain_args(synthetic_shards, out, "train.steps=2"))
+    return out
+
+
+def _copy_run(pre_run: Path, dest: Path) -> Path:
+    shutil.copytree(pre_run, dest, ignore=shutil.ignore_patterns(LOCK_NAME))
+    return dest
+
+
+def _last_err(capsys) -> str:
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_fewshot_overwrite_never_removes_the_run_it_evaluates(
+    pre_run, synthetic_shards, tmp_path, capsys
+):
+    run = _copy_run(pre_run, tmp_path / "runs" / "x")
+    before = _snapshot(run)
+    fewshot = pipeline("fewshot")
+    for out, how in ((run, "is"), (run / "few", "is inside"), (tmp_path / "runs", "contains")):
+        argv = [
+            *("--checkpoint", str(run), "--config", str(ROOT / "configs/fewshot/smoke.yaml")),
+            *(f"data.train={synthetic_shards}", f"data.eval={synthetic_shards}"),
+            *(f"output_dir={out}", "--overwrite"),
+        ]
+        line = _refused(fewshot, argv, capsys)
+        assert f"output_dir={str(out)!r}: {how} --checkpoint=" in line, line
+        assert str(run) in line, line
+        assert _snapshot(run) == before
+
+
+def test_resume_into_another_kind_or_shape_writes_nothing(
+    pre_run, synthetic_shards, tmp_path, capsys
+):
+    run = _copy_run(pre_run, tmp_path / "run")
+    before = _snapshot(run)
+    # A fine-tuning --resume of a pretraining run (same model shape): refused before writing.
+    ft_argv = [
+        *("--config", str(ROOT / "configs/finetune/smoke.yaml"), "model.image_size=16"),
+        *(f"data.train={synthetic_shards}", f"data.eval={synthetic_shards}"),
+        *(f"output_dir={run}", "init.checkpoint=none", "--resume"),
+    ]
+    finetune = pipeline("finetune")
+    line = _refused(finetune, ft_argv, capsys)
+    assert "holds a pretraining run, not a fine-tuning run" in line and str(run) in line, line
+    assert _snapshot(run) == before
+    # Fine-tuning a run into its own directory: --overwrite would delete the encoder it reads.
+    ft_argv = [*ft_argv[:-2], f"init.checkpoint={run}", "--overwrite"]
+    line = _refused(finetune, ft_argv, capsys)
+    assert f"output_dir={str(run)!r}: is init.checkpoint=" in line, line
+    assert _snapshot(run) == before
+    # config.yaml missing: another shape than the checkpoint's is refused and writes nothing,
+    # so the right --resume still works afterwards.
+    (run / "config.yaml").unlink()
+    pretrain = pipeline("pretrain")
+    base = pretrain_args(synthetic_shards, run, "--resume")
+    line = _refused(pretrain, [*base, "model.width=64"], capsys)
+    assert "model.width 32 -> 64" in line and "step_00000002" in line, line
+    assert not (run / "config.yaml").exists()
+    assert pretrain([*base, "train.steps=3"])["step"] == 3
+
+
+def test_export_never_replaces_its_source_a_run_or_a_dataset(
+    pre_run, synthetic_shards, tmp_path, capsys
+):
+    run = _copy_run(pre_run, tmp_path / "run")
+    other = _copy_run(pre_run, tmp_path / "other")
+    data = Path(shutil.copytree(synthetic_shards, tmp_path / "data"))
+    live = tmp_path / "live"  # only a lock, held by a live process
+    live.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(live / LOCK_NAME)], stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout.readline().strip() == b"locked"
+        kept = {d: _snapshot(d) for d in (run, other, data)}
+        refused = {
+            run: f"outdir={str(run)!r}: is checkpoint=",
+            run / "hf": f"outdir={str(run / 'hf')!r}: is inside checkpoint=",
+            tmp_path: f"outdir={str(tmp_path)!r}: contains checkpoint=",
+            other / "checkpoints": "the checkpoints of a run",
+            other: "is a run directory",
+            data: "is a shard dataset",
+            live: "is a run directory",
+        }
+        for out, message in refused.items():
+            assert cli(["export", str(run), "--to", "hf", str(out), "--overwrite"]) == 2, out
+            line = _last_err(capsys)
+            assert line.startswith("ssl-vit export: error: ") and message in line, line
+        assert {d: _snapshot(d) for d in kept} == kept
+        assert (live / LOCK_NAME).is_file()
+    finally:
+        holder.kill()
+        holder.wait()
+    # An earlier export is still replaced with --overwrite.
+    for _ in range(2):
+        assert cli(["export", str(run), "--to", "timm", str(tmp_path / "t"), "--overwrite"]) == 0
+
+
+def test_import_never_writes_into_a_checkpoint_or_run(pre_run, tmp_path, capsys):
+    run = _copy_run(pre_run, tmp_path / "run")
+    ckpt = run / "checkpoints" / "step_00000002"
+    weights = tmp_path / "timm"
+    assert cli(["export", str(ckpt), "--to", "timm", str(weights)]) == 0
+    before = _snapshot(run)
+    refused = {
+        (ckpt, ""): "is a training checkpoint",
+        (ckpt, "--overwrite"): "is a training checkpoint",
+        (run, "--overwrite"): "is a run directory",
+        (run / "checkpoints" / "step_00000009", ""): "the checkpoints of a run",
+        (weights, "--overwrite"): f"outdir={str(weights)!r}: is source=",
+    }
+    for (out, flag), message in refused.items():
+        argv = ["import", str(weights), "--from", "timm", str(out), *([flag] if flag else [])]
+        assert cli(argv) == 2, (out, flag)
+        line = _last_err(capsys)
+        assert line.startswith("ssl-vit import: error: ") and message in line, line
+    assert _snapshot(run) == before
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_00000002"]
+    # A new directory; replaced only with --overwrite, staged beside it and renamed.
+    out = tmp_path / "imported"
+    assert cli(["import", str(weights), "--from", "timm", str(out)]) == 0
+    assert cli(["import", str(weights), "--from", "timm", str(out)]) == 2
+    assert "pass --overwrite" in _last_err(capsys)
+    assert cli(["import", str(weights), "--from", "timm", str(out), "--overwrite"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["encoder.safetensors", "source.json"]
+    assert not list(tmp_path.glob(".imported.*"))

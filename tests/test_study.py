@@ -22,7 +22,7 @@ def load_study():
     return module
 
 
-def in_process(argv, log):
+def in_process(argv, log, tick=None):
     """The study's job runner, in this process: the pipelines' main(argv), no interpreter start."""
     script = Path(argv[1])
     spec = importlib.util.spec_from_file_location(f"pipeline_{script.stem}", script)
@@ -223,3 +223,87 @@ def test_seed_reaches_every_job_after_the_budget(tmp_path, capsys):
     assert all(line.endswith("seed=3") for line in plan if "finetune/" not in line)
     study.main([*base, f"quick.output_dir={tmp_path}"])
     assert "seed=" not in capsys.readouterr().out.replace("seeds=", "")
+
+
+def test_label_budgets_and_seeds_give_one_fine_tune_each(tmp_path, capsys):
+    """`labels:` x `finetune_seeds:` plans finetune/<encoder>-l<K>-s<seed> for every encoder,
+    each with its budget's and seed's overrides last; the summary has one column per budget,
+    the seeds' mean then each seed's top-1."""
+    study = load_study()
+    base = ["--config", str(REPO / "configs/study/labels.yaml"), "--quick", "--dry-run"]
+    over = [f"quick.output_dir={tmp_path}"]
+    study.main([*base, "--only", "baseline", *over])
+    plan = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[plan]")]
+    names = [line.split(":")[0].removeprefix("[plan] ") for line in plan]
+    assert names == ["fewshot/random"] + [
+        f"finetune/scratch-l{k}-s{s}" for k in (50, 500) for s in (0, 1)
+    ]
+    assert plan[4].endswith("data.num_workers=1 data.labels_per_class=500 seed=1")
+    assert "init.checkpoint=none" in plan[4] and "shots=[50, 500]" in plan[0]
+
+    cfg = study.load_config(StudyConfig, REPO / "configs/study/labels.yaml", over)
+    for name, top1 in [("l50-s0", 0.25), ("l50-s1", 0.35), ("l500-s0", 0.5)]:
+        run = tmp_path / "finetune" / f"scratch-{name}"
+        run.mkdir(parents=True)
+        (run / "results.json").write_text(json.dumps({"top1": top1, "num_labelled": 500}))
+    summary = study.summarize(cfg, cfg.quick, tmp_path, "quick")
+    columns = summary["rows"][0]["finetune_by_labels"]
+    assert {c: v["top1"] for c, v in columns.items()} == {
+        "50/class": [0.25, 0.35],
+        "500/class": [0.5],
+    }
+    assert columns["50/class"]["labels_per_class"] == 50
+    head, _, scratch, *_ = (tmp_path / "summary.md").read_text().splitlines()
+    assert "| fine-tune 50/class (%) | fine-tune 500/class (%) |" in head
+    assert "| 30.0 (25.0 / 35.0) | 50.0 |" in scratch
+    with pytest.raises(SystemExit, match="finetune_seeds: need distinct values >= 0"):
+        study.main([*base, *over, "finetune_seeds=[1, 1]"])
+
+
+def test_job_status_reads_the_running_jobs_metrics(tmp_path):
+    study = load_study()
+    assert study.job_status(tmp_path) is None  # not started
+    (tmp_path / "config.yaml").write_text("train: {steps: 1200, batch_size: 64}\n")
+    rows = [{"step": 300, "img_per_s": 100.0}, {"step": 350, "img_per_s": 400.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # (1200 - 350) steps x 64 images / 400 img/s = 136 s
+    assert study.job_status(tmp_path) == "step 350/1200, 400 img/s, eta 2m16s"
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 40')  # a row being written: no status this time, no error
+    assert study.job_status(tmp_path) is None
+
+
+FAKE_JOB = """import json, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+(out / "config.yaml").write_text("train: {steps: 4, batch_size: 8}\\n")
+for step in range(1, 5):
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": step, "img_per_s": 8.0}) + "\\n")
+    t0 = time.time()
+    while not (out / f"seen{step}").exists():  # until the study has shown this step
+        time.sleep(0.02)
+        if time.time() - t0 > 60:
+            sys.exit(f"step {step} was never shown")
+"""
+
+
+def test_the_running_job_shows_its_own_progress(tmp_path, monkeypatch):
+    """While a (real) job runs, the study prints its step, img/s and ETA from its metrics."""
+    study = load_study()
+    monkeypatch.setattr(study, "POLL_S", 0.05)
+    monkeypatch.setattr(study, "STATUS_EVERY_S", 0.0)
+    script, out = tmp_path / "job.py", tmp_path / "run"
+    script.write_text(FAKE_JOB)
+    out.mkdir()
+    said = []
+
+    def say(line):
+        said.append(line)
+        if "step " in line:  # let the job go on to its next step
+            (out / f"seen{line.split('step ')[1].split('/')[0]}").touch()
+
+    job = study.Job("pretrain", "x", out, lambda: [sys.executable, str(script), str(out)])
+    assert study.run_job(job, tmp_path, dry_run=False, say=say).startswith("[done] pretrain/x")
+    shown = [line.strip() for line in said if "step " in line]
+    assert shown == [f"pretrain/x: step {s}/4, 8 img/s, eta {4 - s}s" for s in range(1, 5)]

@@ -135,11 +135,76 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     return out
 
 
+# Values a config may expand to through YAML aliases (`*name`): a few hundred in a real config,
+# 10^9 in a 438-byte alias bomb (whose repr in an error line would take gigabytes).
+MAX_YAML_VALUES = 10_000
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """Well-formed YAML that a config may not be (a duplicated key, an alias bomb)."""
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], pending: set[int]) -> int:
+    """Values under `node` with every alias expanded (shared nodes counted once per use)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if id(node) in pending:
+        raise _Refused(problem="a recursive YAML alias", problem_mark=node.start_mark)
+    pending.add(id(node))
+    children = node.value if isinstance(node, yaml.SequenceNode) else []
+    if isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    size = 1
+    for child in children:
+        size += _expanded_size(child, sizes, pending)
+        if size > MAX_YAML_VALUES:
+            raise _Refused(
+                problem=f"YAML aliases expand to more than {MAX_YAML_VALUES} values",
+                problem_mark=node.start_mark,
+            )
+    pending.discard(id(node))
+    sizes[id(node)] = size
+    return size
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping (YAML keeps the last
+    silently) and aliases that expand beyond `MAX_YAML_VALUES` values."""
+
+    def get_single_data(self) -> Any:
+        node = self.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, {}, set())
+        return self.construct_document(node)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[Any] = set()
+        for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges, overridable
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: SafeLoader's own error
+                continue
+            if duplicate:
+                problem = f"key {key!r} given twice (YAML would keep only the last)"
+                raise _Refused(problem=problem, problem_mark=key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _parse_yaml(text: str, where: str) -> Any:
-    """`yaml.safe_load(text)`; malformed YAML is one ConfigError line naming `where` and the
-    place of the problem."""
+    """`yaml.safe_load(text)`, refusing duplicated keys and alias bombs; malformed or refused
+    YAML is one ConfigError line naming `where` and the place of the problem."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_ConfigLoader)  # a SafeLoader: plain data only
+    except _Refused as e:
+        mark = e.problem_mark
+        raise ConfigError(
+            f"{where}, line {mark.line + 1}, column {mark.column + 1}: {e.problem}"
+        ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -173,6 +173,11 @@ class ModelConfig:
             raise ConfigError(
                 f"model.width ({self.width}) must be divisible by model.heads ({self.heads})"
             )
+        if self.width and int(self.width * self.mlp_ratio) < 1:  # the MLP's hidden size
+            raise ConfigError(
+                f"model.mlp_ratio: {self.mlp_ratio} x model.width {self.width} leaves the MLP "
+                "no hidden unit (need int(width * mlp_ratio) >= 1)"
+            )
         if self.patch_size and self.image_size % self.patch_size:
             raise ConfigError(
                 f"model.image_size ({self.image_size}) must be a multiple of "
@@ -406,9 +411,14 @@ class FinetuneDataConfig:
     mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     std: tuple[float, float, float] = (0.5, 0.5, 0.5)
     max_eval: int = 0  # evaluate on the first N images only (0: the whole split)
+    # A label budget: train on K images per class of data.train (0: every label), the same
+    # class-balanced subset for every init, seed and process count (ssl_vit.data.labelled).
+    labels_per_class: int = 0
+    labels_seed: int = 0  # which K per class (smaller budgets are inside larger ones)
+    record_keys: bool = False  # append each rank's consumed sample keys to keys_rank{R}.txt
 
     def validate(self) -> None:
-        check_min("data.", self, ("shuffle_buffer", "max_eval"), 0)
+        check_min("data.", self, ("shuffle_buffer", "max_eval", "labels_per_class"), 0)
         check_pixels_norm("data.", self.std, self.crop_scale)
         self.num_workers = check_data_loading(self.num_workers, self.load_size)
 

@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 from ssl_vit.config.loader import ConfigError, parse_overrides
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig
 
-__all__ = ["StudyBudget", "StudyConfig", "StudyDataConfig", "StudyRecipe", "StudyVariant"]
+__all__ = [
+    "StudyBudget",
+    "StudyConfig",
+    "StudyDataConfig",
+    "StudyLabels",
+    "StudyRecipe",
+    "StudyVariant",
+]
 
 
 @dataclass
@@ -38,6 +45,16 @@ class StudyRecipe:
 
     name: str = ""  # a simple identifier: it ends run directory names and column headers
     finetune: list[str] = field(default_factory=list)  # overrides after the budget's
+
+
+@dataclass
+class StudyLabels:
+    """A label budget: every encoder is fine-tuned on `per_class` images per class of data.train
+    (`data.labels_per_class`; 0: every label), with `finetune` overrides after the budget's and
+    the recipe's (e.g. fewer steps for a small labelled set)."""
+
+    per_class: int = 0  # labelled images per class (0: every label)
+    finetune: list[str] = field(default_factory=list)  # overrides after the budget's and recipe's
 
 
 @dataclass
@@ -84,6 +101,11 @@ class StudyConfig:
     # overrides: another seed of the whole study, in another output_dir. None: the configs'.
     # The few-shot draws keep their own `seeds`.
     seed: int | None = None
+    # Label budgets: every encoder is fine-tuned on each (per recipe), in
+    # finetune/<name>[-<recipe>]-l<K>[-s<seed>]. Empty: every label, one fine-tune.
+    labels: list[StudyLabels] = field(default_factory=list)
+    # Fine-tuning seeds: each fine-tune once per seed (the label subset stays the same).
+    finetune_seeds: list[int] = field(default_factory=list)
 
     def validate(self) -> None:
         if not self.data.train or not self.data.eval:
@@ -99,6 +121,13 @@ class StudyConfig:
                 )
         if {"random", "scratch"} & set(names):
             raise ConfigError("variants: 'random' and 'scratch' name the random-init baselines")
+        budgets = [b.per_class for b in self.labels]
+        for key, values in (
+            ("labels: per_class", budgets),
+            ("finetune_seeds", self.finetune_seeds),
+        ):
+            if len(set(values)) != len(values) or any(v < 0 for v in values):
+                raise ConfigError(f"{key}: need distinct values >= 0, got {values}")
         recipes = [r.name for r in self.recipes]
         if not all(r.isidentifier() for r in recipes) or len(set(recipes)) != len(recipes):
             raise ConfigError(

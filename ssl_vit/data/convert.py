@@ -31,7 +31,7 @@ def image_error(data: bytes) -> str | None:
     32x32 PNG), so it catches empty, non-image and most corrupt files at sharding time.
     """
     if not data:
-        return "empty file"
+        return "no image data (an empty or unreadable file, or a null image)"
     try:
         with Image.open(io.BytesIO(data)) as im:
             check_pixels(im.size)  # the limit every reader applies (data.decode)
@@ -77,7 +77,7 @@ def make_shards(
     with ShardWriter(output, shard_size) as writer:
         for i in progress_iter(order, len(order), desc="make-shards", unit="img", enabled=progress):
             rec = src[i]
-            error = image_error(rec.data) if verify else None
+            error = image_error(rec.data) if verify or not rec.data else None
             if error is not None:
                 skipped += 1
                 log.warning("skipping %s: %s", src.describe(i), error)

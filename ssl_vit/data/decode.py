@@ -3,13 +3,16 @@ folders, HF datasets, few-shot subsets) and the one pixel limit `make-shards` al
 
 Whatever the file stores, the model sees 8-bit RGB: 16-bit samples are scaled to 8 bits
 (v / 257, rounded: 65535 -> 255), never clipped; grey, palette, CMYK and alpha modes are
-converted and alpha is dropped. An image with more than `MAX_PIXELS` pixels is refused before
-its pixels are decoded (the caller skips and counts it).
+converted and alpha is dropped. An image with more than `MAX_PIXELS` pixels, or longer than
+`MAX_ASPECT` times its width (or wider than that times its height), is refused before its pixels
+are decoded (the caller skips and counts it).
 """
 
 from __future__ import annotations
 
 import io
+import os
+import stat
 import struct
 import warnings
 
@@ -19,23 +22,75 @@ from PIL import Image
 from torchvision.io import ImageReadMode
 from torchvision.io import decode_image as _tv_decode_image
 
-__all__ = ["MAX_PIXELS", "check_pixels", "decode_image", "pil_to_rgb8"]
+__all__ = [
+    "MAX_ASPECT",
+    "MAX_FILE_BYTES",
+    "MAX_PIXELS",
+    "check_pixels",
+    "decode_image",
+    "pil_to_rgb8",
+    "read_image_file",
+]
 
 # PIL's decompression-bomb threshold (Image.open raises above twice MAX_IMAGE_PIXELS, 179 M
 # pixels by default): what `make-shards --verify` refuses, so every reader refuses the same.
 MAX_PIXELS = 2 * (Image.MAX_IMAGE_PIXELS or 89_478_485)
+# Longer side / shorter side. Every loader resizes the shorter side to the model's input S
+# (evaluation, `data.augment=device`) or crops a near-square box first (workers): a resized
+# image is then at most MAX_ASPECT * S^2 pixels (5 M at S=224), however few pixels the file
+# holds. A 1 x 2,000,000 PNG (6 KB) resized to S=224 would be 448 M pixels (18 GB of memory).
+MAX_ASPECT = 100
+# The largest image file read (1 GiB): more than any encoding of a MAX_PIXELS image needs but
+# raw 16-bit ones, and a bound on what one sample can take from a reader's memory.
+MAX_FILE_BYTES = 1 << 30
 
 _SOF = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # JPEG start-of-frame markers (not DHT etc.)
 
 
 def check_pixels(size: tuple[int, int]) -> None:
-    """Raise ValueError if a (width, height) image exceeds `MAX_PIXELS`."""
+    """Raise ValueError if a (width, height) image is empty, exceeds `MAX_PIXELS` or has an
+    aspect ratio beyond `MAX_ASPECT`:1 (either way)."""
     width, height = size
+    if width < 1 or height < 1:
+        raise ValueError(f"{width}x{height} image: no pixels")
     if width * height > MAX_PIXELS:
         raise ValueError(
             f"{width}x{height} image: more than {MAX_PIXELS} pixels (the decompression-bomb "
             "limit make-shards applies); resize it"
         )
+    if max(width, height) > MAX_ASPECT * min(width, height):
+        raise ValueError(
+            f"{width}x{height} image: aspect ratio beyond {MAX_ASPECT}:1 (resizing its shorter "
+            "side to the input size would take memory without bound); crop it"
+        )
+
+
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def read_image_file(path: str | os.PathLike) -> bytes:
+    """The bytes of the image file `path` (symlinks followed). OSError saying why, without
+    blocking or reading, if it is not a regular file (a FIFO would wait for a writer forever,
+    /dev/zero never ends) or holds more than `MAX_FILE_BYTES`."""
+    # O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a file")
+            raise OSError(f"not a regular file ({kind})")
+        if st.st_size > MAX_FILE_BYTES:
+            raise OSError(f"{st.st_size} bytes: more than {MAX_FILE_BYTES} (the image file limit)")
+        data = f.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:  # grew while read
+        raise OSError(f"larger than {MAX_FILE_BYTES} bytes (the image file limit)")
+    return data
 
 
 def _header_size(data: bytes) -> tuple[int, int] | None:

@@ -50,6 +50,9 @@ INDEX_NAME = "index.json"
 IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
 _REMOTE = re.compile(r"^(pipe:|[a-zA-Z][a-zA-Z0-9+.-]*://)")
 _EXT = re.compile(r"[a-z0-9]+")
+# A writer's own shard names (`shard-{n:06d}.tar`): with index.json, the only files of `output`
+# it replaces (a `shard-notes.txt` is kept).
+_SHARD_NAME = re.compile(r"shard-[0-9]{6,}\.tar")
 # Fixed integer member mtime: the same input gives byte-identical shards. (TarWriter's default
 # is time.time(), a float, for which tarfile writes a pax header before every member.)
 _MTIME = 0
@@ -132,7 +135,7 @@ class ShardWriter:
         if not self.target.is_dir():
             return
         for p in self.target.iterdir():
-            shard_file = p.name == INDEX_NAME or p.name.startswith("shard-")
+            shard_file = p.name == INDEX_NAME or _SHARD_NAME.fullmatch(p.name)
             if shard_file or (self.output / p.name).exists():
                 continue
             if p.is_dir():

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from webdataset.tariterators import base_plus_ext
 
+from ssl_vit.data.decode import read_image_file
 from ssl_vit.data.shards import (
     IMAGE_EXTENSIONS,
     is_shard_spec,
@@ -82,6 +83,10 @@ class ImageSource(ABC):
     @abstractmethod
     def iter_records(self, indices: Iterable[int] | None = None) -> Iterator[Record]:
         """Records in ascending index order, only those in `indices` when given."""
+
+    @abstractmethod
+    def sample_keys(self) -> list[str]:
+        """Every sample's key in source order (as `Record.key`), without reading images."""
 
     def iter_samples(
         self, indices: Iterable[int] | None = None
@@ -175,13 +180,16 @@ class FolderSource(ImageSource):
     def labels(self) -> np.ndarray:
         return self._labels.copy()
 
+    def sample_keys(self) -> list[str]:
+        return list(self.keys)
+
     def describe(self, index: int) -> str:
         return str(self.root / self.files[index])
 
     def __getitem__(self, index: int) -> Record:
         path = self.root / self.files[self._check_index(index)]
-        try:
-            data = path.read_bytes()
+        try:  # a FIFO, a device or a huge file is refused, neither waited on nor read
+            data = read_image_file(path)
         except OSError as e:  # unreadable: empty bytes, which every consumer rejects
             log.warning("cannot read %s: %s", path, e)
             data = b""
@@ -206,8 +214,9 @@ HUB_PREFIX = "hf://"
 class HFSource(ImageSource):
     """A Hugging Face dataset: a `save_to_disk` directory or an `imagefolder` directory.
 
-    The image column is the first `Image` feature, the label column the first `ClassLabel`
-    (none: unlabelled). Images are read undecoded (`Image(decode=False)`): original bytes.
+    The image column is the one `Image` feature (several: an error naming them), the label
+    column the first `ClassLabel` (none: unlabelled). Images are read undecoded
+    (`Image(decode=False)`): original bytes; a null image is empty bytes (a counted skip).
     """
 
     def __init__(
@@ -234,6 +243,11 @@ class HFSource(ImageSource):
         images = [k for k, f in feats.items() if isinstance(f, datasets.Image)]
         if not images:
             raise ValueError(f"{path}: no Image column (features: {dict(feats)})")
+        if len(images) > 1:  # e.g. `mask` before `image`: which one is the input is not ours
+            raise ValueError(
+                f"{path}: {len(images)} Image columns ({', '.join(images)}); keep the one to "
+                "read and remove the others (Dataset.remove_columns)"
+            )
         self.image_col = images[0]
         labels = [k for k, f in feats.items() if isinstance(f, datasets.ClassLabel)]
         self.label_col = labels[0] if labels else None
@@ -251,6 +265,9 @@ class HFSource(ImageSource):
         col = self._ds.select_columns([self.label_col]).with_format("numpy")[self.label_col]
         return np.asarray(col, dtype=np.int64)
 
+    def sample_keys(self) -> list[str]:
+        return [f"{i:08d}" for i in range(len(self))]
+
     def describe(self, index: int) -> str:
         return f"{self.path} row {index}"
 
@@ -261,15 +278,23 @@ class HFSource(ImageSource):
         return Record(int(index), f"{index:08d}", ext, data, label)
 
     def _image_bytes(self, index: int, image: dict[str, Any] | None) -> tuple[bytes, str]:
-        image = image or {}
-        path = image.get("path") or ""
+        """Row `index`'s encoded image and its extension; (b"", "") if the image is null or
+        its file unreadable (logged; every consumer skips and counts empty data)."""
+        path = (image or {}).get("path") or ""
         ext = path.rsplit(".", 1)[-1].lower() if "." in os.path.basename(path) else ""
-        if image.get("bytes"):
+        if image is not None and image.get("bytes"):
             data = image["bytes"]
             return data, _sniff_ext(data) or ext
-        if path and os.path.isfile(path):
-            return Path(path).read_bytes(), ext
-        # No bytes nor readable file (e.g. a path inside a remote archive): let datasets decode
+        if not path:
+            log.warning("%s: the image is null", self.describe(index))
+            return b"", ""
+        if os.path.lexists(path):
+            try:  # a FIFO, a device or a huge file is refused, neither waited on nor read
+                return read_image_file(path), ext
+            except OSError as e:
+                log.warning("%s: cannot read %s: %s", self.describe(index), path, e)
+                return b"", ""
+        # No bytes nor local file (e.g. a path inside a remote archive): let datasets decode
         # and store PNG. Rare, slow, and lossless.
         import io
 
@@ -314,14 +339,17 @@ class ShardSource(ImageSource):
         known = all(u in counts for u in self.urls)
         self._counts = [counts[u] for u in self.urls] if known else None
         self._labels: np.ndarray | None = None
+        self._keys: list[str] | None = None
 
     def _scan(self) -> None:
-        counts, labels = [], []
+        counts, labels, keys = [], [], []
         for url in self.urls:
             groups = list(_tar_groups(url, wanted=None, members=("cls",)))
             counts.append(len(groups))
             labels += [label for _, _, _, _, label in groups]
+            keys += [key for _, key, _, _, _ in groups]
         self._counts, self._labels = counts, np.asarray(labels, dtype=np.int64)
+        self._keys = keys
 
     def shard_counts(self) -> list[int]:
         """Number of samples in each of `self.urls`."""
@@ -336,6 +364,11 @@ class ShardSource(ImageSource):
         if self._labels is None:
             self._scan()
         return self._labels.copy()
+
+    def sample_keys(self) -> list[str]:
+        if self._keys is None:
+            self._scan()
+        return list(self._keys)
 
     def describe(self, index: int) -> str:
         return f"{self.spec} sample {index}"

@@ -6,6 +6,10 @@ preprocessing in its pretrained_cfg, or a transformers ViTConfig plus
 `preprocessor_config.json`) and a `README.md` model card. The masked-prediction head has no place
 in either library; `keep_head` writes it next to them in our own names
 (`masked_patch_head.safetensors`).
+
+Both directions write beside the output directory and rename into place (`atomic.staged_dir`),
+and never into or over what a job owns or reads: a run directory, a training checkpoint, a shard
+dataset, or (with `overwrite`) the source itself or a folder holding it or inside it.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from ssl_vit.train.checkpoint import (
     save_encoder,
     save_weights,
 )
+from ssl_vit.train.rundir import check_not_source, occupant
 
-__all__ = ["HEAD_FILE", "export_checkpoint", "import_weights"]
+__all__ = ["HEAD_FILE", "check_output", "export_checkpoint", "import_weights"]
 
 log = logging.getLogger(__name__)
 HEAD_FILE = "masked_patch_head.safetensors"
@@ -50,8 +55,7 @@ def export_checkpoint(
     checkpoint, out = Path(checkpoint), Path(outdir)
     if to not in TARGETS:
         raise ValueError(f"--to must be one of {TARGETS}, got {to!r}")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out}: exists and is not empty; pass --overwrite to replace it")
+    check_output(out, {"checkpoint": str(checkpoint)}, overwrite)
     state, model_cfg = load_encoder(checkpoint)
     run = run_config(checkpoint)
     mean = tuple(run.get("data", {}).get("mean", (0.5, 0.5, 0.5)))
@@ -85,23 +89,43 @@ def export_checkpoint(
     }
 
 
+def check_output(out: Path, sources: dict[str, str], overwrite: bool) -> None:
+    """Refuse to write the directory `out` (before anything is read or written): with
+    `overwrite`, when it is, holds or is inside one of the `sources` {name: path} (a checkpoint:
+    its whole run directory); when it is, holds or lies in a run directory, checkpoint or shard
+    dataset (whatever `overwrite` says); when it is not empty and `overwrite` is not given."""
+    if overwrite:
+        check_not_source("outdir", out, sources)
+    why = occupant(out)
+    if why is not None:
+        raise FileExistsError(f"{out}: {why}, which is never written into or replaced here")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out}: exists and is not empty; pass --overwrite to replace it")
+
+
 def import_weights(
-    source: str | Path, fmt: str, outdir: str | Path, heads: int | None = None
+    source: str | Path,
+    fmt: str,
+    outdir: str | Path,
+    heads: int | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """timm / transformers ViT weights -> an ssl-vit encoder directory (encoder.safetensors
-    with its model config), usable as `init.checkpoint` and by `fewshot.py --checkpoint`."""
+    with its model config), usable as `init.checkpoint` and by `fewshot.py --checkpoint`.
+    Written beside `outdir` and renamed into place; a non-empty `outdir` is replaced only with
+    `overwrite`, and never when it is a checkpoint or run directory (`check_output`)."""
     from ssl_vit.interop import detect_format
     from ssl_vit.model.vit import build_vit
 
+    out = Path(outdir)
+    check_output(out, {"source": str(source)}, overwrite)
     fmt = detect_format(source) if fmt == "auto" else fmt
     state, cfg = load_any_encoder(source, fmt, heads)
     encoder = build_vit(ModelConfig.from_saved(cfg))
     encoder.load_state_dict(state, strict=True)  # keys and shapes were checked on reading
-    out = Path(outdir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_encoder(encoder, out / ENCODER_FILE, cfg)
-    (out / "source.json").write_text(
-        json.dumps({"source": str(source), "format": fmt, "model_config": cfg}, indent=2) + "\n"
-    )
+    with staged_dir(out) as tmp, writing(out):
+        save_encoder(encoder, tmp / ENCODER_FILE, cfg)
+        record = {"source": str(source), "format": fmt, "model_config": cfg}
+        (tmp / "source.json").write_text(json.dumps(record, indent=2) + "\n")
     log.info("imported %s (%s) to %s", source, fmt, out / ENCODER_FILE)
     return {"outdir": str(out), "model_config": cfg}

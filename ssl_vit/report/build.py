@@ -1,8 +1,9 @@
 """`ssl-vit report`: run directories -> report.html + report.md.
 
 Sections: the runs, a summary table (one row per pretraining run, plus random init /
-scratch), pretraining curves, few-shot accuracy vs shots, fine-tuning curves, and what the
-model learned (paper Figure 7). A section with nothing to show says so.
+scratch), pretraining curves, few-shot accuracy vs shots, fine-tuning curves, fine-tune
+accuracy vs labels per class (only when a fine-tune had a label budget), and what the model
+learned (paper Figure 7). A section with nothing to show says so.
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ def build_report(
 ) -> dict[str, Path]:
     """Write `output/report.html` and `output/report.md` (+ figures/) for the runs in
     `run_dirs`; returns their paths."""
+    from ssl_vit.report.budget import budget_section
     from ssl_vit.report.learned_section import learned_section
     from ssl_vit.report.render import write_html, write_markdown
     from ssl_vit.report.tables import runs_section, summary_section
@@ -120,9 +122,10 @@ def build_report(
     runs = load_runs(list(run_dirs))
     groups = link_runs(runs)
     log.info("report of %d runs: %s", len(runs), ", ".join(f"{r.name} ({r.kind})" for r in runs))
-    sections = [
-        summary_section(runs, groups),
-        *curve_sections(runs, groups),
+    sections = [summary_section(runs, groups), *curve_sections(runs, groups)]
+    if (budget := budget_section(runs)) is not None:  # fine-tunes with a label budget only
+        sections.append(budget)
+    sections += [
         learned_section([r for r in runs if r.kind == "pretrain"], num_examples, seed),
         runs_section(runs, groups),
     ]

@@ -1,5 +1,5 @@
 """Training-curve figures of the report: pretraining loss / colour accuracy, few-shot accuracy
-over pretraining steps and versus shots, fine-tuning curves.
+over pretraining steps and versus shots, fine-tuning curves, fine-tune accuracy vs labels.
 
 Each function returns a matplotlib Figure (Agg canvas, no pyplot global state), or None when
 the runs hold nothing to draw. matplotlib is imported here only: the core library never needs it.
@@ -22,6 +22,7 @@ __all__ = [
     "fewshot_vs_shots",
     "fewshot_vs_layer",
     "finetune_curves",
+    "accuracy_vs_labels",
 ]
 
 
@@ -129,17 +130,24 @@ def fewshot_vs_shots(curves: list[tuple[str, dict[int, dict]]]) -> Figure | None
             seeds = e.get("per_seed") or []
             ax.plot([x_of(k)] * len(seeds), [100 * a for a in seeds], ".", color=f"C{i}", alpha=0.5)
     all_shots = sorted({k for _, t in curves for k in t}, key=shot_order)
-    ax.set_xscale("log")
-    ax.set_xticks([x_of(k) for k in all_shots], [str(k) for k in all_shots])
-    ax.minorticks_off()
-    ax.set(
+    _finish_log_x(
+        ax,
+        {x_of(k): str(k) for k in all_shots},
         xlabel="examples per class",
         ylabel="test accuracy (%)",
         title="Few-shot linear accuracy (mean +- std over seeds; dots: seeds)",
     )
+    return fig
+
+
+def _finish_log_x(ax, ticks: dict[float, str], **labels: str) -> None:
+    """A log x axis with exactly `ticks` ({x: label}), axis labels and title, grid, legend."""
+    ax.set_xscale("log")
+    ax.set_xticks(list(ticks), list(ticks.values()))
+    ax.minorticks_off()
+    ax.set(**labels)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return fig
 
 
 def finetune_curves(runs: list[Run]) -> Figure | None:
@@ -212,3 +220,47 @@ def fewshot_vs_layer(curves: list[tuple[str, dict[str, Any]]]) -> Figure | None:
 def _shot(readout: dict[str, Any], k: int | str) -> dict[str, Any] | None:
     """A readout's entry for `k` shots (int keys in memory, str keys read back from JSON)."""
     return readout["shots"].get(k) or readout["shots"].get(str(k))
+
+
+def accuracy_vs_labels(
+    curves: dict[str, dict[int, list[float]]],
+    x_all: float | None,
+    fewshot: list[tuple[str, dict[int, float]]] = (),
+    order: list[str] | None = None,
+) -> Figure | None:
+    """Fine-tune top-1 vs labels per class (log x), one line per encoder of `curves`
+    ({encoder: {K: [top1 per seed]}}, K = 0: every label, drawn at `x_all`): mean with ±1
+    population-std error bars, each seed a dot, the number of seeds beside each point; a
+    dashed line per (encoder, {k: mean accuracy}) of `fewshot` in the encoder's colour."""
+    from ssl_vit.report.budget import budget_label, spread
+
+    order = [e for e in (order or sorted(curves)) if curves.get(e)]
+    if not order:
+        return None
+
+    def x_of(k: int) -> float:
+        return x_all if k == 0 else k
+
+    fig, ax = new_figure(7, 4.2)
+    for i, enc in enumerate(order):
+        xs = [x_of(k) for k in curves[enc]]
+        stats = [spread([100 * a for a in seeds]) for seeds in curves[enc].values()]
+        mean, std = [m for m, _ in stats], [s for _, s in stats]
+        ax.errorbar(xs, mean, yerr=std, fmt="o-", color=f"C{i}", capsize=3, label=enc)
+        for x, m, seeds in zip(xs, mean, curves[enc].values(), strict=True):
+            ax.plot([x] * len(seeds), [100 * a for a in seeds], ".", color=f"C{i}", alpha=0.5)
+            ax.annotate(f"n={len(seeds)}", (x, m), (4, -10), textcoords="offset points", fontsize=7)
+    for enc, table in fewshot:
+        color = f"C{order.index(enc)}"
+        ax.plot(list(table), [100 * a for a in table.values()], "x--", color=color,
+                label=f"{enc}, few-shot probe")  # fmt: skip
+    ticks = {k for c in curves.values() for k in c} | {k for _, t in fewshot for k in t}
+    ticks = sorted(ticks, key=x_of)
+    _finish_log_x(
+        ax,
+        {x_of(k): budget_label(k, x_all) for k in ticks},
+        xlabel="labelled images per class",
+        ylabel="test top-1 (%)",
+        title="Fine-tuning accuracy vs labels (mean ± std over seeds; dots: seeds)",
+    )
+    return fig

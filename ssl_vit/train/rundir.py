@@ -8,14 +8,22 @@
   With `--resume`, a config that changes the model's shape is refused (one line naming the
   keys) and every other changed key is logged as a warning.
 - `config.yaml` is written only once all of this passed, so a refused or failed start never
-  changes what a later `--resume` reads.
+  changes what a later `--resume` reads. A `--resume` into a run of another kind (pretraining,
+  fine-tuning, few-shot), or of another model shape than its newest checkpoint when config.yaml
+  is missing, is refused first.
+- No command writes into, replaces or removes what another job reads: `check_not_source`
+  refuses an `--overwrite` whose target is, contains or is inside a source of the job (a
+  checkpoint stands for its whole run directory); `occupant` names a run directory, checkpoint
+  or shard dataset that an export or import must not replace or write into.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
+import re
 import shutil
 import socket
 import weakref
@@ -26,8 +34,21 @@ import yaml
 
 from ssl_vit.atomic import write_text
 from ssl_vit.config import ConfigError, to_dict
+from ssl_vit.data.shards import INDEX_NAME
+from ssl_vit.train.checkpoint import ENCODER_FILE, MANIFEST, STATE_FILE, checkpoint_dirs
 
-__all__ = ["LOCK_NAME", "RunLock", "claim_run_dir", "lock_run_dir", "run_files"]
+__all__ = [
+    "LOCK_NAME",
+    "RunLock",
+    "check_not_source",
+    "claim_run_dir",
+    "is_run_dir",
+    "lock_run_dir",
+    "occupant",
+    "read_paths",
+    "run_files",
+    "source_root",
+]
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +58,12 @@ LOCK_NAME = ".lock"
 RUN_FILES = (
     *("config.yaml", "metrics.jsonl", "results.json", "checkpoints"),
     *("model.safetensors", "labels.json", "keys_rank*.txt", "events.out.tfevents.*"),
-    *("mlruns", "wandb"),
+    *("mlruns", "wandb", "labelled", "labelled.json"),
 )
 # Keys whose change on --resume would load a checkpoint into another architecture.
 SHAPE_KEYS = ("model.", "objective.target")
+# The model keys a checkpoint's encoder records that --resume must keep.
+_CHECKPOINT_SHAPE = ("image_size", "patch_size", "width", "depth", "heads", "mlp_ratio")
 
 _held: weakref.WeakValueDictionary[Path, RunLock] = weakref.WeakValueDictionary()
 
@@ -103,16 +126,34 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# A top-level config section only one kind of job has: what kind of run a config.yaml is.
+_KIND_MARKERS = {"objective": "pretraining", "init": "fine-tuning", "shots": "few-shot"}
+
+
+def _kind(config: dict[str, Any]) -> str | None:
+    return next((kind for key, kind in _KIND_MARKERS.items() if key in config), None)
+
+
 def _check_resumed_config(run_dir: Path, cfg: Any) -> None:
-    """Refuse a changed shape on --resume; log every other changed key."""
+    """Refuse another kind of run or a changed shape on --resume; log every other changed
+    key. Without config.yaml, the shape is compared with the newest checkpoint's."""
     saved_file = run_dir / "config.yaml"
     if not saved_file.is_file():
+        _check_checkpoint_shape(run_dir, cfg)
         return
     try:
-        saved = _flat(yaml.safe_load(saved_file.read_text()) or {})
+        saved_tree = yaml.safe_load(saved_file.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{saved_file}: unreadable ({str(e).splitlines()[0]})") from None
-    new = _flat(to_dict(cfg))
+    if not isinstance(saved_tree, dict):
+        raise ConfigError(f"{saved_file}: unreadable (not a mapping of config keys)")
+    kinds = _kind(saved_tree), _kind(to_dict(cfg))
+    if None not in kinds and kinds[0] != kinds[1]:
+        raise ConfigError(
+            f"--resume: output_dir={str(run_dir)!r} holds a {kinds[0]} run, not a {kinds[1]} "
+            "run; start this job in another output_dir"
+        )
+    saved, new = _flat(saved_tree), _flat(to_dict(cfg))
     # Keys only one side has (a config written by another version) cannot be compared.
     changed = [k for k in sorted(set(saved) & set(new)) if saved[k] != new[k]]
     changed = [k for k in changed if k != "output_dir"]
@@ -127,16 +168,49 @@ def _check_resumed_config(run_dir: Path, cfg: Any) -> None:
         log.warning("--resume with a changed %s: %r -> %r", k, saved[k], new[k])
 
 
+def _check_checkpoint_shape(run_dir: Path, cfg: Any) -> None:
+    """--resume of a run whose config.yaml is missing: the model shape asked for must be that
+    of its newest checkpoint (the encoder's metadata: no weights are read)."""
+    from safetensors import safe_open
+
+    for ckpt in reversed(checkpoint_dirs(run_dir / "checkpoints")):
+        try:
+            with safe_open(str(ckpt / ENCODER_FILE), framework="pt") as f:
+                saved = json.loads((f.metadata() or {})["model_config"])
+        except Exception:  # noqa: BLE001 - an unreadable checkpoint: resume skips it too
+            continue
+        new = to_dict(cfg.model)
+        both = [k for k in _CHECKPOINT_SHAPE if new.get(k) is not None and saved.get(k) is not None]
+        shape = [k for k in both if new[k] != saved[k]]
+        if shape:
+            diffs = ", ".join(f"model.{k} {saved[k]!r} -> {new[k]!r}" for k in shape)
+            raise ConfigError(
+                f"--resume: the newest checkpoint {ckpt} has another model shape ({diffs}); "
+                "resume with its shape, or start a new run in another output_dir"
+            )
+        return
+
+
 def claim_run_dir(
-    run_dir: str | Path, cfg: Any, *, resume: bool = False, overwrite: bool = False
+    run_dir: str | Path,
+    cfg: Any,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    reads: dict[str, str] | None = None,
 ) -> RunLock:
     """Lock `run_dir`, apply the resume / overwrite rule, then write `config.yaml` (main
-    process only). Raises ConfigError (one line) when the directory may not be used."""
+    process only). Raises ConfigError (one line) when the directory may not be used.
+
+    `reads`: {key: path} the job reads besides the sources its config names (`read_paths`),
+    e.g. few-shot's `--checkpoint`; an `--overwrite` of one of them is refused."""
     run_dir = Path(run_dir)
     if not str(cfg.output_dir).strip():
         raise ConfigError("output_dir: empty; name the run directory")
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite: pick one (continue the run, or replace it)")
+    if overwrite:
+        check_not_source("output_dir", run_dir, {**read_paths(cfg), **(reads or {})})
     lock = lock_run_dir(run_dir)
     try:
         _apply_policy(run_dir, cfg, resume, overwrite)
@@ -161,3 +235,140 @@ def _apply_policy(run_dir: Path, cfg: Any, resume: bool, overwrite: bool) -> Non
         )
     elif resume:
         _check_resumed_config(run_dir, cfg)
+
+
+# --- what a command must not write into, replace or remove ------------------------------------
+
+_NOT_PATHS = ("", "none", "random")  # init.checkpoint / --checkpoint values that name no path
+_WALK_LIMIT = 10_000  # directories looked at below a target before giving up (a huge tree)
+
+
+def _lock_held(folder: Path) -> bool:
+    """`folder/.lock` is held by a live job (this process included)."""
+    path = folder / LOCK_NAME
+    if not path.is_file():
+        return False
+    held = _held.get(path.resolve())
+    if held is not None and held.fd >= 0:
+        return True
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released by the close below
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def is_run_dir(folder: str | Path) -> bool:
+    """`folder` is a job's run directory: config.yaml with checkpoints/ or a job's results,
+    or a lock a live job holds."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return False
+    outputs = ("checkpoints", "results.json", "metrics.jsonl")
+    has_run = (folder / "config.yaml").is_file() and any((folder / n).exists() for n in outputs)
+    return has_run or _lock_held(folder)
+
+
+def _is_checkpoint(folder: Path) -> bool:
+    return (folder / MANIFEST).is_file() or (folder / STATE_FILE).is_file()
+
+
+def _is_dataset(folder: Path) -> bool:
+    return (folder / INDEX_NAME).is_file() or any(folder.glob("shard-*.tar"))
+
+
+def _holds(folder: Path) -> str | None:
+    if is_run_dir(folder):
+        return "a run directory"
+    if _is_checkpoint(folder):
+        return "a training checkpoint"
+    if _is_dataset(folder):
+        return "a shard dataset"
+    return None
+
+
+def occupant(target: str | Path) -> str | None:
+    """What makes `target` a directory no export or import may replace or write into: it is,
+    or holds, a run directory, a training checkpoint or a shard dataset, or it lies in a
+    checkpoint or a run's checkpoints/ folder. None when it is free."""
+    target = Path(target).expanduser().resolve()
+    what = _holds(target) if target.is_dir() else None
+    if what is not None:
+        return f"is {what}"
+    for d in (target, *target.parents):
+        if d != target and _is_checkpoint(d):
+            return f"is inside the checkpoint {d}"
+        if d.name == "checkpoints" and is_run_dir(d.parent):
+            return f"{'is' if d == target else 'is inside'} {d}, the checkpoints of a run"
+    for seen, (root, _, _) in enumerate(os.walk(target)):
+        if seen >= _WALK_LIMIT:
+            return f"holds more than {_WALK_LIMIT} folders (not looked through)"
+        what = _holds(Path(root)) if seen else None
+        if what is not None:
+            return f"holds {what} ({root})"
+    return None
+
+
+def source_root(path: str | Path) -> Path:
+    """The directory a read of `path` depends on: the run directory holding it (a checkpoint
+    in runs/x/checkpoints/ -> runs/x), else the path itself (absolute)."""
+    path = Path(path).expanduser().resolve()
+    for d in (path, *path.parents):
+        if is_run_dir(d):
+            return d
+    return path
+
+
+def read_paths(cfg: Any) -> dict[str, str]:
+    """{key: path} of the local sources a job's config names (data, init checkpoint)."""
+    keys = ("data.train_shards", "data.train", "data.eval", "fewshot.train", "fewshot.eval")
+    found: dict[str, str] = {}
+    for key in (*keys, "init.checkpoint"):
+        section, _, name = key.partition(".")
+        value = getattr(getattr(cfg, section, None), name, None)
+        if isinstance(value, str) and value.strip().lower() not in _NOT_PATHS:
+            found[key] = value
+    return found
+
+
+def _local_path(spec: str) -> Path | None:
+    """The local file or folder a source spec names (a brace pattern or glob: the folder it
+    starts in); None when there is none here (a remote source: pipe:, a URL)."""
+    head = re.split(r"[{*?\[]", spec, maxsplit=1)[0]
+    if not head.strip():
+        return None
+    path = Path(head).expanduser()
+    if path.exists():
+        return path.resolve()
+    return path.parent.resolve() if head != spec and path.parent.is_dir() else None
+
+
+def check_not_source(key: str, target: str | Path, sources: dict[str, str]) -> None:
+    """ConfigError unless `target` (a directory to be replaced) is apart from every source
+    {key: path}: not one of them, not holding one, not inside one; a checkpoint counts as its
+    whole run directory."""
+    t = Path(target).expanduser().resolve()
+    for name, spec in sources.items():
+        local = _local_path(str(spec)) if spec else None
+        if local is None:
+            continue
+        root = source_root(local)
+        if t == root:
+            how = "is"
+        elif root.is_relative_to(t):
+            how = "contains"
+        elif t.is_relative_to(root):
+            how = "is inside"
+        else:
+            continue
+        what = f"{name}={str(spec)!r}" + (f" (its run {root})" if root != local else "")
+        raise ConfigError(
+            f"{key}={str(target)!r}: {how} {what}, which this job reads; --overwrite would "
+            "destroy it: pick another directory"
+        )
