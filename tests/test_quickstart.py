@@ -2,6 +2,7 @@
 budget: pretraining, few-shot of the pretrained and of a random encoder, fine-tuning at a higher
 resolution from both, the table and the report's path."""
 
+import json
 from pathlib import Path
 
 import yaml
@@ -60,6 +61,14 @@ def test_quickstart_flow_at_a_tiny_budget(synthetic_shards, tmp_path, monkeypatc
         assert list(by_labels) == ["2/class", "all labels"]
         assert [len(c["top1"]) for c in by_labels.values()] == [2, 2]
         assert by_labels["2/class"]["num_labelled"] == 20
+    # One subset for both inits and both seeds: the same chosen keys in every 2-per-class run.
+    fine = tmp_path / "qs" / "finetune"
+    records = [
+        json.loads((fine / f"{enc}-l2-s{seed}" / "labelled.json").read_text())
+        for enc in ("scratch", "mean_color_50")
+        for seed in (0, 1)
+    ]
+    assert all(r["keys"] == records[0]["keys"] for r in records)
     out = capsys.readouterr().out
     assert "| random init |" in out and "| mean_color_50 |" in out and "2-shot (%)" in out
     assert "fine-tune 2/class (%)" in out
