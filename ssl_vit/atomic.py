@@ -25,7 +25,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WriteError", "clean_staging", "read_jsonl", "staged_dir", "write_text", "writing"]
+__all__ = [
+    "WriteError",
+    "clean_staging",
+    "read_jsonl",
+    "staged_dir",
+    "write_bytes",
+    "write_text",
+    "writing",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,21 +66,42 @@ def writing(path: str | os.PathLike) -> Iterator[None]:
             raise
         raise WriteError(e.errno, f"cannot write {path}: {e.strerror or e}") from None
     except Exception as e:
+        cause = _storage_cause(e)
+        if cause is not None:  # torch.save into a file object: "[enforce fail at ...]"
+            raise WriteError(f"cannot write {path}: {cause.strerror}") from None
         if not _LIBRARY_WRITE_ERROR.search(str(e)):
             raise
         raise WriteError(f"cannot write {path}: {str(e).splitlines()[0]}") from None
 
 
-def write_text(path: str | os.PathLike, text: str) -> None:
-    """Replace the file `path` by `text` atomically (a temporary sibling renamed over it)."""
+def _storage_cause(e: BaseException) -> OSError | None:
+    """The storage OSError (disk full, file too large...) that `e` was raised in handling of:
+    torch's zip writer reports a failed write of its file object as a RuntimeError."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS:
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Replace the file `path` by `data` atomically (a temporary sibling renamed over it): a
+    failed write leaves the old file as it was and raises one `WriteError` naming `path`."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with writing(path):
-            tmp.write_text(text)
+            tmp.write_bytes(data)
             os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Replace the file `path` by `text` atomically (a temporary sibling renamed over it)."""
+    write_bytes(path, text.encode())
 
 
 def read_jsonl(path: str | os.PathLike) -> list[Any]:

@@ -1,6 +1,7 @@
 """Ending the process from anywhere, and the data-stall watchdog that needs it.
 
-`hard_exit(code)` kills this process's loader workers and leaves with `os._exit`: it works from
+`hard_exit(code)` kills this process's loader workers and every `pipe:` command's process group
+(the command and its children: `cat`, `sleep`), then leaves with `os._exit`: it works from
 any thread (a timer thread cannot raise into the main thread, and `signal.signal` works only in
 the main thread, which may be blocked in a read that never returns).
 
@@ -31,6 +32,7 @@ __all__ = [
     "kill_children",
     "set_data_timeout",
     "track_loader",
+    "track_pipe",
     "waiting_for",
     "watched",
 ]
@@ -41,16 +43,64 @@ DEFAULT_DATA_TIMEOUT_S = 600.0
 
 
 def kill_children(timeout: float = 10.0) -> None:
-    """SIGKILL this process's multiprocessing children (loader workers) and reap them."""
+    """SIGKILL this process's multiprocessing children (loader workers) and reap them, and the
+    whole process group of every `pipe:` command this process or a worker of it started."""
     if threading.current_thread() is threading.main_thread():
         # DataLoader's SIGCHLD handler would raise for every worker killed here. (Elsewhere
         # `signal.signal` raises; the thread then exits the process before the handler runs.)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    # Before the workers die: a pipe command a worker started is found as the worker's child.
+    groups = _descendant_groups() | _pipe_groups
     children = multiprocessing.active_children()
     for p in children:
         p.kill()
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:  # already gone
+            pass
     for p in children:
         p.join(timeout)
+
+
+# Process groups of the `pipe:` commands started in this process (each in its own session, so
+# that its children - `cat`, `sleep` - are killed with it, whatever signals they ignore).
+_pipe_groups: set[int] = set()
+
+
+def track_pipe(pgid: int) -> None:
+    """Remember the process group of a `pipe:` command: `kill_children` kills it whole."""
+    _pipe_groups.add(pgid)
+
+
+def _descendant_groups() -> set[int]:
+    """Process groups led by a descendant of this process (a pipe command a loader worker
+    started in its own session); read from /proc, empty where there is none."""
+    parent, leads = {}, set()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return set()
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+        except OSError:
+            continue
+        pid, ppid, pgid = int(name), int(fields[1]), int(fields[2])
+        parent[pid] = ppid
+        if pgid == pid:
+            leads.add(pid)
+    me, groups = os.getpid(), set()
+    for pid in leads - {me, os.getpgid(0)}:
+        p, hops = parent.get(pid), 0
+        while p and p != me and hops < 64:
+            p, hops = parent.get(p), hops + 1
+        if p == me:
+            groups.add(pid)
+    return groups
 
 
 _loaders: weakref.WeakSet = weakref.WeakSet()

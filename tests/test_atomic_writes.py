@@ -25,6 +25,7 @@ from ssl_vit.cli import main as cli
 from ssl_vit.config import ConfigError
 from ssl_vit.data.synthetic import make_synthetic_shards
 from ssl_vit.train import preflight
+from ssl_vit.train.checkpoint import load_checkpoint
 from ssl_vit.train.metrics import MetricsWriter
 
 SSL_VIT = [sys.executable, "-m", "ssl_vit.cli"]
@@ -239,6 +240,36 @@ def test_checkpoint_on_a_full_disk_is_one_line(synthetic_shards, tmp_path):
     assert list((out / "checkpoints").iterdir()) == []  # no partial checkpoint left
 
 
+@pytest.mark.parametrize("limit", [10_000, 200_000])  # bytes: the RNG file / the state fails
+def test_torch_save_on_a_full_disk_keeps_the_last_checkpoint(synthetic_shards, tmp_path, limit):
+    """torch.save's own failure ("[enforce fail at inline_container.cc]") is one line too,
+    and the checkpoint before it is untouched."""
+    out = tmp_path / "run"
+    args = pretrain_args(synthetic_shards, out, "train.checkpoint_every=1")
+    first = subprocess.run(_pipeline("pretrain", *args, "train.steps=1"), capture_output=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    kept = out / "checkpoints" / "step_00000001"
+    before = _snapshot(kept)
+
+    def small_disk() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = subprocess.run(
+        _pipeline("pretrain", *args, "train.steps=2", "--resume"),
+        capture_output=True,
+        text=True,
+        preexec_fn=small_disk,
+    )
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert last.startswith("error: WriteError:"), last
+    assert f"cannot write {out / 'checkpoints' / 'step_00000002'}:" in last, last
+    assert "Traceback" not in proc.stderr and "enforce fail" not in proc.stderr, proc.stderr
+    assert [p.name for p in (out / "checkpoints").iterdir()] == [kept.name]
+    assert _snapshot(kept) == before
+    assert load_checkpoint(kept)["step"] == 1
+
+
 # --- stalls and stuck stops --------------------------------------------------------------
 
 
@@ -276,6 +307,37 @@ def test_stalled_source_ends_the_job(synthetic_shards, fifo, tmp_path, workers):
     assert opened.exists()  # it was the source that stalled (not, say, a worker's start-up)
     assert not _alive(str(out))
     print(f"stalled source, {workers} workers -> exit {rc} in {time.time() - t0:.1f}s")
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (an orphan nobody has reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stalled_pipe_command_dies_with_the_job(synthetic_shards, tmp_path, workers):
+    """A `pipe:` command's own child (here `sleep`, which would outlive its shell) is killed
+    with the command's whole process group when the stalled job ends."""
+    out, pidfile = tmp_path / "run", tmp_path / "child.pid"
+    source = f"data.train_shards=pipe:sh -c 'sleep 600 & echo $! > {pidfile}; wait'"
+    args = pretrain_args(synthetic_shards, out, "train.data_timeout_s=3")
+    args = [source if a.startswith("data.train_shards=") else a for a in args]
+    proc = _launch(_pipeline("pretrain", *args, f"data.num_workers={workers}"), out)
+    rc, _ = _exit_within(proc, out, 60)  # a failure limit, not a timing claim
+    assert rc == 1, _log(out)[-3000:]
+    assert _log(out).rstrip().splitlines()[-1].startswith("error: no batch"), _log(out)[-3000:]
+    pid = int(pidfile.read_text())
+    end = time.time() + 10  # SIGKILLed before the job exited; this only lets it be delivered
+    while _running(pid) and time.time() < end:
+        time.sleep(0.05)
+    left = _running(pid)
+    if left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"the pipe command's child {pid} outlived the job"
 
 
 def _catches_sigterm(pid: int) -> bool:

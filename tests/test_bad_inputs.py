@@ -681,3 +681,89 @@ def test_mlp_without_hidden_units_is_refused_naming_the_key():
     )
     cfg = load_config(PretrainConfig, None, [*tiny, "model.mlp_ratio=0.0625"])
     assert int(cfg.model.width * cfg.model.mlp_ratio) == 1
+
+
+def test_missing_tracker_package_is_one_line_before_the_run_dir(tmp_path, synthetic_shards):
+    """Issue 29 #14: the tracker's package is checked before config.yaml is written."""
+    import importlib.util
+
+    if importlib.util.find_spec("comet_ml") is not None:
+        pytest.skip("comet_ml is installed here")
+    out = tmp_path / "run"
+    args = ["--config", str(ROOT / "configs/pretrain/smoke.yaml"), f"output_dir={out}"]
+    args += [f"data.train_shards={synthetic_shards}", "train.log_with=[comet_ml]"]
+    proc = _run("pretrain.py", *args, cwd=tmp_path)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "train.log_with" in last and "comet_ml" in last and "not installed" in last
+    assert not (out / "config.yaml").exists()
+
+
+def _fewshot_args(tmp_path: Path, checkpoint: str, eval_spec: str | None = None) -> list[str]:
+    train = _folders(tmp_path / "train", ["a", "b"])
+    spec = eval_spec or str(_folders(tmp_path / "test", ["a", "b"]))
+    return ["--checkpoint", checkpoint, *TINY, f"data.train={train}", f"data.eval={spec}"]
+
+
+def test_fewshot_on_a_finetuned_classifier_is_one_line_naming_it(tmp_path):
+    """Issue 29 #15: a fine-tune's model.safetensors is not an encoder: one line, not
+    KeyError 'pos_embed'."""
+    from ssl_vit.model import Classifier, build_vit
+    from ssl_vit.train.checkpoint import save_classifier
+
+    cfg = from_dict(PretrainConfig, {"data": {"train_shards": "x"}, "model": {}}).model
+    for kv in TINY:
+        key, value = kv.split("=")
+        setattr(cfg, key.split(".")[1], int(value))
+    weights = tmp_path / "ft" / "model.safetensors"
+    weights.parent.mkdir()
+    model = Classifier(build_vit(cfg), 2, "cls")
+    save_classifier(model, weights, model_config=to_dict(cfg), pool="cls", label_names=["a", "b"])
+    out = tmp_path / "out"
+    proc = _run(
+        "fewshot.py", *_fewshot_args(tmp_path, str(weights)), f"output_dir={out}", cwd=tmp_path
+    )
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"{weights} is a fine-tuned classifier (model.safetensors), not an encoder" in last, last
+    assert not out.exists()
+
+
+def test_fewshot_on_an_offline_hub_dataset_is_one_line_naming_the_key(tmp_path):
+    out = tmp_path / "out"
+    args = _fewshot_args(tmp_path, "random", "hf://no-such-user/no-such-set:test")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "pipelines" / "fewshot.py"), *args, f"output_dir={out}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"},
+    )
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert last.startswith("error: data.eval='hf://no-such-user/no-such-set:test': "), last
+    assert "cannot reach the Hugging Face Hub (offline?)" in last, last
+
+
+def test_import_of_a_pickle_or_a_malformed_config_json_is_one_line(tmp_path, capsys):
+    import pickle
+
+    from ssl_vit.cli import main as cli
+
+    pickle.dump({"w": Path("x")}, (tmp_path / "weights.pkl").open("wb"))  # a class: refused
+    assert cli(["import", str(tmp_path / "weights.pkl"), str(tmp_path / "o1")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"ssl-vit import: error: {tmp_path / 'weights.pkl'}: a pickle file; only safetensors "
+        "and weights-only torch files (tensors in plain containers) are read"
+    ]
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "vit",')
+    torch.save({}, tmp_path / "hf" / "pytorch_model.bin")
+    assert cli(["import", str(tmp_path / "hf"), str(tmp_path / "o2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"ssl-vit import: error: {tmp_path / 'hf' / 'config.json'}: not valid JSON ("
+    ), err
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()

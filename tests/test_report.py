@@ -398,3 +398,28 @@ def test_several_recipes_are_lines_of_their_own(tmp_path):
         "scratch (paper)": {10: [0.20, 0.30]},
         "scratch (modern)": {10: [0.10, 0.15]},
     }
+
+
+def test_report_that_fails_writing_keeps_the_earlier_one(tmp_path):
+    """Issue 29 #13: a write that fails (a file-size limit: EFBIG) leaves the earlier report as
+    it was, with one error line naming the file."""
+    import resource
+    import subprocess
+    import sys
+
+    runs, out = _budget_runs(tmp_path / "runs"), tmp_path / "out"
+    cmd = [sys.executable, "-m", "ssl_vit.cli", "report", str(runs), "--output", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    limit = len(before[out / "report.html"]) // 2
+
+    def small_disk() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=small_disk)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ssl-vit report: error:"), last
+    assert f"cannot write {out / 'report.html'}: File too large" in last, last
+    assert "Traceback" not in proc.stderr
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # no leftovers

@@ -266,16 +266,23 @@ class PretrainDataConfig:
 
 def check_log_with(log_with: list[str], tensorboard: bool, prefix: str) -> list[str]:
     """The tracker names of `log_with` (+ tensorboard for the old `tensorboard: true`), each
-    one Accelerate knows (imported here only when trackers are asked for)."""
+    one Accelerate knows and whose package is installed: checked here, before the run directory
+    is claimed, so a missing package leaves nothing behind (imported only when asked for)."""
     names = list(dict.fromkeys([*log_with, *(["tensorboard"] if tensorboard else [])]))
     if names:
-        from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+        from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
 
+        available = {str(t) for t in get_available_trackers()}
         for name in names:
             if name not in LOGGER_TYPE_TO_CLASS:
                 raise ConfigError(
                     f"{prefix}log_with: unknown tracker {name!r}, one of "
                     f"{sorted(LOGGER_TYPE_TO_CLASS)}"
+                )
+            if name not in available:
+                raise ConfigError(
+                    f"{prefix}log_with: tracker {name!r} needs its package {name!r}, "
+                    f"which is not installed: pip install {name}"
                 )
     return names
 

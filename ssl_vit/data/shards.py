@@ -27,8 +27,10 @@ from typing import IO, Any
 
 import braceexpand
 import webdataset as wds
+from webdataset.gopen import Pipe
 
 from ssl_vit.atomic import staged_dir
+from ssl_vit.watchdog import track_pipe
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -38,6 +40,7 @@ __all__ = [
     "is_shard_spec",
     "read_index",
     "resolve_shards",
+    "open_url",
     "sample_fields",
     "tar_members",
 ]
@@ -307,6 +310,19 @@ def _pax_records(data: bytes) -> dict[str, str]:
     return records
 
 
+def open_url(url: str) -> IO[bytes]:
+    """A URL's byte stream; a `pipe:` command runs in its own session, so that it and every
+    child it starts are killed as one process group when the job ends on any path."""
+    if not url.startswith("pipe:"):
+        return wds.gopen(url)
+    # As webdataset's gopen_pipe (141: the command killed by SIGPIPE when we stop reading).
+    pipe = Pipe(
+        url[5:], mode="rb", shell=True, bufsize=8192, ignore_status=[141], start_new_session=True
+    )
+    track_pipe(pipe.proc.pid)
+    return pipe
+
+
 def tar_members(url: str) -> Iterator[tuple[str, Callable[[], bytes]]]:
     """(name, read) for each regular file of a tar, in order; `read()` returns its bytes and
     must be called before the next member is requested.
@@ -317,7 +333,7 @@ def tar_members(url: str) -> Iterator[tuple[str, Callable[[], bytes]]]:
     goes through tarfile.
     """
     if not os.path.isfile(url):
-        with tarfile.open(fileobj=wds.gopen(url), mode="r|*") as tar:
+        with tarfile.open(fileobj=open_url(url), mode="r|*") as tar:
             yield from _tarfile_members(tar)
         return
     with open(url, "rb") as f:

@@ -20,11 +20,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset
+from webdataset.tariterators import group_by_keys, tar_file_expander
 
 from ssl_vit.data.images import decode_image
-from ssl_vit.data.shards import sample_fields
+from ssl_vit.data.shards import open_url, sample_fields
 
 __all__ = [
     "Batch",
@@ -132,7 +132,22 @@ class ShardErrorHandler:
 def shard_samples(url: str, stats: Stats, count: bool) -> Iterator[dict[str, Any]]:
     """The raw WebDataset samples of one tar shard, with a handler of its own so that its read
     errors count once (count=False: another unit reports this shard)."""
-    return wds.tarfile_samples(iter([{"url": url}]), handler=ShardErrorHandler(stats, count))
+    handler = ShardErrorHandler(stats, count)
+    files = tar_file_expander(_opened(url, handler), handler=handler)
+    return group_by_keys(files, handler=handler)
+
+
+def _opened(url: str, handler: Callable[[Exception], bool]) -> Iterator[dict[str, Any]]:
+    """webdataset's url_opener for one URL, opened by `open_url` (a `pipe:` command in a
+    process group of its own, killed whole when the job ends)."""
+    try:
+        stream = open_url(url)
+    except Exception as exn:  # as url_opener: the handler decides (it skips the shard)
+        exn.args = (*exn.args, url)
+        if handler(exn):
+            return
+        raise
+    yield {"url": url, "stream": stream}
 
 
 def to_sample(sample: dict[str, Any], require_label: bool) -> Sample:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,15 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         return load_file(str(path))
-    obj = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        with warnings.catch_warnings():  # its pickle-protocol warning would precede our line
+            warnings.simplefilter("ignore", UserWarning)
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # weights_only refuses code and arbitrary objects
+        raise InteropError(
+            f"{path}: a pickle file; only safetensors and weights-only torch files "
+            "(tensors in plain containers) are read"
+        ) from None
     for key in ("state_dict", "model", "state_dict_ema"):  # training checkpoints nest it
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             return obj[key]
@@ -55,7 +65,15 @@ def _weights_in(directory: Path) -> dict[str, torch.Tensor]:
 
 def _config(path: Path) -> dict[str, Any] | None:
     cfg = path / "config.json" if path.is_dir() else path.parent / "config.json"
-    return json.loads(cfg.read_text()) if cfg.is_file() else None
+    if not cfg.is_file():
+        return None
+    try:
+        data = json.loads(cfg.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InteropError(f"{cfg}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise InteropError(f"{cfg}: not a JSON object")
+    return data
 
 
 def detect_format(path: str | Path) -> str:

@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ssl_vit.atomic import write_bytes, write_text
+
 __all__ = ["Chart", "Section", "Table", "png_bytes", "write_html", "write_markdown"]
 
 
@@ -97,7 +99,7 @@ def write_html(path: Path, title: str, intro: list[str], sections: list[Section]
                 f"<figcaption>{html.escape(c.caption)}</figcaption></figure>"
             )
     parts.append("</body></html>\n")
-    path.write_text("\n".join(parts))
+    write_text(path, "\n".join(parts))  # atomic: a failed write keeps the earlier report
 
 
 def _md_cell(text: str) -> str:
@@ -118,6 +120,6 @@ def write_markdown(path: Path, title: str, intro: list[str], sections: list[Sect
             lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in t.rows]
             lines.append("")
         for c in s.charts:
-            (fig_dir / f"{c.name}.png").write_bytes(c.png)
+            write_bytes(fig_dir / f"{c.name}.png", c.png)
             lines += [f"![{c.name}](figures/{c.name}.png)", "", f"*{c.caption}*", ""]
-    path.write_text("\n".join(lines))
+    write_text(path, "\n".join(lines))

@@ -206,10 +206,10 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
     sync()
     with _cleaned_on_failure(tmp), writing(final):  # disk full: one line naming the checkpoint
-        torch.save(rng, tmp / f"rng_rank{rank}.pt")
+        _torch_save(rng, tmp / f"rng_rank{rank}.pt")
         if is_main:
             save_encoder(encoder, tmp / ENCODER_FILE, model_config)
-            torch.save({**state, "step": step}, tmp / STATE_FILE)
+            _torch_save({**state, "step": step}, tmp / STATE_FILE)
     sync()
     if is_main:
         with _cleaned_on_failure(tmp), writing(final):
@@ -222,6 +222,14 @@ def save_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
     sync()
     return final
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    """torch.save through a Python file object: a failed write (disk full, `ulimit -f`) then
+    keeps its OSError (errno) as the context of torch's "[enforce fail at ...]" RuntimeError,
+    which `writing` turns into one line; given a path, torch's C++ writer loses the errno."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
 
 
 @contextmanager

@@ -100,6 +100,9 @@ def check_labelled_source(key: str, spec: str) -> list[str]:
         source = open_source(spec)
     except (FileNotFoundError, NotADirectoryError, ValueError) as e:
         raise ConfigError(f"{key}={spec!r}: {e}") from None
+    except ConnectionError as e:  # datasets' own, raised offline or without a network
+        where = "the Hugging Face Hub (offline?)" if spec.startswith("hf://") else "it"
+        raise ConfigError(f"{key}={spec!r}: cannot reach {where}: {e}") from None
     if isinstance(source, ShardSource):
         check_tars(key, source.urls)
     if not source.label_names and not _REMOTE.match(spec):
@@ -136,8 +139,30 @@ def load_init_encoder(
 
     if not os.path.exists(os.path.expanduser(path)):
         raise ConfigError(f"{key}={path!r}: no such file or directory")
+    if (classifier := _finetuned_classifier(Path(os.path.expanduser(path)))) is not None:
+        raise ConfigError(
+            f"{key}={path!r}: {classifier} is a fine-tuned classifier (model.safetensors), not "
+            "an encoder checkpoint: pass the checkpoint it was fine-tuned from"
+        )
     try:
         path = str(resolve_checkpoint(path))
         return path, encoder_from_checkpoint(path, model_cfg, pos_interp, fmt)
     except (CheckpointError, FileNotFoundError, ValueError, KeyError) as e:
         raise ConfigError(f"{key}={path!r}: {e}") from None
+
+
+def _finetuned_classifier(path: Path) -> Path | None:
+    """The fine-tuned classifier file at `path` (a file, or a directory holding
+    model.safetensors and no encoder): its metadata names the labels, an encoder's does not."""
+    if path.is_dir() and not (path / "encoder.safetensors").exists():
+        path = path / "model.safetensors"
+    if not path.is_file() or path.suffix != ".safetensors":
+        return None
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception:  # a damaged file: the checkpoint reader reports it
+        return None
+    return path if "label_names" in meta and "model_config" in meta else None
