@@ -16,7 +16,7 @@ import logging
 import time
 from pathlib import Path
 
-import torch
+from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from ssl_vit.atomic import write_text
@@ -54,15 +54,16 @@ def main(argv: list[str] | None = None) -> dict:
     setup_logging(True)
     with one_line_errors():
         cfg = load_config(FewshotConfig, args.config, args.overrides)
-        train_names = preflight.check_labelled_source("data.train", cfg.data.train)
-        eval_names = preflight.check_labelled_source("data.eval", cfg.data.eval)
-        preflight.check_same_labels(("data.train", train_names), ("data.eval", eval_names))
+        cfg.init.checkpoint = args.checkpoint  # recorded in config.yaml
+        train_names = preflight.check_labelled_source("fewshot.train", cfg.fewshot.train)
+        eval_names = preflight.check_labelled_source("fewshot.eval", cfg.fewshot.eval)
+        preflight.check_same_labels(("fewshot.train", train_names), ("fewshot.eval", eval_names))
         set_seed(cfg.seed)
         if args.checkpoint == "random":
             encoder = build_vit(cfg.model)
         else:
             args.checkpoint, (encoder, cfg.model, _) = preflight.load_init_encoder(
-                "--checkpoint", args.checkpoint, cfg.model, cfg.pos_interp, cfg.checkpoint_format
+                "--checkpoint", args.checkpoint, cfg.model, cfg.init.pos_interp, cfg.init.format
             )
         preflight.check_writable("output_dir", cfg.output_dir)
         run_dir = Path(cfg.output_dir)
@@ -71,34 +72,14 @@ def main(argv: list[str] | None = None) -> dict:
         lock = claim_run_dir(  # noqa: F841 (held)
             run_dir, cfg, overwrite=args.overwrite, reads=reads
         )
-    set_data_timeout(cfg.data_timeout_s)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    metrics = MetricsWriter(run_dir, log_with=cfg.log_with, config=to_dict(cfg))
-
-    d = cfg.data
+    set_data_timeout(cfg.timeouts.data_s)
+    # The device as Accelerate picks it (as the training jobs); the features autocast to bf16
+    # on a GPU themselves (readouts.frozen_forward).
+    acc = Accelerator()
+    metrics = MetricsWriter(run_dir, log_with=cfg.trackers, config=to_dict(cfg))
+    norm = dict(image_size=cfg.model.image_size, mean=cfg.data.mean, std=cfg.data.std)
     res = fewshot_evaluate(
-        encoder.to(device),
-        d.train,
-        d.eval,
-        image_size=cfg.model.image_size,
-        mean=d.mean,
-        std=d.std,
-        shots=cfg.shots,
-        seeds=cfg.seeds,
-        l2_regs=cfg.l2_reg,
-        batch_size=d.batch_size,
-        num_workers=d.num_workers,
-        max_eval=d.max_eval,
-        device=device,
-        pool=cfg.pool,
-        layers=cfg.layers,
-        concat_last=cfg.concat_last,
-        knn_k=cfg.knn_k,
-        knn_train=cfg.knn_train,
-        knn_temperature=cfg.knn_temperature,
-        standardize=cfg.standardize,
-        compile=cfg.compile,
-        compile_mode=cfg.compile_mode,
+        encoder.to(acc.device), cfg.fewshot, **norm, device=acc.device, compile=cfg.compile
     )
     res.update(
         checkpoint=args.checkpoint,
@@ -110,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     if "knn" in res:
         metrics.log({"step": 0, "knn/top1": res["knn"]["top1"]})
     metrics.close()
-    for k in cfg.shots:
+    for k in cfg.fewshot.shots:
         row = res["shots"][k]["l2_reg"]
         print(
             f"{k:>3}-shot: "
@@ -121,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     if "layers" in res:
         print(format_layer_table(res["layers"]))
     if "knn" in res:
-        print(f"k-NN (k={cfg.knn_k}, {res['knn']['num_train']} train images): "
+        print(f"k-NN (k={cfg.fewshot.knn_k}, {res['knn']['num_train']} train images): "
               f"{100 * res['knn']['top1']:.2f}%")  # fmt: skip
     return res
 

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
     if start.state and ema is not None:
         ema.load_state_dict(start.state["ema"])
     metrics = MetricsWriter(
-        run.run_dir, enabled=acc.is_main_process, log_with=tc.log_with, config=to_dict(cfg)
+        run.run_dir, enabled=acc.is_main_process, log_with=cfg.trackers, config=to_dict(cfg)
     )
     metrics.truncate_after(start_step)
     model, optimizer = acc.prepare(model, optimizer)
@@ -161,11 +161,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     def forward_loss(images: torch.Tensor, targets: torch.Tensor):
         """uint8 (or mixed [0, 1]) images, labels [B] (or soft targets [B, K] when mixing)
-        -> (mean loss, logits): the region compiled with `train.compile`."""
+        -> (mean loss, logits): the region compiled with `compile.enabled`."""
         logits = model(normalize_pixels(images, mean, std))
         return loss_fn(logits.float(), targets), logits
 
-    forward = maybe_compile(forward_loss, tc.compile, tc.compile_mode, acc.device)
+    forward = maybe_compile(forward_loss, cfg.compile.enabled, cfg.compile.mode, acc.device)
 
     loader = train_loader(
         train_data,
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
     model.train()
     done, last_log, row = start_step, start_step, {}
     with (  # the stop handler first: a signal while the loader workers start is a preemption
-        StopRequest(acc.num_processes, tc.stop_timeout_s) as stop,
+        StopRequest(acc.num_processes, cfg.timeouts.stop_s) as stop,
         batches,
     ):
         for step in range(start_step, tc.steps):

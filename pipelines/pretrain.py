@@ -98,13 +98,13 @@ def main(argv: list[str] | None = None) -> dict:
     if start.state and acc.is_main_process:  # the saved histogram is already summed over ranks
         target_hist = start.state["target_hist"].to(acc.device)
     metrics = MetricsWriter(
-        run.run_dir, enabled=acc.is_main_process, log_with=tc.log_with, config=to_dict(cfg)
+        run.run_dir, enabled=acc.is_main_process, log_with=cfg.trackers, config=to_dict(cfg)
     )
     metrics.truncate_after(start_step)
     model, optimizer = acc.prepare(model, optimizer)
     # forward+loss, one graph (the corruption draws come in as a tensor); the optimizer step
     # stays outside: fused kernels already.
-    forward = maybe_compile(model, tc.compile, tc.compile_mode, acc.device)
+    forward = maybe_compile(model, cfg.compile.enabled, cfg.compile.mode, acc.device)
     encoder = acc.unwrap_model(model).encoder
 
     # --- Data: every rank streams its own shards (never dispatched from rank 0) -----------
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> dict:
     model.train()
     done, last_log, last_row = start_step, start_step, {}
     with (  # the stop handler first: a signal while the loader workers start is a preemption
-        StopRequest(acc.num_processes, tc.stop_timeout_s) as stop,
+        StopRequest(acc.num_processes, cfg.timeouts.stop_s) as stop,
         batches,
     ):
         for step in range(start_step, tc.steps):
@@ -257,28 +257,8 @@ def fewshot(cfg, encoder, acc, metrics, step, model) -> dict | None:
     model.eval()
     res = None
     if acc.is_main_process:  # cheap (a few hundred train images + the test split): main only
-        f = cfg.fewshot
-        res = fewshot_evaluate(
-            encoder,
-            f.train,
-            f.eval,
-            image_size=cfg.model.image_size,
-            mean=cfg.data.mean,
-            std=cfg.data.std,
-            shots=f.shots,
-            seeds=f.seeds,
-            l2_regs=f.l2_reg,
-            batch_size=f.batch_size,
-            num_workers=f.num_workers,
-            max_eval=f.max_eval,
-            device=acc.device,
-            knn_k=f.knn_k,
-            knn_train=f.knn_train,
-            knn_temperature=f.knn_temperature,
-            standardize=f.standardize,
-            compile=cfg.train.compile,
-            compile_mode=cfg.train.compile_mode,
-        )
+        norm = dict(image_size=cfg.model.image_size, mean=cfg.data.mean, std=cfg.data.std)
+        res = fewshot_evaluate(encoder, cfg.fewshot, **norm, device=acc.device, compile=cfg.compile)
         metrics.log({"step": step, **{f"fewshot/{k}": v for k, v in res["summary"].items()}})
         if "knn" in res:  # the k-NN monitor (fewshot.knn_k > 0), on the same test features
             metrics.log({"step": step, "knn/top1": res["knn"]["top1"]})

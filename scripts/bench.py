@@ -56,7 +56,8 @@ from ssl_vit.bench.timing import (
     time_interleaved,
 )
 from ssl_vit.bench.timm_baseline import TimmMaskedPatch, copy_weights
-from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig, auto_num_workers
+from ssl_vit.config.checks import auto_num_workers
+from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig
 from ssl_vit.data import resolve_shards
 from ssl_vit.model import build_vit
 from ssl_vit.objectives import MaskedPatchPrediction, corrupt_patches, mean_color_classes
@@ -126,7 +127,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="extra pipelines/pretrain.py override, repeatable (e.g. train.compile=true)",
+        help="extra pipelines/pretrain.py override, repeatable (e.g. compile.enabled=true)",
     )
     args = p.parse_args(argv)
     args.rounds = args.rounds or (3 if args.quick else 7)

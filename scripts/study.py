@@ -95,7 +95,7 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
         return Job("fewshot", name, run_dir, lambda: py + [
             str(REPO / "pipelines/fewshot.py"), "--checkpoint", ckpt(),
             "--config", cfg.fewshot_config, f"output_dir={run_dir}",
-            f"data.train={d.train}", f"data.eval={d.eval}",
+            f"fewshot.train={d.train}", f"fewshot.eval={d.eval}",
             *model_overrides(budget.model), *budget.fewshot, *seed,
         ])  # fmt: skip
 

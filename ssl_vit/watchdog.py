@@ -183,7 +183,7 @@ class _StallWatch:
                 print(
                     f"error: no batch from {what} for {self.timeout_s:.0f}s: the data source "
                     "stalled (a hung pipe: command, FIFO or network mount?); exiting. If it is "
-                    "only slow, raise train.data_timeout_s",
+                    "only slow, raise timeouts.data_s",
                     file=sys.stderr,
                 )
                 hard_exit(EXIT_ERROR)

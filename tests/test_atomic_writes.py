@@ -295,9 +295,7 @@ def test_stalled_source_ends_the_job(synthetic_shards, fifo, tmp_path, workers):
     """The 3 s are the watchdog under test, not a guess at how long anything takes: the read
     never returns, so on any machine the job can only end by the watchdog."""
     out, opened = tmp_path / "run", tmp_path / "source_opened"
-    args = _stalled_source(
-        pretrain_args(synthetic_shards, out, "train.data_timeout_s=3"), fifo, opened
-    )
+    args = _stalled_source(pretrain_args(synthetic_shards, out, "timeouts.data_s=3"), fifo, opened)
     t0 = time.time()
     proc = _launch(_pipeline("pretrain", *args, f"data.num_workers={workers}"), out)
     rc, _ = _exit_within(proc, out, 60)
@@ -324,7 +322,7 @@ def test_stalled_pipe_command_dies_with_the_job(synthetic_shards, tmp_path, work
     with the command's whole process group when the stalled job ends."""
     out, pidfile = tmp_path / "run", tmp_path / "child.pid"
     source = f"data.train_shards=pipe:sh -c 'sleep 600 & echo $! > {pidfile}; wait'"
-    args = pretrain_args(synthetic_shards, out, "train.data_timeout_s=3")
+    args = pretrain_args(synthetic_shards, out, "timeouts.data_s=3")
     args = [source if a.startswith("data.train_shards=") else a for a in args]
     proc = _launch(_pipeline("pretrain", *args, f"data.num_workers={workers}"), out)
     rc, _ = _exit_within(proc, out, 60)  # a failure limit, not a timing claim
@@ -351,7 +349,7 @@ def test_stop_that_times_out_exits(synthetic_shards, fifo, tmp_path):
     """The 2 s are the stop timeout under test: the step waits on a read that never returns,
     so on any machine the graceful stop can only be cut short."""
     out, opened = tmp_path / "run", tmp_path / "source_opened"
-    args = pretrain_args(synthetic_shards, out, "train.stop_timeout_s=2", "data.num_workers=2")
+    args = pretrain_args(synthetic_shards, out, "timeouts.stop_s=2", "data.num_workers=2")
     proc = _launch(_pipeline("pretrain", *_stalled_source(args, fifo, opened)), out)
     # A worker reads the source: the loop's block, entered after its stop handler, is running.
     _wait_until(opened.exists, proc, out)

@@ -190,12 +190,12 @@ def test_fewshot_job_refuses_other_class_names_in_one_line(tmp_path):
     train = _folders(tmp_path / "train", ["a", "b"])
     test = _folders(tmp_path / "test", ["a", "c"])
     out = tmp_path / "out"
-    args = ["--checkpoint", "random", *TINY, f"data.train={train}", f"data.eval={test}"]
+    args = ["--checkpoint", "random", *TINY, f"fewshot.train={train}", f"fewshot.eval={test}"]
     proc = _run("fewshot.py", *args, f"output_dir={out}", cwd=tmp_path)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
-        "error: data.eval: label names differ from data.train's "
-        "(only in data.train: ['b'], only in data.eval: ['c'])"
+        "error: fewshot.eval: label names differ from fewshot.train's "
+        "(only in fewshot.train: ['b'], only in fewshot.eval: ['c'])"
     )
     assert "Traceback" not in proc.stderr and not out.exists()
 
@@ -277,7 +277,7 @@ def test_pretraining_monitor_survives_bad_images_and_labels(tmp_path, capfd):
     assert (few["skipped_train"], few["skipped_train_labels"], few["skipped_eval"]) == (1, 0, 1)
     assert few["num_train_features"] == 7 and few["num_test"] == 2
     logged = capfd.readouterr().err  # the job logs to stderr
-    assert f"few-shot train: skipping {train / 'a' / '1.png'} (key a_1)" in logged
+    assert f"skipping sample a_1 in {train / 'a' / '1.png'}" in logged  # by a loader worker
     assert "label 7 out of range [0, 2)" in logged
 
 
@@ -289,18 +289,12 @@ def test_fewshot_train_labels_out_of_range_are_counted_skips(tmp_path, caplog):
     samples = [(img[0], 0), (img[1], 1), (img[0], 0), (img[1], 5), (img[1], 1), (img[0], -3)]
     train = _shards(tmp_path / "train", samples, ["a", "b"])
     test = _shards(tmp_path / "test", samples[:3], ["a", "b"])
-    cfg = load_config(FewshotConfig, None, [*TINY, "data.train=x", "data.eval=y"])
-    res = fewshot_evaluate(
-        build_vit(cfg.model),
-        str(train),
-        str(test),
-        image_size=16,
-        mean=(0.5,) * 3,
-        std=(0.5,) * 3,
-        shots=[2],  # each class has 2 samples with a valid label
-        seeds=[0, 1],
-        num_workers=0,
-    )
+    overrides = [*TINY, f"fewshot.train={train}", f"fewshot.eval={test}", "fewshot.num_workers=0"]
+    # each class has 2 samples with a valid label
+    overrides += ["fewshot.shots=[2]", "fewshot.seeds=[0, 1]"]
+    cfg = load_config(FewshotConfig, None, overrides)
+    norm = dict(image_size=16, mean=(0.5,) * 3, std=(0.5,) * 3)
+    res = fewshot_evaluate(build_vit(cfg.model), cfg.fewshot, **norm)
     assert res["skipped_train_labels"] == 2 and res["num_train_features"] == 4
     assert res["skipped_eval"] == 0 and res["num_test"] == 3
     assert "skipping 2 samples labelled outside [0, 2)" in caplog.text
@@ -349,19 +343,23 @@ BAD_CONFIGS = [
     (PretrainConfig, "train.weight_decay=-0.1", "train.weight_decay: must be >= 0"),
     (PretrainConfig, "train.grad_clip=-1", "train.grad_clip: must be >= 0"),
     (PretrainConfig, "train.betas=[0.9,1.0]", "train.betas[1]: must be in [0, 1)"),
-    (PretrainConfig, "train.momentum=1.5", "train.momentum: must be in [0, 1)"),
+    (FinetuneConfig, "train.momentum=1.5", "train.momentum: must be in [0, 1)"),
     (PretrainConfig, "train.keep_checkpoints=0", "train.keep_checkpoints: must be >= 1"),
     (PretrainConfig, "train.warmup_steps=-1", "train.warmup_steps: must be >= 0"),
     (PretrainConfig, "fewshot.shots=[-1]", "fewshot.shots: expected distinct counts >= 1"),
     (PretrainConfig, "fewshot.seeds=[]", "fewshot.seeds: an empty list"),
     (PretrainConfig, "fewshot.l2_reg=[0.0]", "fewshot.l2_reg: every value must be > 0"),
     (PretrainConfig, "fewshot.every=-5", "fewshot.every: must be >= 0"),
-    (FewshotConfig, "shots=[0, 5]", "shots: expected distinct counts >= 1"),
-    (FewshotConfig, "seeds=[]", "seeds: an empty list"),
-    (FewshotConfig, "seeds=[-1]", "seeds: every value must be >= 0"),
-    (FewshotConfig, "l2_reg=[-1.0]", "l2_reg: every value must be > 0"),
+    (FewshotConfig, "fewshot.shots=[0, 5]", "fewshot.shots: expected distinct counts >= 1"),
+    (FewshotConfig, "shots=[0, 5]", "fewshot.shots: expected distinct counts >= 1"),  # old key
+    (FewshotConfig, "fewshot.seeds=[]", "fewshot.seeds: an empty list"),
+    (FewshotConfig, "fewshot.seeds=[-1]", "fewshot.seeds: every value must be >= 0"),
+    (FewshotConfig, "fewshot.l2_reg=[-1.0]", "fewshot.l2_reg: every value must be > 0"),
     (FewshotConfig, "data.std=[1,0,1]", "data.std: every value must be > 0"),
-    (FewshotConfig, "data.batch_size=0", "data.batch_size: must be >= 1"),
+    (FewshotConfig, "fewshot.batch_size=0", "fewshot.batch_size: must be >= 1"),
+    (FewshotConfig, "fewshot.every=5", "fewshot.every: pretraining only"),
+    (FewshotConfig, "fewshot.layers=[]", "fewshot.layers: an empty list"),
+    (PretrainConfig, "timeouts.stop_s=0", "timeouts.stop_s: must be > 0"),
     (FinetuneConfig, "data.crop_scale=[0,1]", "data.crop_scale: need 0 < low <= high <= 1"),
     (FinetuneConfig, "data.max_eval=-1", "data.max_eval: must be >= 0"),
     (FinetuneConfig, "ema=1.0", "ema: must be in [0, 1)"),
@@ -370,7 +368,7 @@ BAD_CONFIGS = [
 ]
 REQUIRED = {
     PretrainConfig: ["data.train_shards=x"],
-    FewshotConfig: ["data.train=x", "data.eval=y"],
+    FewshotConfig: ["fewshot.train=x", "fewshot.eval=y"],
     FinetuneConfig: ["data.train=x"],
 }
 
@@ -582,7 +580,6 @@ def test_image_file_size_cap(tmp_path, monkeypatch):
 
 
 def test_hf_null_image_row_is_a_counted_skip(tmp_path, caplog):
-    from ssl_vit.data.sources import open_source
     from ssl_vit.eval.fewshot_job import _subset_batches
 
     datasets = pytest.importorskip("datasets")
@@ -600,8 +597,7 @@ def test_hf_null_image_row_is_a_counted_skip(tmp_path, caplog):
     batches = list(eval_loader(str(tmp_path / "hf"), 4, 8, num_workers=0))
     assert sum(len(b.labels) for b in batches) == 2 and sum(b.skipped for b in batches) == 1
     kept: list[int] = []  # few-shot's train side
-    source = open_source(str(tmp_path / "hf"))
-    (x, y), *rest = _subset_batches(source, np.arange(3), 8, 4, kept)
+    (x, y), *rest = _subset_batches(str(tmp_path / "hf"), np.arange(3), 8, 4, 0, kept)
     assert not rest and x.shape == (2, 3, 8, 8) and kept == [0, 2] and y.tolist() == [0, 1]
     assert f"{tmp_path / 'hf'} row 1: the image is null" in caplog.text
 
@@ -691,18 +687,18 @@ def test_missing_tracker_package_is_one_line_before_the_run_dir(tmp_path, synthe
         pytest.skip("comet_ml is installed here")
     out = tmp_path / "run"
     args = ["--config", str(ROOT / "configs/pretrain/smoke.yaml"), f"output_dir={out}"]
-    args += [f"data.train_shards={synthetic_shards}", "train.log_with=[comet_ml]"]
+    args += [f"data.train_shards={synthetic_shards}", "trackers=[comet_ml]"]
     proc = _run("pretrain.py", *args, cwd=tmp_path)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert "train.log_with" in last and "comet_ml" in last and "not installed" in last
+    assert "trackers" in last and "comet_ml" in last and "not installed" in last
     assert not (out / "config.yaml").exists()
 
 
 def _fewshot_args(tmp_path: Path, checkpoint: str, eval_spec: str | None = None) -> list[str]:
     train = _folders(tmp_path / "train", ["a", "b"])
     spec = eval_spec or str(_folders(tmp_path / "test", ["a", "b"]))
-    return ["--checkpoint", checkpoint, *TINY, f"data.train={train}", f"data.eval={spec}"]
+    return ["--checkpoint", checkpoint, *TINY, f"fewshot.train={train}", f"fewshot.eval={spec}"]
 
 
 def test_fewshot_on_a_finetuned_classifier_is_one_line_naming_it(tmp_path):
@@ -742,7 +738,7 @@ def test_fewshot_on_an_offline_hub_dataset_is_one_line_naming_the_key(tmp_path):
     )
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert last.startswith("error: data.eval='hf://no-such-user/no-such-set:test': "), last
+    assert last.startswith("error: fewshot.eval='hf://no-such-user/no-such-set:test': "), last
     assert "cannot reach the Hugging Face Hub (offline?)" in last, last
 
 

@@ -1,4 +1,4 @@
-"""train.compile: forward+loss is one graph in both pipelines (fullgraph=True), `auto` means CUDA
+"""compile.enabled: forward+loss is one graph in both pipelines (fullgraph=True), `auto` means CUDA
 only, and a compile failure falls back to eager with one warning line, results unchanged."""
 
 import json
@@ -35,14 +35,14 @@ def test_compile_setting():
     assert compile_enabled("auto", "cuda") and not compile_enabled("auto", "cpu")
     assert compile_enabled(True, "cpu") and not compile_enabled(False, "cuda")
     pre, fine = ROOT / "configs/pretrain/smoke.yaml", ROOT / "configs/finetune/smoke.yaml"
-    assert load_config(PretrainConfig, pre, []).train.compile == "auto"
-    overrides = ["train.compile=true", "train.compile_mode=max-autotune"]
+    assert load_config(PretrainConfig, pre, []).compile.enabled == "auto"
+    overrides = ["compile.enabled=true", "compile.mode=max-autotune"]
     cfg = load_config(FinetuneConfig, fine, overrides)
-    assert cfg.train.compile is True and cfg.train.compile_mode == "max-autotune"
-    with pytest.raises(ConfigError, match="train.compile"):
-        load_config(PretrainConfig, pre, ["train.compile=sometimes"])
-    with pytest.raises(ConfigError, match="train.compile_mode"):
-        load_config(PretrainConfig, pre, ["train.compile_mode=fast"])
+    assert cfg.compile.enabled is True and cfg.compile.mode == "max-autotune"
+    with pytest.raises(ConfigError, match="compile.enabled"):
+        load_config(PretrainConfig, pre, ["compile.enabled=sometimes"])
+    with pytest.raises(ConfigError, match="compile.mode"):
+        load_config(PretrainConfig, pre, ["compile.mode=fast"])
 
 
 class Backend:
@@ -92,10 +92,10 @@ def test_pipelines_compile_one_graph_or_fall_back(job, synthetic_shards, tmp_pat
             args = finetune_args(synthetic_shards, out, "train.steps=4", "train.log_every=2")
         return pipeline(job)([*args, *extra])
 
-    run(tmp_path / "eager", "train.compile=false")
+    run(tmp_path / "eager", "compile.enabled=false")
     backend = Backend()
     monkeypatch.setattr(compile_mod, "BACKEND", backend)
-    run(tmp_path / "compiled", "train.compile=true")
+    run(tmp_path / "compiled", "compile.enabled=true")
     assert backend.graphs == 1  # fullgraph=True: a graph break would have raised instead
     compiled, eager = _losses(tmp_path / "compiled"), _losses(tmp_path / "eager")
     assert compiled == pytest.approx(eager, rel=1e-4)
@@ -106,7 +106,7 @@ def test_pipelines_compile_one_graph_or_fall_back(job, synthetic_shards, tmp_pat
     handler.emit = lambda record: caplog_lines.append(record.getMessage())
     logging.getLogger(compile_mod.__name__).addHandler(handler)
     try:
-        run(tmp_path / "fallback", "train.compile=true")
+        run(tmp_path / "fallback", "compile.enabled=true")
     finally:
         logging.getLogger(compile_mod.__name__).removeHandler(handler)
     assert len(caplog_lines) == 1 and "running it eagerly" in caplog_lines[0]

@@ -246,7 +246,7 @@ def test_finetune_and_fewshot_load_only_the_encoder(kind, synthetic_shards, tmp_
     assert {k.split(".")[0] for k in head} == {"decoder", "mask_embedding", "head"}
     assert "decoder.pos_embed" in head and "decoder.embed.weight" in head
 
-    shards = [f"data.train={synthetic_shards}", f"data.eval={synthetic_shards}"]
+    shards = [f"fewshot.train={synthetic_shards}", f"fewshot.eval={synthetic_shards}"]
     fs = pipeline("fewshot")(
         ["--checkpoint", str(ckpt), "--config", str(ROOT / "configs/fewshot/smoke.yaml"),
          *shards, f"output_dir={tmp_path / 'fs'}"]

@@ -13,7 +13,8 @@ from torchvision import transforms
 
 from ssl_vit.bench.host_sync import HostReads
 from ssl_vit.config import PretrainConfig, load_config
-from ssl_vit.config.schema import PretrainDataConfig, auto_num_workers
+from ssl_vit.config.checks import auto_num_workers
+from ssl_vit.config.schema import PretrainDataConfig
 from ssl_vit.data import pretrain_loader, resolve_shards
 from ssl_vit.data.device_augment import DeviceAugment, load_size, resolve_augment
 from ssl_vit.data.images import SquareLoad, decode_image

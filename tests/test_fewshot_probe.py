@@ -136,12 +136,14 @@ def test_layer_table_orders_all_last() -> None:
 
 
 def test_config_accepts_counts_and_all_and_names_bad_shots() -> None:
-    cfg = load_config(FewshotConfig, None, ["shots=[1, 5, all]", "standardize=false"])
+    need = ["fewshot.train=x", "fewshot.eval=y"]
+    overrides = [*need, "fewshot.shots=[1, 5, all]", "fewshot.standardize=false"]
+    cfg = load_config(FewshotConfig, None, overrides).fewshot
     assert cfg.shots == [1, 5, "all"] and cfg.standardize is False
-    assert load_config(FewshotConfig, None, []).standardize is True  # today's recipe
+    assert load_config(FewshotConfig, None, need).fewshot.standardize is True  # today's recipe
     for bad in ("shots=[0, 5]", "shots=[5, 5]", "shots=[]", "shots=[every]"):
-        with pytest.raises(ConfigError, match="shots"):
-            load_config(FewshotConfig, None, [bad])
+        with pytest.raises(ConfigError, match="fewshot.shots"):
+            load_config(FewshotConfig, None, [*need, f"fewshot.{bad}"])
 
 
 def test_fewshot_pipeline_with_all_shots_writes_allshot(synthetic_shards, tmp_path) -> None:
@@ -154,11 +156,11 @@ def test_fewshot_pipeline_with_all_shots_writes_allshot(synthetic_shards, tmp_pa
             "random",
             "--config",
             str(ROOT / "configs/fewshot/smoke.yaml"),
-            f"data.train={synthetic_shards}",
-            f"data.eval={synthetic_shards}",
+            f"fewshot.train={synthetic_shards}",
+            f"fewshot.eval={synthetic_shards}",
             f"output_dir={out}",
-            "shots=[1, all]",
-            "standardize=false",
+            "fewshot.shots=[1, all]",
+            "fewshot.standardize=false",
         ]
     )
     saved = json.loads((out / "results.json").read_text())

@@ -317,10 +317,10 @@ def test_fewshot_pipeline_evaluates_a_transformers_model(exported, synthetic_sha
             str(exported["hf"]),
             "--config",
             str(root / "configs/fewshot/smoke.yaml"),
-            f"data.train={synthetic_shards}",
-            f"data.eval={synthetic_shards}",
+            f"fewshot.train={synthetic_shards}",
+            f"fewshot.eval={synthetic_shards}",
             f"output_dir={tmp_path}",
-            "tensorboard=true",
+            "trackers=[tensorboard]",
         ]
     )
     assert res["num_test"] == 96 and 0.0 <= res["5shot"] <= 1.0

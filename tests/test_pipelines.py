@@ -164,8 +164,8 @@ def test_fewshot_pipeline_random_and_pretrained(pretrained, synthetic_shards, tm
     common = [
         "--config",
         str(ROOT / "configs/fewshot/smoke.yaml"),
-        f"data.train={synthetic_shards}",
-        f"data.eval={synthetic_shards}",
+        f"fewshot.train={synthetic_shards}",
+        f"fewshot.eval={synthetic_shards}",
     ]
     rand = main(["--checkpoint", "random", *common, f"output_dir={tmp_path / 'r'}"])
     res = main(

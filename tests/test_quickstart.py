@@ -43,7 +43,10 @@ def test_quickstart_flow_at_a_tiny_budget(synthetic_shards, tmp_path, monkeypatc
         "model": {"image_size": 16, "patch_size": 4, "width": 32, "depth": 1, "heads": 2},
         "finetune_image_size": 24,
         "pretrain": ["train.steps=2", "train.log_every=1", "train.checkpoint_every=0"],
-        "fewshot": ["shots=[1, 2]", "seeds=[0]", "pool=gap", "data.num_workers=0"],
+        "fewshot": [
+            *("fewshot.shots=[1, 2]", "fewshot.seeds=[0]", "fewshot.pool=gap"),
+            "fewshot.num_workers=0",
+        ],
         "finetune": ["train.steps=2", "train.batch_size=8", "data.num_workers=0"],
     }
     overrides = [

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from ssl_vit.config import FewshotEvalConfig
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.eval.readouts import (
     Readout,
@@ -52,19 +53,10 @@ def test_best_readout_averages_over_shots():
 
 
 def _evaluate(encoder, shards, **kw):
-    return fewshot_evaluate(
-        encoder,
-        str(shards),
-        str(shards),
-        image_size=16,
-        mean=MEAN,
-        std=STD,
-        shots=(1, 3),
-        seeds=(0, 1),
-        batch_size=32,
-        num_workers=0,
-        **kw,
+    spec = FewshotEvalConfig(
+        str(shards), str(shards), shots=[1, 3], seeds=[0, 1], batch_size=32, num_workers=0, **kw
     )
+    return fewshot_evaluate(encoder, spec, image_size=16, mean=MEAN, std=STD)
 
 
 def test_all_layers_in_one_pass_and_last_equals_the_default(synthetic_shards):

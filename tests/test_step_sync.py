@@ -11,7 +11,7 @@ from accelerate import Accelerator
 from test_pipelines import finetune_args, pipeline, pretrain_args
 
 from ssl_vit.bench.host_sync import HostReads
-from ssl_vit.config.schema import OptimConfig
+from ssl_vit.config.schema import FinetuneOptimConfig, OptimConfig
 from ssl_vit.train import loop
 from ssl_vit.train.ema import EMA
 from ssl_vit.train.optim import apply_step, build_adam, build_sgd
@@ -130,7 +130,7 @@ def test_sgd_skipping_the_first_step_changes_nothing_after(tmp_path):
     runs = []
     for skip_first in (False, True):
         model = _tiny()
-        opt = build_sgd(model, OptimConfig(lr=0.1))
+        opt = build_sgd(model, FinetuneOptimConfig(lr=0.1))
         if skip_first:
             _backward(model, x, poison=True)
             assert not apply_step(acc, model, opt, 1.0)
@@ -149,7 +149,7 @@ def test_fused_sgd_is_torchs_update():
     x = torch.randn(4, 6)
     ours, fused, plain = _tiny(), _tiny(), _tiny()
     opts = [
-        build_sgd(ours, OptimConfig(lr=0.1, momentum=0.9)),
+        build_sgd(ours, FinetuneOptimConfig(lr=0.1, momentum=0.9)),
         torch.optim.SGD(fused.parameters(), lr=0.1, momentum=0.9, fused=True),
         torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9, foreach=False),
     ]

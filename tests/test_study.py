@@ -46,7 +46,10 @@ def test_study_runs_summarizes_and_skips(synthetic_shards, tmp_path, capsys, mon
             "model": {"image_size": 16, "patch_size": 4, "width": 32, "depth": 1, "heads": 2},
             "finetune_image_size": 24,
             "pretrain": ["train.steps=3", "train.log_every=1", "train.checkpoint_every=0"],
-            "fewshot": ["shots=[1]", "seeds=[0]", "l2_reg=[1.0]", *small],
+            "fewshot": [
+                *("fewshot.shots=[1]", "fewshot.seeds=[0]", "fewshot.l2_reg=[1.0]"),
+                "fewshot.num_workers=0",
+            ],
             "finetune": ["train.steps=2", "train.log_every=1", "train.batch_size=8", *small],
         },
     }
@@ -239,7 +242,7 @@ def test_label_budgets_and_seeds_give_one_fine_tune_each(tmp_path, capsys):
         f"finetune/scratch-l{k}-s{s}" for k in (50, 500) for s in (0, 1)
     ]
     assert plan[4].endswith("data.num_workers=1 data.labels_per_class=500 seed=1")
-    assert "init.checkpoint=none" in plan[4] and "shots=[50, 500]" in plan[0]
+    assert "init.checkpoint=none" in plan[4] and "fewshot.shots=[50, 500]" in plan[0]
 
     cfg = study.load_config(StudyConfig, REPO / "configs/study/labels.yaml", over)
     for name, top1 in [("l50-s0", 0.25), ("l50-s1", 0.35), ("l500-s0", 0.5)]:

@@ -71,7 +71,7 @@ def test_pretrain_writes_the_metrics_rows_as_tensorboard_scalars(synthetic_shard
             "train.steps=4",
             "train.log_every=2",
             "train.checkpoint_every=0",
-            "train.log_with=[tensorboard]",
+            "trackers=[tensorboard]",
         ]
     )
     rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -81,13 +81,14 @@ def test_pretrain_writes_the_metrics_rows_as_tensorboard_scalars(synthetic_shard
     assert scalars(tmp_path, "images_seen")[-1] == (4, 64.0)
 
 
-def test_config_keys_and_aliases():
+def test_config_keys_and_aliases(caplog):
     data = {"train_shards": "x"}
-    train = {"tensorboard": True, "log_with": ["tensorboard"]}
+    train = {"tensorboard": True, "log_with": ["tensorboard"]}  # the old keys
     cfg = from_dict(PretrainConfig, {"data": data, "train": train})
-    assert cfg.train.log_with == ["tensorboard"]  # the old switch is an alias, not a second copy
-    with pytest.raises(ConfigError, match="train.log_with: unknown tracker 'tensorbored'"):
-        from_dict(PretrainConfig, {"data": data, "train": {"log_with": ["tensorbored"]}})
+    assert cfg.trackers == ["tensorboard"]  # the old switch is an alias, not a second copy
+    assert "train.tensorboard is deprecated: use trackers" in caplog.text
+    with pytest.raises(ConfigError, match="trackers: unknown tracker 'tensorbored'"):
+        from_dict(PretrainConfig, {"data": data, "trackers": ["tensorbored"]})
 
 
 def test_trackers_are_offline_unless_configured(tmp_path, monkeypatch):

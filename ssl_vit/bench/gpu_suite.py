@@ -42,7 +42,8 @@ import torch
 
 from ssl_vit.bench.host_sync import sync_count_row, sync_debug_row
 from ssl_vit.bench.timing import make_train_step, step_flops, sync
-from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig, auto_num_workers
+from ssl_vit.config.checks import auto_num_workers
+from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig
 
 __all__ = ["SECTIONS", "SIZES", "Suite", "markdown_table", "run_suite"]
 
@@ -324,8 +325,8 @@ def loader_rows(suite: Suite) -> dict:
 
 # --- pipeline --------------------------------------------------------------------------------
 def pipeline_row(suite: Suite, compile: bool) -> dict:
-    """pipelines/pretrain.py with data.augment=device and train.compile=`compile`, then the
-    suite's overrides (e.g. train.compile_mode=reduce-overhead)."""
+    """pipelines/pretrain.py with data.augment=device and compile.enabled=`compile`, then the
+    suite's overrides (e.g. compile.mode=reduce-overhead)."""
     if suite.pipeline is None:
         raise ValueError("no pipelines/pretrain.py given")
     _, shape = suite.small_shape()
@@ -339,7 +340,7 @@ def pipeline_row(suite: Suite, compile: bool) -> dict:
         *(f"output_dir={out}", *model, f"train.batch_size={shape['batch']}"),
         *(f"train.steps={steps}", f"train.log_every={every}", "train.warmup_steps=2"),
         *("train.checkpoint_every=0", "data.augment=device"),
-        "train.compile=" + ("true" if compile else "false"),
+        "compile.enabled=" + ("true" if compile else "false"),
         *(["data.num_workers=0"] if suite.tiny else []),
         *suite.overrides,
     ]

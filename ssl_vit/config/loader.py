@@ -7,6 +7,7 @@ it starts instead of silently training with a default (nanoGPT's configurator do
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import types
@@ -16,15 +17,21 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 
+from ssl_vit.config.errors import ConfigError
+from ssl_vit.config.moved import apply_moves
 from ssl_vit.config.shipped import find_config
 
-__all__ = ["ConfigError", "from_dict", "load_config", "parse_overrides", "to_dict", "save_config"]
+__all__ = [
+    "ConfigError",
+    "from_dict",
+    "load_config",
+    "migrate",
+    "parse_overrides",
+    "to_dict",
+    "save_config",
+]
 
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A config key is unknown, missing or of the wrong type. The message is one line."""
 
 
 def _type_name(tp: Any) -> str:
@@ -39,14 +46,13 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        errors = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _coerce(value, arg, key)
-            except ConfigError as e:
-                errors.append(str(e))
+            except ConfigError:
+                continue  # the next member of the union; none fits: the line below
         raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
         if value not in args:
@@ -90,7 +96,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
-    """Build dataclass `cls` from a nested dict; unknown keys and wrong types raise ConfigError."""
+    """Build dataclass `cls` from a nested dict; unknown keys and wrong types raise ConfigError.
+    At the top level (no `prefix`) the schema's moved keys are moved first (`migrate`)."""
+    if not prefix:
+        data = migrate(cls, data)
     preset = getattr(cls, "preset_defaults", None)
     if preset is not None:  # e.g. a fine-tuning recipe: its defaults go under the given keys
         data = _merge(preset(data), data)
@@ -222,6 +231,13 @@ def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def migrate(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the config dict `data` of schema `cls` with its `moved_keys` (old names)
+    moved to their new places, one deprecation line each (ssl_vit.config.moved)."""
+    moves = getattr(cls, "moved_keys", ())
+    return apply_moves(copy.deepcopy(data), moves) if moves else data
+
+
 def load_config(cls: type[T], path: str | Path | None, overrides: list[str] = ()) -> T:
     """Load YAML `path` (optional) into `cls`, apply `key.sub=value` overrides, validate."""
     data: dict[str, Any] = {}
@@ -232,7 +248,9 @@ def load_config(cls: type[T], path: str | Path | None, overrides: list[str] = ()
         data = _parse_yaml(path.read_text(), str(path)) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
-    return from_dict(cls, _merge(data, parse_overrides(list(overrides))))
+    # Each part on its own: an override with an old name still wins over the file's new one.
+    overrides_data = migrate(cls, parse_overrides(list(overrides)))
+    return from_dict(cls, _merge(migrate(cls, data), overrides_data))
 
 
 def save_config(cfg: Any, path: str | Path) -> None:

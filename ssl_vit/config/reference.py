@@ -187,7 +187,10 @@ def rows(cls: type, instance: Any = None, prefix: str = "") -> Iterator[Row]:
     Defaults are read from `instance` (the job's own defaults), or `cls()` if none."""
     instance = cls() if instance is None else instance
     hints = typing.get_type_hints(cls)
-    meanings = field_comments(cls)
+    meanings: dict[str, str] = {}
+    for base in reversed(cls.__mro__):  # a subclass's fields after (and over) its bases'
+        if dataclasses.is_dataclass(base):
+            meanings.update(field_comments(base))
     for f in dataclasses.fields(cls):
         tp, value, key = hints[f.name], getattr(instance, f.name), prefix + f.name
         meaning = meanings.get(f.name, "")

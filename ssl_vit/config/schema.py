@@ -7,13 +7,30 @@ holds the fully resolved values.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from ssl_vit.config.loader import ConfigError, from_dict
+from ssl_vit.config.checks import (
+    check_data_loading,
+    check_fraction,
+    check_min,
+    check_pixels_norm,
+    check_positive,
+    check_seed,
+)
+from ssl_vit.config.errors import ConfigError
+from ssl_vit.config.fewshot import FEWSHOT_JOB_MOVES, FewshotEvalConfig
+from ssl_vit.config.loader import from_dict
+from ssl_vit.config.moved import Moved
 from ssl_vit.config.recipe import RecipeParts, check_adamw_lr, recipe_defaults
+from ssl_vit.config.run import (
+    RUN_MOVES,
+    CompileConfig,
+    DataTimeoutConfig,
+    TimeoutConfig,
+    check_trackers,
+)
 from ssl_vit.config.variants import resolve_variant
 
 __all__ = [
@@ -21,6 +38,7 @@ __all__ = [
     "ObjectiveConfig",
     "PretrainDataConfig",
     "OptimConfig",
+    "FinetuneOptimConfig",
     "FewshotEvalConfig",
     "PretrainConfig",
     "FinetuneDataConfig",
@@ -28,6 +46,9 @@ __all__ = [
     "FewshotDataConfig",
     "FewshotConfig",
     "InitConfig",
+    "CompileConfig",
+    "TimeoutConfig",
+    "DataTimeoutConfig",
 ]
 
 MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
@@ -35,115 +56,6 @@ MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
 # only decode and resize to a square `load_size`), `workers` (per sample in the DataLoader
 # workers), `auto` (device on CUDA, workers elsewhere: the CPU quick start keeps its results).
 Augment = Literal["auto", "device", "workers"]
-MAX_AUTO_WORKERS = 8
-
-
-def auto_num_workers(requested: int) -> int:
-    """`data.num_workers`; -1 (auto) -> min(8, usable CPUs // processes on this node).
-
-    Each process of a node starts its own workers; LOCAL_WORLD_SIZE (set by accelerate launch
-    and torchrun) says how many share the node's CPUs."""
-    if requested >= 0:
-        return requested
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    local = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), 1)
-    return max(min(MAX_AUTO_WORKERS, (cpus or 1) // local), 1)
-
-
-def check_data_loading(num_workers: int, load_size: int) -> int:
-    """The resolved worker count, after checking the loading keys shared by the data configs."""
-    if num_workers < -1:
-        raise ConfigError(f"data.num_workers: must be >= 0 or -1 (auto), got {num_workers}")
-    if load_size < 0:
-        raise ConfigError(f"data.load_size: must be >= 0 (0: auto), got {load_size}")
-    return auto_num_workers(num_workers)
-
-
-def check_min(prefix: str, obj: Any, names: tuple[str, ...], minimum: int) -> None:
-    """Every `obj.<name>` (an int) is >= `minimum`; the error names `prefix + name`."""
-    for name in names:
-        if getattr(obj, name) < minimum:
-            raise ConfigError(f"{prefix}{name}: must be >= {minimum}, got {getattr(obj, name)}")
-
-
-def check_positive(prefix: str, obj: Any, names: tuple[str, ...]) -> None:
-    """Every `obj.<name>` (a number, None skipped) is > 0; the error names `prefix + name`."""
-    for name in names:
-        value = getattr(obj, name)
-        if value is not None and not value > 0:
-            raise ConfigError(f"{prefix}{name}: must be > 0, got {value}")
-
-
-def check_fraction(key: str, value: float, low_open: bool = True) -> None:
-    """`value` in (0, 1] (low_open) or [0, 1)."""
-    ok = 0.0 < value <= 1.0 if low_open else 0.0 <= value < 1.0
-    if not ok:
-        raise ConfigError(f"{key}: must be in {'(0, 1]' if low_open else '[0, 1)'}, got {value}")
-
-
-def check_pixels_norm(
-    prefix: str, std: tuple[float, ...], crop_scale: tuple[float, float] | None = None
-) -> None:
-    """Normalization (std > 0: it divides; the mean only needs to be finite, as every float
-    key) and the random-resized-crop area range 0 < low <= high <= 1 (a crop cannot be larger
-    than the image)."""
-    if min(std) <= 0:
-        raise ConfigError(f"{prefix}std: every value must be > 0, got {list(std)}")
-    if crop_scale is not None:
-        low, high = crop_scale
-        if not 0.0 < low <= high <= 1.0:
-            raise ConfigError(
-                f"{prefix}crop_scale: need 0 < low <= high <= 1, got {list(crop_scale)}"
-            )
-
-
-def check_fewshot_grid(
-    prefix: str, shots: list[int | str], seeds: list[int], l2_reg: list[float]
-) -> None:
-    """Shots as `check_shots`, seeds >= 0 (NumPy draws), l2_reg > 0 (a ridge needs it); none
-    empty."""
-    check_shots(shots, prefix)
-    for key, values, ok, need in (
-        ("seeds", seeds, lambda k: k >= 0, ">= 0"),
-        ("l2_reg", l2_reg, lambda k: k > 0, "> 0"),
-    ):
-        if not values:
-            raise ConfigError(f"{prefix}{key}: an empty list")
-        if not all(ok(v) for v in values):
-            raise ConfigError(f"{prefix}{key}: every value must be {need}, got {values}")
-
-
-def check_knn(k: int, num_train: int, temperature: float, prefix: str = "") -> None:
-    if k < 0 or num_train < 0 or temperature <= 0:
-        raise ConfigError(
-            f"{prefix}knn_k, {prefix}knn_train: must be >= 0, {prefix}knn_temperature > 0; "
-            f"got {k}, {num_train}, {temperature}"
-        )
-
-
-def check_shots(shots: list[int | str], prefix: str = "") -> None:
-    """Shots per class: counts >= 1 and/or "all" (every train image: a full linear probe)."""
-    if not shots or len(set(shots)) != len(shots) or any(k != "all" and k < 1 for k in shots):
-        raise ConfigError(
-            f"{prefix}shots: expected distinct counts >= 1 and/or 'all', got {shots!r}"
-        )
-
-
-def check_layers(layers: str | list[int], concat_last: int) -> None:
-    if isinstance(layers, str) and layers not in ("last", "all"):
-        raise ConfigError(
-            f"layers: expected 'last', 'all' or a list of block indices, got {layers!r}"
-        )
-    if isinstance(layers, list) and not layers:
-        raise ConfigError("layers: an empty list")
-    if concat_last < 0:
-        raise ConfigError(f"concat_last: must be >= 0, got {concat_last}")
-
-
-def check_seed(seed: int) -> None:
-    # Each process seeds with seed + its rank, and NumPy takes seeds below 2**32.
-    if not 0 <= seed < 2**31:
-        raise ConfigError(f"seed: must be in [0, 2**31), got {seed}")
 
 
 @dataclass
@@ -264,32 +176,10 @@ class PretrainDataConfig:
         self.num_workers = check_data_loading(self.num_workers, self.load_size)
 
 
-def check_log_with(log_with: list[str], tensorboard: bool, prefix: str) -> list[str]:
-    """The tracker names of `log_with` (+ tensorboard for the old `tensorboard: true`), each
-    one Accelerate knows and whose package is installed: checked here, before the run directory
-    is claimed, so a missing package leaves nothing behind (imported only when asked for)."""
-    names = list(dict.fromkeys([*log_with, *(["tensorboard"] if tensorboard else [])]))
-    if names:
-        from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
-
-        available = {str(t) for t in get_available_trackers()}
-        for name in names:
-            if name not in LOGGER_TYPE_TO_CLASS:
-                raise ConfigError(
-                    f"{prefix}log_with: unknown tracker {name!r}, one of "
-                    f"{sorted(LOGGER_TYPE_TO_CLASS)}"
-                )
-            if name not in available:
-                raise ConfigError(
-                    f"{prefix}log_with: tracker {name!r} needs its package {name!r}, "
-                    f"which is not installed: pip install {name}"
-                )
-    return names
-
-
 @dataclass
 class OptimConfig:
-    """Step-based schedule. `batch_size` is GLOBAL (all processes x accumulation steps)."""
+    """The optimization and the loop's schedule. `batch_size` is GLOBAL (all processes x
+    accumulation steps). Pretraining uses Adam (`betas`)."""
 
     steps: int = 1000  # optimizer steps
     batch_size: int = 256  # global: split over processes and grad_accum micro-steps
@@ -298,32 +188,14 @@ class OptimConfig:
     warmup_steps: int = 100  # linear warm-up, then cosine decay to min_lr
     min_lr: float = 0.0
     weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)  # Adam (pretraining)
-    momentum: float = 0.9  # SGD (fine-tuning)
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam / AdamW
     grad_clip: float = 1.0  # global norm; 0 disables
     mixed_precision: MixedPrecision = "auto"
-    # torch.compile of the step's forward+loss (and few-shot feature extraction): "auto" on
-    # CUDA only, or true/false; compile_mode: default | reduce-overhead (CUDA graphs, for small
-    # models) | max-autotune. A compile failure falls back to eager with one warning.
-    compile: bool | Literal["auto"] = "auto"
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"  # torch's
-    log_every: int = 50
-    # Experiment trackers (Accelerate's): tensorboard, wandb, mlflow, comet_ml, aim, ... Each
-    # metrics.jsonl row also goes to them, from the main process; offline unless configured.
-    log_with: list[str] = field(default_factory=list)
-    tensorboard: bool = False  # the same as log_with: [tensorboard] (kept for old configs)
-    checkpoint_every: int = 500  # steps between checkpoints (0: only the final one)
-    keep_checkpoints: int = 3  # the newest N checkpoints are kept
     # Steps with a non-finite gradient norm are skipped; this many in a row stop the job.
     max_bad_steps: int = 10
-    # A collective (all-reduce, barrier) waiting this long for another rank fails the job.
-    dist_timeout_s: float = 1800.0
-    # After SIGTERM / SIGINT the job checkpoints and exits; if that takes longer (a rank gone),
-    # it exits 1 without a new checkpoint.
-    stop_timeout_s: float = 300.0
-    # A wait for one batch longer than this (a stalled pipe: command, FIFO or mount) ends the
-    # job with exit 1; covers loader start-up and the evaluation loaders too.
-    data_timeout_s: float = 600.0
+    log_every: int = 50  # steps between metrics rows
+    checkpoint_every: int = 500  # steps between checkpoints (0: only the final one)
+    keep_checkpoints: int = 3  # the newest N checkpoints are kept
 
     def validate(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "log_every", "max_bad_steps"):
@@ -331,46 +203,26 @@ class OptimConfig:
                 raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
         check_min("train.", self, ("warmup_steps", "checkpoint_every"), 0)
         check_min("train.", self, ("keep_checkpoints",), 1)
-        check_positive("train.", self, ("lr", "dist_timeout_s", "stop_timeout_s", "data_timeout_s"))
+        check_positive("train.", self, ("lr",))
         for name in ("min_lr", "weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}: must be >= 0, got {getattr(self, name)}")
         if self.min_lr > self.lr:
             raise ConfigError(f"train.min_lr ({self.min_lr}) must be <= train.lr ({self.lr})")
-        check_fraction("train.momentum", self.momentum, low_open=False)
         for i, beta in enumerate(self.betas):
             check_fraction(f"train.betas[{i}]", beta, low_open=False)
-        self.log_with = check_log_with(self.log_with, self.tensorboard, "train.")
 
 
 @dataclass
-class FewshotEvalConfig:
-    """Few-shot linear evaluation of frozen features (big_vision's fewshot_lsr)."""
+class FinetuneOptimConfig(OptimConfig):
+    """As pretraining's, plus SGD's momentum: `parts.optimizer` picks SGD (`momentum`, the
+    paper's) or AdamW (`betas`)."""
 
-    train: str = ""  # labelled source: shard dir / index / brace pattern, image folder, HF dataset
-    eval: str = ""
-    # Shots per class; "all": every train image (a full linear probe, same closed-form ridge).
-    shots: list[int | Literal["all"]] = field(default_factory=lambda: [1, 5, 10, 25])
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    l2_reg: list[float] = field(default_factory=lambda: [1024.0])
-    # Per-dimension mean/std of the train features applied to train and test before the
-    # ridge (big_vision's fewshot_lsr, today's behaviour); false: the raw features.
-    standardize: bool = True
-    batch_size: int = 256
-    num_workers: int = 2
-    max_eval: int = 0  # evaluate on the first N test images only (0: the whole split)
-    every: int = 0  # pretraining only: run every N steps (0: only at the end, if train is set)
-    # k-NN monitor next to it (eval.knn: cosine, k neighbours, votes weighted by exp(sim / T)):
-    # `knn/top1` of the test split against knn_train train images (0: all); knn_k=0: off.
-    knn_k: int = 0
-    knn_train: int = 10000
-    knn_temperature: float = 0.07
+    momentum: float = 0.9  # SGD (parts.optimizer=sgd)
 
     def validate(self) -> None:
-        check_knn(self.knn_k, self.knn_train, self.knn_temperature, "fewshot.")
-        check_fewshot_grid("fewshot.", self.shots, self.seeds, self.l2_reg)
-        check_min("fewshot.", self, ("batch_size",), 1)
-        check_min("fewshot.", self, ("num_workers", "max_eval", "every"), 0)
+        super().validate()
+        check_fraction("train.momentum", self.momentum, low_open=False)
 
 
 @dataclass
@@ -382,11 +234,20 @@ class PretrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     data: PretrainDataConfig = field(default_factory=PretrainDataConfig)
-    train: OptimConfig = field(default_factory=lambda: OptimConfig(weight_decay=0.0))
+    train: OptimConfig = field(default_factory=OptimConfig)
+    # The few-shot monitor (on when fewshot.train is set); normalized as data.mean / data.std.
     fewshot: FewshotEvalConfig = field(default_factory=FewshotEvalConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    # Experiment trackers (Accelerate's): tensorboard, wandb, mlflow, comet_ml, aim, ... Each
+    # metrics.jsonl row also goes to them, from the main process; offline unless configured.
+    trackers: list[str] = field(default_factory=list)
+    timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
+
+    moved_keys: ClassVar = (*RUN_MOVES, Moved("train.momentum", None, "pretraining uses Adam"))
 
     def validate(self) -> None:
         check_seed(self.seed)
+        self.trackers = check_trackers(self.trackers)
         if not self.data.train_shards:
             raise ConfigError("data.train_shards: required (a shard directory, index or pattern)")
         if self.objective.target == "color_4x4" and (self.model.patch_size or 0) < 4:
@@ -466,8 +327,8 @@ class FinetuneConfig:
     init: InitConfig = field(default_factory=InitConfig)
     data: FinetuneDataConfig = field(default_factory=FinetuneDataConfig)
     # Paper appendix B.1.1: SGD momentum 0.9, cosine, no weight decay, clipping at norm 1.
-    train: OptimConfig = field(
-        default_factory=lambda: OptimConfig(lr=0.01, batch_size=512, warmup_steps=50)
+    train: FinetuneOptimConfig = field(
+        default_factory=lambda: FinetuneOptimConfig(lr=0.01, batch_size=512, warmup_steps=50)
     )
     ema: float = 0.0  # Polyak averaging factor (0: off), e.g. 0.9999
     eval_every: int = 500
@@ -475,12 +336,17 @@ class FinetuneConfig:
     # weight_decay, betas that are not given explicitly (see ssl_vit.config.recipe).
     recipe: Literal["paper", "modern"] = "paper"
     parts: RecipeParts = field(default_factory=RecipeParts)
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    trackers: list[str] = field(default_factory=list)  # experiment trackers, as pretraining's
+    timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
 
+    moved_keys: ClassVar = RUN_MOVES
     # The loader merges the recipe's preset under the YAML file and the overrides.
     preset_defaults = staticmethod(recipe_defaults)
 
     def validate(self) -> None:
         check_seed(self.seed)
+        self.trackers = check_trackers(self.trackers)
         if not self.data.train:
             raise ConfigError("data.train: required (shards, image folder or HF dataset)")
         check_fraction("ema", self.ema, low_open=False)
@@ -502,64 +368,40 @@ class FinetuneConfig:
 
 @dataclass
 class FewshotDataConfig:
-    """The labelled support (train) and test (eval) sources."""
+    """The encoder's input normalization (as the pretraining's data.mean / data.std); the
+    labelled sources are fewshot.train and fewshot.eval."""
 
-    train: str = ""  # labelled source: shard dir / index / brace pattern, image folder, HF dataset
-    eval: str = ""
-    batch_size: int = 256
-    num_workers: int = 2
-    max_eval: int = 0  # evaluate on the first N test images only (0: the whole split)
     mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     std: tuple[float, float, float] = (0.5, 0.5, 0.5)
 
     def validate(self) -> None:
-        if not self.train or not self.eval:
-            raise ConfigError("data.train and data.eval: both required for few-shot evaluation")
-        check_min("data.", self, ("batch_size",), 1)
-        check_min("data.", self, ("num_workers", "max_eval"), 0)
         check_pixels_norm("data.", self.std)
 
 
 @dataclass
 class FewshotConfig:
-    """Few-shot linear evaluation of a frozen encoder (`--checkpoint`)."""
+    """Few-shot linear evaluation of a frozen encoder (`--checkpoint`, recorded as
+    init.checkpoint)."""
 
     output_dir: str = "runs/fewshot"  # the run directory
     seed: int = 0
-    # The summarized readout: the last block's output pooled so (cls+gap: both, concatenated).
-    pool: Literal["cls", "gap", "cls+gap"] = "cls"
-    # Also every block asked for (`all`, or indices, negative from the end) x cls/gap/cls+gap,
-    # and the last `concat_last` blocks concatenated: results.json `layers` (eval.readouts).
-    layers: str | list[int] = "last"
-    concat_last: int = 0  # also the last N blocks' pooled outputs concatenated (0: off)
-    knn_k: int = 0  # also weighted k-NN top-1 (eval.knn) of the readout; 0: off
-    knn_train: int = 10000  # train images the k-NN compares against (0: all)
-    knn_temperature: float = 0.07
-    # torch.compile of the feature extraction, as train.compile / train.compile_mode.
-    compile: bool | Literal["auto"] = "auto"
-    # as train.compile_mode: default | reduce-overhead (CUDA graphs) | max-autotune
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
     model: ModelConfig = field(default_factory=ModelConfig)
+    # How --checkpoint is read (init.format) and resized (init.pos_interp), as fine-tuning's.
+    init: InitConfig = field(default_factory=InitConfig)
     data: FewshotDataConfig = field(default_factory=FewshotDataConfig)
-    # Shots per class; "all": every train image (a full linear probe, same closed-form ridge).
-    shots: list[int | Literal["all"]] = field(default_factory=lambda: [1, 5, 10, 25])
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    l2_reg: list[float] = field(default_factory=lambda: [1024.0])
-    # Per-dimension mean/std of the train features applied to train and test before the
-    # ridge (big_vision's fewshot_lsr, today's behaviour); false: the raw features.
-    standardize: bool = True
-    pos_interp: Literal["bilinear", "bicubic"] = "bicubic"
-    # --checkpoint's format: auto-detected ssl-vit checkpoint, timm weights or transformers dir
-    checkpoint_format: Literal["auto", "ssl_vit", "timm", "hf"] = "auto"
-    log_with: list[str] = field(default_factory=list)  # experiment trackers, as train.log_with
-    tensorboard: bool = False  # the same as log_with: [tensorboard] (kept for old configs)
-    data_timeout_s: float = 600.0  # as train.data_timeout_s: the longest wait for one batch
+    fewshot: FewshotEvalConfig = field(default_factory=FewshotEvalConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)  # of the feature extraction
+    trackers: list[str] = field(default_factory=list)  # experiment trackers, as pretraining's
+    timeouts: DataTimeoutConfig = field(default_factory=DataTimeoutConfig)
+
+    moved_keys: ClassVar = FEWSHOT_JOB_MOVES
 
     def validate(self) -> None:
         check_seed(self.seed)
-        if self.data_timeout_s <= 0:
-            raise ConfigError(f"data_timeout_s: must be > 0, got {self.data_timeout_s}")
-        self.log_with = check_log_with(self.log_with, self.tensorboard, "")
-        check_layers(self.layers, self.concat_last)
-        check_knn(self.knn_k, self.knn_train, self.knn_temperature)
-        check_fewshot_grid("", self.shots, self.seeds, self.l2_reg)
+        self.trackers = check_trackers(self.trackers)
+        if not self.fewshot.train or not self.fewshot.eval:
+            raise ConfigError(
+                "fewshot.train and fewshot.eval: both required for few-shot evaluation"
+            )
+        if self.fewshot.every:
+            raise ConfigError("fewshot.every: pretraining only (this job evaluates once)")

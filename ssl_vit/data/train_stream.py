@@ -39,7 +39,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader, get_worker_info
 
-from ssl_vit.config.schema import FinetuneDataConfig, PretrainDataConfig, auto_num_workers
+from ssl_vit.config.checks import auto_num_workers
+from ssl_vit.config.schema import FinetuneDataConfig, PretrainDataConfig
 from ssl_vit.data.images import SquareLoad, train_transform
 from ssl_vit.data.shards import is_shard_spec, read_index, resolve_shards
 from ssl_vit.data.sources import open_source

@@ -5,21 +5,25 @@ Features are extracted once per call: for the train split only for the samples t
 it; then every shot x seed x l2_reg is solved in closed form from those features. With
 `layers` other than `last`, one pass extracts every block asked for and each readout
 (`eval.readouts`) gets its own sweep; with `knn_k` > 0 the test features also go to a
-weighted k-NN classifier over `knn_train` train images (`eval.knn`).
+weighted k-NN classifier over `knn_train` train images (`eval.knn`). Everything to do comes
+in one `FewshotEvalConfig` (the `fewshot:` section of both jobs).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_map
 
-from ssl_vit.data import decode_image, eval_loader, eval_transform, open_source
-from ssl_vit.eval.fewshot import ALL_SHOTS, Shot, fewshot_sweep, select_fewshot_indices
+from ssl_vit.config.fewshot import FewshotEvalConfig
+from ssl_vit.config.run import CompileConfig
+from ssl_vit.data import eval_loader, open_source
+from ssl_vit.eval.fewshot import ALL_SHOTS, fewshot_sweep, select_fewshot_indices
 from ssl_vit.eval.knn import knn_top1
 from ssl_vit.eval.readouts import (
     Readout,
@@ -66,30 +70,40 @@ def extract_features(
 
 
 def _subset_batches(
-    source, indices: np.ndarray, image_size: int, batch_size: int, kept: list[int] | None = None
+    spec: str,
+    rows: np.ndarray,
+    image_size: int,
+    batch_size: int,
+    num_workers: int,
+    kept: list[int],
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Decode only the chosen samples of a large source, in index order. A sample that fails
-    to decode is skipped and logged with where it comes from, as the streams do; `kept`
-    collects the indices that were decoded."""
-    transform = eval_transform(image_size)
-    xs, ys = [], []
-    for rec in source.iter_records(indices):
-        try:
-            xs.append(transform(decode_image(rec.data)))
-        except Exception as e:  # any bad sample is skipped, whatever the decoder raised
-            log.warning(
-                "few-shot train: skipping %s (key %s): %s: %s",
-                *(source.describe(rec.index), rec.key, type(e).__name__, e),
-            )
-            continue
-        ys.append(rec.label)
-        if kept is not None:
-            kept.append(rec.index)
-        if len(xs) == batch_size:
-            yield torch.stack(xs), torch.tensor(ys)
-            xs, ys = [], []
-    if xs:
-        yield torch.stack(xs), torch.tensor(ys)
+    """(images, labels) of the chosen samples `rows` (ascending) of a labelled source,
+    decoded by the loader's workers (one pass, each sample once). A sample that fails to decode
+    is a counted, logged skip, as in the streams; `kept` collects each yielded image's index,
+    in the order yielded (the workers' batches interleave)."""
+    keys = np.asarray(open_source(spec).sample_keys(), dtype=object)[rows]
+    index_of = dict(zip(keys.tolist(), rows.tolist(), strict=True))
+    if len(index_of) < len(rows):  # repeated keys: one worker, matched in source order
+        num_workers, index_of = 0, None
+    loader = eval_loader(spec, batch_size, image_size, num_workers=num_workers, indices=rows)
+    pending = iter(zip(keys.tolist(), rows.tolist(), strict=True))
+    for batch in loader:
+        if not len(batch.labels):
+            continue  # a batch that only reports skips
+        for key in batch.keys:
+            if index_of is not None:
+                kept.append(index_of[key])
+            else:
+                kept.append(next(i for k, i in pending if k == key))
+        yield batch.images, batch.labels
+
+
+def _in_index_order(features: Any, labels: torch.Tensor, kept: list[int]) -> tuple:
+    """Features (a tensor [M, D] or {block: {pool: [M, D]}}) and labels [M] of the rows
+    `kept` (in loader order), reordered to ascending row index; the sorted rows too."""
+    order = torch.as_tensor(np.argsort(np.asarray(kept, dtype=np.int64), kind="stable"))
+    feats = tree_map(lambda t: t[order], features)
+    return feats, labels[order], np.sort(np.asarray(kept, dtype=np.int64))
 
 
 def _counted(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], bar) -> Iterator[tuple]:
@@ -102,80 +116,66 @@ def _counted(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], bar) -> Itera
 
 def fewshot_evaluate(
     encoder: ViT,
-    train: str,
-    eval: str,
+    spec: FewshotEvalConfig,
     *,
     image_size: int,
     mean: tuple[float, float, float],
     std: tuple[float, float, float],
-    shots: Sequence[Shot] = (1, 5, 10, 25),
-    seeds: Sequence[int] = (0, 1, 2),
-    l2_regs: Sequence[float] = (1024.0,),
-    batch_size: int = 256,
-    num_workers: int = 2,
-    max_eval: int = 0,
     device: torch.device | str = "cpu",
-    pool: str = "cls",
-    layers: str | int | Sequence[int] = "last",
-    concat_last: int = 0,
-    knn_k: int = 0,
-    knn_train: int = 10000,
-    knn_temperature: float = 0.07,
-    standardize: bool = True,
-    compile: bool | str = False,
-    compile_mode: str = "default",
+    compile: CompileConfig | None = None,
 ) -> dict[str, Any]:
-    """Few-shot linear accuracy of `encoder` (frozen).
+    """Few-shot linear accuracy of `encoder` (frozen) as `spec` (the `fewshot:` section) says,
+    on images of `image_size` normalized by `mean` / `std` (the encoder's input); `compile`:
+    torch.compile of the feature extraction (None: eager, see readouts.frozen_forward).
 
-    `train` and `eval` are labelled sources (shards, image folder, HF dataset); `max_eval` > 0
-    uses only the first N test images. Returns `fewshot_sweep`'s dict for the last block's
-    output pooled by `pool`, plus 'summary' ({"{k}shot": mean accuracy at the first l2_reg})
-    and timing. `layers` (`last`, `all` or block indices) other than `last`, or `concat_last`
-    > 1, adds 'layers' (`layer_sweep`: every block x cls/gap/cls+gap, the last N concatenated,
-    the best readout). `knn_k` > 0 adds 'knn' ({"top1", "k", "temperature", "num_train"}):
-    weighted k-NN of the same test features against `knn_train` train images (0: all; a
-    fixed random draw otherwise). A shot "all" extracts every train image (a full linear
-    probe); `standardize` as in `fewshot_sweep`. `compile`, `compile_mode`: torch.compile of
-    the feature extraction (`train.compile`'s values, see readouts.frozen_forward).
+    Returns `fewshot_sweep`'s dict for the last block's output pooled by `spec.pool`, plus
+    'summary' ({"{k}shot": mean accuracy at the first l2_reg}) and timing. `spec.layers`
+    other than `last`, or `concat_last` > 1, adds 'layers' (`layer_sweep`: every block x
+    cls/gap/cls+gap, the last N concatenated, the best readout). `knn_k` > 0 adds 'knn'
+    ({"top1", "k", "temperature", "num_train"}): weighted k-NN of the same test features
+    against `knn_train` train images (0: all; a fixed random draw otherwise). A shot "all"
+    extracts every train image (a full linear probe).
     """
     t0 = time.perf_counter()
     depth = len(encoder.blocks)
-    wanted = parse_layers(layers, depth)
-    per_layer = layers != "last" or concat_last > 1
-    last = Readout("last", (depth - 1,), pool)
-    extract_at = sorted({*wanted, *range(depth - max(concat_last, 1), depth)})
-    train_src = open_source(train)
+    wanted = parse_layers(spec.layers, depth)
+    per_layer = spec.layers != "last" or spec.concat_last > 1
+    last = Readout("last", (depth - 1,), spec.pool)
+    extract_at = sorted({*wanted, *range(depth - max(spec.concat_last, 1), depth)})
+    train_src = open_source(spec.train)
     labels = train_src.labels()
     num_classes = len(train_src.label_names) or int(labels.max()) + 1
     labelled = _labelled_rows(train_src, labels, num_classes)
     # Out-of-range labels -> K: bincount(minlength=K)[:K] and the per-class draws ignore them.
     selection = select_fewshot_indices(
-        np.where(labelled, labels, num_classes), shots, seeds, num_classes=num_classes
+        np.where(labelled, labels, num_classes), spec.shots, spec.seeds, num_classes=num_classes
     )
     rows = np.unique(np.concatenate(list(selection.values())))
-    if ALL_SHOTS in shots:  # the full probe needs every (in-range) train image's features
+    if ALL_SHOTS in spec.shots:  # the full probe needs every (in-range) train image's features
         rows = np.flatnonzero(labelled)
-    num_eval = len(open_source(eval))
-    num_eval = min(num_eval, max_eval) if max_eval > 0 else num_eval
+    num_eval = len(open_source(spec.eval))
+    num_eval = min(num_eval, spec.max_eval) if spec.max_eval > 0 else num_eval
     bar = progress_bar(len(rows) + num_eval, desc="few-shot features", unit="img", every_s=30)
-    compiling = (compile, compile_mode)
+    compiling = (compile.enabled, compile.mode) if compile is not None else (False, "default")
+    loading = (image_size, spec.batch_size, spec.num_workers)
 
-    def features(batches):
+    def features(batches, pool=spec.pool, per_layer=per_layer):
         if not per_layer:  # the one readout: pooled last output (unchanged default path)
             x, y = extract_features(encoder, batches, mean, std, pool, device, *compiling)
             return {depth - 1: {pool: x}}, y
         return extract_layer_features(encoder, batches, mean, std, extract_at, device, *compiling)
 
-    kept: list[int] = []  # the train rows that decoded: features row i is sample kept[i]
-    train_batches = _subset_batches(train_src, rows, image_size, batch_size, kept)
-    train_f = features(_counted(train_batches, bar))
+    kept: list[int] = []  # the train rows that decoded, in loader order
+    train_f = features(_counted(_subset_batches(spec.train, rows, *loading, kept), bar))
+    train_f = _in_index_order(*train_f, kept)  # features row i is sample kept_rows[i]
+    kept_rows = train_f[2]
     skipped_eval = [0]
 
     def test_batches():
         loader = eval_loader(
-            *(eval, batch_size, image_size),
-            num_workers=num_workers,
-            limit=max_eval,
+            *(spec.eval, spec.batch_size, image_size),
+            num_workers=spec.num_workers,
+            limit=spec.max_eval,
             num_classes=num_classes,  # a test label outside [0, K): a counted skip
         )
         for b in loader:
@@ -185,42 +185,27 @@ def fewshot_evaluate(
     test_f = features(_counted(test_batches(), bar))
     bar.close()
     t_features = time.perf_counter() - t0
-    kept_rows = np.asarray(kept, dtype=np.int64)  # ascending, as iter_records yields
     sweep = dict(
-        shots=shots,
-        seeds=seeds,
-        l2_regs=l2_regs,
+        shots=spec.shots,
+        seeds=spec.seeds,
+        l2_regs=spec.l2_reg,
         num_classes=num_classes,
         # A skipped image leaves its class one shot short in that seed's subsets.
         selection={
             s: np.searchsorted(kept_rows, idx[np.isin(idx, kept_rows)])
             for s, idx in selection.items()
         },
-        standardize=standardize,
+        standardize=spec.standardize,
     )
     train_x, test_x = last.features(train_f[0]), last.features(test_f[0])
     result = fewshot_sweep(train_x, train_f[1], test_x, test_f[1], **sweep)
-    result["summary"] = {f"{k}shot": result[f"{k}shot"] for k in shots}
+    result["summary"] = {f"{k}shot": result[f"{k}shot"] for k in spec.shots}
     if per_layer:
-        readouts = plan_readouts(wanted, depth, concat_last=concat_last)
+        readouts = plan_readouts(wanted, depth, concat_last=spec.concat_last)
         result["layers"] = {"depth": depth, **layer_sweep(readouts, train_f, test_f, **sweep)}
         log.info("best frozen readout: %s", result["layers"]["best"])
-    if knn_k > 0:
-        t_knn = time.perf_counter()
-        valid = np.flatnonzero(labelled)
-        knn_rows = valid[knn_train_rows(len(valid), knn_train)]
-        knn_x, knn_y = extract_features(
-            encoder,
-            _subset_batches(train_src, knn_rows, image_size, batch_size),
-            *(mean, std, pool, device, *compiling),
-        )
-        result["knn"] = {
-            "top1": knn_top1(knn_x, knn_y, test_x, test_f[1], knn_k, knn_temperature, num_classes),
-            "k": knn_k,
-            "temperature": knn_temperature,
-            "num_train": len(knn_x),
-            "time_s": time.perf_counter() - t_knn,
-        }
+    if spec.knn_k > 0:
+        result["knn"] = _knn(spec, labelled, features, loading, test_x, test_f[1], num_classes)
     result["num_train_features"] = len(train_x)
     result["skipped_train"] = len(rows) - len(kept)  # images that failed to decode
     result["skipped_train_labels"] = int((~labelled).sum())  # labels outside [0, K)
@@ -232,6 +217,24 @@ def fewshot_evaluate(
         "few-shot: %s (%d test images, %.1fs)", result["summary"], len(test_x), result["time_s"]
     )
     return result
+
+
+def _knn(spec, labelled, features, loading, test_x, test_y, num_classes) -> dict[str, Any]:
+    """Weighted k-NN top-1 of the test features against `spec.knn_train` train images."""
+    t_knn = time.perf_counter()
+    valid = np.flatnonzero(labelled)
+    knn_rows = valid[knn_train_rows(len(valid), spec.knn_train)]
+    kept: list[int] = []
+    store, knn_y = features(_subset_batches(spec.train, knn_rows, *loading, kept), per_layer=False)
+    knn_x, knn_y, _ = _in_index_order(next(iter(store.values()))[spec.pool], knn_y, kept)
+    top1 = knn_top1(knn_x, knn_y, test_x, test_y, spec.knn_k, spec.knn_temperature, num_classes)
+    return {
+        "top1": top1,
+        "k": spec.knn_k,
+        "temperature": spec.knn_temperature,
+        "num_train": len(knn_x),
+        "time_s": time.perf_counter() - t_knn,
+    }
 
 
 def _labelled_rows(source, labels: np.ndarray, num_classes: int) -> np.ndarray:

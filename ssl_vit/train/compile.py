@@ -1,8 +1,8 @@
 """torch.compile of a step's forward+loss (or of feature extraction), where it pays, with a
 fallback to eager that never kills a job.
 
-`train.compile`: `auto` compiles on CUDA and runs eagerly elsewhere (on a CPU the compile time
-is not won back by short jobs); `true` / `false` force it. `train.compile_mode` is torch's:
+`compile.enabled`: `auto` compiles on CUDA and runs eagerly elsewhere (on a CPU the compile time
+is not won back by short jobs); `true` / `false` force it. `compile.mode` is torch's:
 `default`, `reduce-overhead` (CUDA graphs: for small models whose step is launch-bound) or
 `max-autotune`. The region is compiled with fullgraph=True: the corruption draws are made
 outside it (objectives.corruption.draw_corruption), so it is one graph; a graph break is a
@@ -29,7 +29,7 @@ BACKEND: str | Callable = "inductor"  # torch.compile's backend (tests swap in a
 
 
 def compile_enabled(setting: bool | str, device: torch.device | str) -> bool:
-    """`train.compile` (true, false or "auto": on CUDA only) for a job on `device`."""
+    """`compile.enabled` (true, false or "auto": on CUDA only) for a job on `device`."""
     if setting == "auto":
         return torch.device(device).type == "cuda"
     return bool(setting)
@@ -78,7 +78,7 @@ def maybe_compile(
     device: torch.device | str,
     backend: str | Callable | None = None,
 ) -> Callable:
-    """`Compiled(fn, mode)` when `train.compile` (`setting`) is on for `device`, else `fn`."""
+    """`Compiled(fn, mode)` when `compile.enabled` (`setting`) is on for `device`, else `fn`."""
     if not compile_enabled(setting, device):
         return fn
     return Compiled(fn, mode, backend)

@@ -9,10 +9,10 @@ A job that hangs burns its allocation and never reports failure, so the entry po
   written and the job exits 0 with `"preempted": true` in results.json (resume with --resume).
   During the final evaluation (the final checkpoint already written): exit 0 at once, without
   results.json; --resume repeats only the evaluation. A second signal exits 1 at once.
-- A graceful stop that has not ended `stop_timeout_s` after the signal (a rank gone, a stuck
+- A graceful stop that has not ended `timeouts.stop_s` after the signal (a rank gone, a stuck
   collective, a read that never returns) is cut short: exit 1, the last complete checkpoint
   stays the resume point. The timer thread ends the process itself (`watchdog.hard_exit`).
-- A data source that stalls (no batch for `data_timeout_s`) ends the job: exit 1
+- A data source that stalls (no batch for `timeouts.data_s`) ends the job: exit 1
   (`watchdog.watched`). A loader worker found dead is named in the error line, whichever
   error surfaced first.
 

@@ -1,6 +1,6 @@
 """Run outputs: `metrics.jsonl` (one JSON object per logged step, the source of truth) and
 `results.json`, and optionally the same rows in experiment trackers through Accelerate's
-tracking API (`train.log_with`: tensorboard, wandb, mlflow, ...).
+tracking API (`trackers`: tensorboard, wandb, mlflow, ...).
 
 Only the main process writes. Values are converted with `.item()` here, at log steps only,
 so the training step itself never waits on the device.

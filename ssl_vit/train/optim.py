@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from ssl_vit.config.schema import OptimConfig
+from ssl_vit.config.schema import FinetuneOptimConfig, OptimConfig
 
 __all__ = ["apply_step", "decay_exempt", "param_groups", "build_adam", "build_sgd", "fused_sgd"]
 
@@ -42,12 +42,12 @@ def build_adam(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
     )
 
 
-def build_sgd(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+def build_sgd(model: nn.Module, cfg: FinetuneOptimConfig) -> torch.optim.Optimizer:
     """SGD with momentum (paper B.1.1 fine-tuning), no weight decay by default."""
     return fused_sgd(param_groups(model, cfg.weight_decay), cfg)
 
 
-def fused_sgd(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+def fused_sgd(groups: list[dict], cfg: FinetuneOptimConfig) -> torch.optim.Optimizer:
     """SGD over `groups`, fused (one kernel per parameter group, GPU and CPU) so that a step is
     skipped on the device (`apply_step`).
     The momentum buffers start at zero instead of being created by the first step: a first

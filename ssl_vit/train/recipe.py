@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ssl_vit.config.recipe import RecipeParts
-from ssl_vit.config.schema import OptimConfig
+from ssl_vit.config.schema import FinetuneOptimConfig
 from ssl_vit.train.optim import build_sgd, decay_exempt, fused_sgd, param_groups
 
 __all__ = ["BatchMixer", "build_finetune_optimizer", "layer_decay_groups", "recipe_loss"]
@@ -35,7 +35,7 @@ def layer_decay_groups(model: nn.Module, weight_decay: float, layer_decay: float
 
 
 def build_finetune_optimizer(
-    model: nn.Module, parts: RecipeParts, cfg: OptimConfig
+    model: nn.Module, parts: RecipeParts, cfg: FinetuneOptimConfig
 ) -> torch.optim.Optimizer:
     """SGD with momentum (the paper) or AdamW (decoupled decay), with layer-wise lr decay when
     `parts.layer_decay` < 1. The schedule's `set_lr` multiplies each group's `lr_scale`."""

@@ -113,8 +113,8 @@ def start_run(cfg: Any, resume: bool = False, overwrite: bool = False) -> Run:
 
     `cfg.train.batch_size` is global: it must divide into processes x accumulation steps."""
     tc = cfg.train
-    set_data_timeout(tc.data_timeout_s)
-    acc = make_accelerator(tc.mixed_precision, tc.grad_accum, tc.dist_timeout_s)
+    set_data_timeout(cfg.timeouts.data_s)
+    acc = make_accelerator(tc.mixed_precision, tc.grad_accum, cfg.timeouts.dist_s)
     setup_logging(acc.is_main_process)
     warn_if_launcher_returns_early()
     per_step = acc.num_processes * tc.grad_accum

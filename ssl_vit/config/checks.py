@@ -1,0 +1,133 @@
+"""Value checks shared by the config schemas: each raises one `ConfigError` line naming the key."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ssl_vit.config.errors import ConfigError
+
+__all__ = [
+    "MAX_AUTO_WORKERS",
+    "auto_num_workers",
+    "check_data_loading",
+    "check_fewshot_grid",
+    "check_fraction",
+    "check_knn",
+    "check_layers",
+    "check_min",
+    "check_pixels_norm",
+    "check_positive",
+    "check_seed",
+    "check_shots",
+]
+
+MAX_AUTO_WORKERS = 8
+
+
+def auto_num_workers(requested: int) -> int:
+    """`data.num_workers`; -1 (auto) -> min(8, usable CPUs // processes on this node).
+
+    Each process of a node starts its own workers; LOCAL_WORLD_SIZE (set by accelerate launch
+    and torchrun) says how many share the node's CPUs."""
+    if requested >= 0:
+        return requested
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    local = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), 1)
+    return max(min(MAX_AUTO_WORKERS, (cpus or 1) // local), 1)
+
+
+def check_data_loading(num_workers: int, load_size: int) -> int:
+    """The resolved worker count, after checking the loading keys shared by the data configs."""
+    if num_workers < -1:
+        raise ConfigError(f"data.num_workers: must be >= 0 or -1 (auto), got {num_workers}")
+    if load_size < 0:
+        raise ConfigError(f"data.load_size: must be >= 0 (0: auto), got {load_size}")
+    return auto_num_workers(num_workers)
+
+
+def check_min(prefix: str, obj: Any, names: tuple[str, ...], minimum: int) -> None:
+    """Every `obj.<name>` (an int) is >= `minimum`; the error names `prefix + name`."""
+    for name in names:
+        if getattr(obj, name) < minimum:
+            raise ConfigError(f"{prefix}{name}: must be >= {minimum}, got {getattr(obj, name)}")
+
+
+def check_positive(prefix: str, obj: Any, names: tuple[str, ...]) -> None:
+    """Every `obj.<name>` (a number, None skipped) is > 0; the error names `prefix + name`."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not value > 0:
+            raise ConfigError(f"{prefix}{name}: must be > 0, got {value}")
+
+
+def check_fraction(key: str, value: float, low_open: bool = True) -> None:
+    """`value` in (0, 1] (low_open) or [0, 1)."""
+    ok = 0.0 < value <= 1.0 if low_open else 0.0 <= value < 1.0
+    if not ok:
+        raise ConfigError(f"{key}: must be in {'(0, 1]' if low_open else '[0, 1)'}, got {value}")
+
+
+def check_pixels_norm(
+    prefix: str, std: tuple[float, ...], crop_scale: tuple[float, float] | None = None
+) -> None:
+    """Normalization (std > 0: it divides; the mean only needs to be finite, as every float
+    key) and the random-resized-crop area range 0 < low <= high <= 1 (a crop cannot be larger
+    than the image)."""
+    if min(std) <= 0:
+        raise ConfigError(f"{prefix}std: every value must be > 0, got {list(std)}")
+    if crop_scale is not None:
+        low, high = crop_scale
+        if not 0.0 < low <= high <= 1.0:
+            raise ConfigError(
+                f"{prefix}crop_scale: need 0 < low <= high <= 1, got {list(crop_scale)}"
+            )
+
+
+def check_fewshot_grid(
+    prefix: str, shots: list[int | str], seeds: list[int], l2_reg: list[float]
+) -> None:
+    """Shots as `check_shots`, seeds >= 0 (NumPy draws), l2_reg > 0 (a ridge needs it); none
+    empty."""
+    check_shots(shots, prefix)
+    for key, values, ok, need in (
+        ("seeds", seeds, lambda k: k >= 0, ">= 0"),
+        ("l2_reg", l2_reg, lambda k: k > 0, "> 0"),
+    ):
+        if not values:
+            raise ConfigError(f"{prefix}{key}: an empty list")
+        if not all(ok(v) for v in values):
+            raise ConfigError(f"{prefix}{key}: every value must be {need}, got {values}")
+
+
+def check_knn(k: int, num_train: int, temperature: float, prefix: str = "") -> None:
+    if k < 0 or num_train < 0 or temperature <= 0:
+        raise ConfigError(
+            f"{prefix}knn_k, {prefix}knn_train: must be >= 0, {prefix}knn_temperature > 0; "
+            f"got {k}, {num_train}, {temperature}"
+        )
+
+
+def check_shots(shots: list[int | str], prefix: str = "") -> None:
+    """Shots per class: counts >= 1 and/or "all" (every train image: a full linear probe)."""
+    if not shots or len(set(shots)) != len(shots) or any(k != "all" and k < 1 for k in shots):
+        raise ConfigError(
+            f"{prefix}shots: expected distinct counts >= 1 and/or 'all', got {shots!r}"
+        )
+
+
+def check_layers(layers: str | list[int], concat_last: int, prefix: str = "") -> None:
+    if isinstance(layers, str) and layers not in ("last", "all"):
+        raise ConfigError(
+            f"{prefix}layers: expected 'last', 'all' or a list of block indices, got {layers!r}"
+        )
+    if isinstance(layers, list) and not layers:
+        raise ConfigError(f"{prefix}layers: an empty list")
+    if concat_last < 0:
+        raise ConfigError(f"{prefix}concat_last: must be >= 0, got {concat_last}")
+
+
+def check_seed(seed: int) -> None:
+    # Each process seeds with seed + its rank, and NumPy takes seeds below 2**32.
+    if not 0 <= seed < 2**31:
+        raise ConfigError(f"seed: must be in [0, 2**31), got {seed}")
