@@ -97,7 +97,7 @@ def _backward(model, x, poison=False):
 def test_a_non_finite_step_leaves_weights_and_optimizer_state_bit_identical(build, tmp_path):
     acc = Accelerator(cpu=True)
     model = _tiny()
-    opt = build(model, OptimConfig(lr=0.1, weight_decay=0.01))
+    opt = build(model, FinetuneOptimConfig(lr=0.1, weight_decay=0.01))  # momentum for SGD
     model, opt = acc.prepare(model, opt)
     counters = loop.new_counters()
     bad = loop.BadSteps(OptimConfig(log_every=3, max_bad_steps=2), tmp_path, counters, acc.device)

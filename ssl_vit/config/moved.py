@@ -23,12 +23,14 @@ log = logging.getLogger("ssl_vit.config")
 @dataclass(frozen=True)
 class Moved:
     """`old` (dotted key) now lives at `new` (None: dropped, it did nothing); `convert` maps an
-    old value to the new one; a list value is appended to a list already at `new`."""
+    old value to the new one; `append`: a list joined to one already at `new` (two old keys
+    that both meant trackers), instead of an error."""
 
     old: str
     new: str | None
     why: str = ""
     convert: Callable[[Any], Any] | None = None
+    append: bool = False
 
 
 def tensorboard_tracker(value: Any) -> Any:
@@ -46,7 +48,7 @@ def _pop(data: dict[str, Any], path: str) -> tuple[bool, Any]:
     return True, node.pop(leaf)
 
 
-def _put(data: dict[str, Any], path: str, value: Any, old: str) -> None:
+def _put(data: dict[str, Any], path: str, value: Any, old: str, append: bool = False) -> None:
     *parents, leaf = path.split(".")
     node = data
     for p in parents:
@@ -55,7 +57,7 @@ def _put(data: dict[str, Any], path: str, value: Any, old: str) -> None:
             return
         node = child
     if leaf in node:
-        if isinstance(node[leaf], list) and isinstance(value, list):
+        if append and isinstance(node[leaf], list) and isinstance(value, list):
             node[leaf] = list(dict.fromkeys([*node[leaf], *value]))
             return
         raise ConfigError(f"{old} and {path}: the same setting twice ({old} is its old name)")
@@ -76,6 +78,6 @@ def apply_moves(data: dict[str, Any], moves: Iterable[Moved]) -> dict[str, Any]:
         if m.new is None:
             log.warning("config key %s is deprecated and ignored%s", m.old, why)
             continue
-        _put(data, m.new, m.convert(value) if m.convert else value, m.old)
+        _put(data, m.new, m.convert(value) if m.convert else value, m.old, m.append)
         log.warning("config key %s is deprecated: use %s%s", m.old, m.new, why)
     return data

@@ -70,8 +70,8 @@ def check_trackers(names: list[str]) -> list[str]:
 
 # The training jobs' keys that left `train` (the few-shot job's own list is in config.fewshot).
 RUN_MOVES = (
-    Moved("train.log_with", "trackers"),
-    Moved("train.tensorboard", "trackers", convert=tensorboard_tracker),
+    Moved("train.log_with", "trackers", append=True),
+    Moved("train.tensorboard", "trackers", convert=tensorboard_tracker, append=True),
     Moved("train.compile", "compile.enabled"),
     Moved("train.compile_mode", "compile.mode"),
     Moved("train.dist_timeout_s", "timeouts.dist_s"),

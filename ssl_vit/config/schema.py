@@ -216,8 +216,14 @@ class OptimConfig:
 @dataclass
 class FinetuneOptimConfig(OptimConfig):
     """As pretraining's, plus SGD's momentum: `parts.optimizer` picks SGD (`momentum`, the
-    paper's) or AdamW (`betas`)."""
+    paper's) or AdamW (`betas`). Paper appendix B.1.1: SGD momentum 0.9, cosine, no weight
+    decay, clipping at norm 1."""
 
+    # Fine-tuning's own defaults, also when a config gives other `train` keys (a default
+    # factory of the job would apply them only when `train` is left out entirely).
+    batch_size: int = 512  # global: split over processes and grad_accum micro-steps
+    lr: float = 0.01  # peak learning rate
+    warmup_steps: int = 50  # linear warm-up, then cosine decay to min_lr
     momentum: float = 0.9  # SGD (parts.optimizer=sgd)
 
     def validate(self) -> None:
@@ -326,10 +332,7 @@ class FinetuneConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     init: InitConfig = field(default_factory=InitConfig)
     data: FinetuneDataConfig = field(default_factory=FinetuneDataConfig)
-    # Paper appendix B.1.1: SGD momentum 0.9, cosine, no weight decay, clipping at norm 1.
-    train: FinetuneOptimConfig = field(
-        default_factory=lambda: FinetuneOptimConfig(lr=0.01, batch_size=512, warmup_steps=50)
-    )
+    train: FinetuneOptimConfig = field(default_factory=FinetuneOptimConfig)
     ema: float = 0.0  # Polyak averaging factor (0: off), e.g. 0.9999
     eval_every: int = 500
     # paper (B.1.1) or modern (MAE Table 9): the defaults of `parts` and of train.lr,
