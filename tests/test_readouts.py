@@ -90,3 +90,27 @@ def test_knn_monitor_on_the_same_features(synthetic_shards):
     one = _evaluate(encoder, synthetic_shards, knn_k=1, knn_train=0)
     assert one["knn"]["top1"] == 1.0
     assert "knn" not in _evaluate(encoder, synthetic_shards)
+
+
+def test_support_set_decoded_by_workers_gives_the_serial_results(synthetic_shards):
+    """Two loader workers decode the support set (their batches interleave); the features are
+    put back in index order, so every figure equals the one-process pass's."""
+    torch.manual_seed(0)
+    encoder = ViT(16, 4, 32, 2, 4)
+    kw = dict(knn_k=3, knn_train=40, layers="all")
+    serial = _evaluate(encoder, synthetic_shards, **kw)
+    spec = FewshotEvalConfig(
+        str(synthetic_shards), str(synthetic_shards), shots=[1, 3], seeds=[0, 1], batch_size=5,
+        num_workers=2, **kw,
+    )  # fmt: skip
+    workers = fewshot_evaluate(encoder, spec, image_size=16, mean=MEAN, std=STD)
+
+    def timeless(r):
+        return {
+            k: timeless(v) if isinstance(v, dict) else v
+            for k, v in r.items()
+            if "time" not in str(k)
+        }
+
+    assert timeless(workers) == timeless(serial)
+    assert workers["num_train_features"] >= 10 and workers["knn"]["num_train"] == 40
