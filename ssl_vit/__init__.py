@@ -4,7 +4,7 @@ The public API used by jobs and outside code; everything else lives in the sub-p
 (`model`, `objectives`, `train`, `data`, `eval`).
 """
 
-from ssl_vit.eval.fewshot import fewshot_linear_accuracy
+from ssl_vit.eval.fewshot import ridge_accuracies
 from ssl_vit.model.pos_embed import interpolate_pos_embed
 from ssl_vit.model.vit import ViT, build_vit
 from ssl_vit.objectives.corruption import corrupt_patches
@@ -17,7 +17,7 @@ __all__ = [
     "build_vit",
     "cell_color_classes",
     "corrupt_patches",
-    "fewshot_linear_accuracy",
+    "ridge_accuracies",
     "interpolate_pos_embed",
     "mean_color_classes",
     "patch_pixels",

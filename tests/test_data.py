@@ -142,7 +142,7 @@ def test_hf_dataset_round_trip(tmp_path):
 
     test = open_source(str(tmp_path / "hf"), split="test")
     assert len(test) == 2 and test.labels().tolist() == [1, 0]
-    assert [(i, d) for i, d, _ in test.iter_samples([1])] == [(1, images[1])]
+    assert [(r.index, r.data) for r in test.iter_records([1])] == [(1, images[1])]
 
 
 def test_hub_dataset_name(tmp_path, monkeypatch):
@@ -351,14 +351,16 @@ def test_sources_read_only_chosen_samples(synthetic_shards, tmp_path):
     assert len(shards) == 96 and shards.label_names == SYNTHETIC_LABELS
     assert shards.labels().tolist() == [i % 10 for i in range(96)]
     want = {i: (data, label) for i, (_, data, label) in enumerate(synthetic_shapes(96))}
-    got = list(shards.iter_samples([95, 47, 48, 0]))
+    got = [(r.index, r.data, r.label) for r in shards.iter_records([95, 47, 48, 0])]
     assert [i for i, _, _ in got] == [0, 47, 48, 95]
     assert all((d, y) == want[i] for i, d, y in got)
 
     files = _write_files(tmp_path, ["b/1.png", "a/2.png", "a/1.png"])
     folder = open_source(str(tmp_path))
     assert folder.label_names == ["a", "b"] and folder.labels().tolist() == [0, 0, 1]
-    assert list(folder.iter_samples([2])) == [(2, files["b/1.png"], 1)]
+    assert [(r.index, r.data, r.label) for r in folder.iter_records([2])] == [
+        (2, files["b/1.png"], 1)
+    ]
     with pytest.raises(FileNotFoundError, match="not found"):
         open_source(str(tmp_path / "nope"))
 

@@ -12,12 +12,17 @@ import torch
 from ssl_vit.eval.fewshot import (
     BIAS_CONSTANT,
     STD_EPS,
-    fewshot_linear_accuracy,
     fewshot_sweep,
+    ridge_accuracies,
     ridge_solve,
     select_fewshot_indices,
     standardize,
 )
+
+
+def fewshot_linear_accuracy(xtr, ytr, xte, yte, l2_reg=1024.0, num_classes=None, standardize=True):
+    """One l2_reg's accuracy (the library solves several at once: `ridge_accuracies`)."""
+    return ridge_accuracies(xtr, ytr, xte, yte, [l2_reg], num_classes, standardize)[0]
 
 
 def _lstsq_ridge(X: np.ndarray, Y: np.ndarray, l2_reg: float) -> np.ndarray:

@@ -15,8 +15,8 @@ from ssl_vit.config.loader import ConfigError
 from ssl_vit.eval.fewshot import (
     BIAS_CONSTANT,
     STD_EPS,
-    fewshot_linear_accuracy,
     fewshot_sweep,
+    ridge_accuracies,
     ridge_solve,
     shot_order,
 )
@@ -25,6 +25,11 @@ from ssl_vit.report.runs import fewshot_table, link_runs, load_runs
 from ssl_vit.report.tables import summary_section
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def fewshot_linear_accuracy(xtr, ytr, xte, yte, l2_reg=1024.0, num_classes=None, standardize=True):
+    """One l2_reg's accuracy (the library solves several at once: `ridge_accuracies`)."""
+    return ridge_accuracies(xtr, ytr, xte, yte, [l2_reg], num_classes, standardize)[0]
 
 
 def pipeline(name: str):

@@ -121,11 +121,10 @@ class _IndexedStream(_PassStream):
     dataset, or shards by index)."""
 
     spec: str = ""
-    split: str | None = None
     indices: np.ndarray | None = None
 
     def _samples(self, worker: int, num_workers: int, stats: Stats) -> Iterator[Sample]:
-        source = open_source(self.spec, self.split)  # opened per worker: pickles as a path
+        source = open_source(self.spec)  # opened per worker: pickles as a path
         order = np.arange(len(source)) if self.indices is None else np.unique(self.indices)
         for rec in source.iter_records(order[self.rank :: self.world_size][worker::num_workers]):
             label = None if self.require_labels and rec.label < 0 else rec.label
@@ -140,7 +139,6 @@ def eval_loader(
     num_workers: int = 2,
     rank: int = 0,
     world_size: int = 1,
-    split: str | None = None,
     indices: Sequence[int] | np.ndarray | None = None,
     limit: int = 0,
     max_consecutive_failures: int = 1000,
@@ -152,7 +150,8 @@ def eval_loader(
     per worker). Shards are split by rank, then by worker; with fewer shards than units the
     samples are split by index modulo instead. Ranks may get different numbers of batches:
     gather with that in mind. `indices` restricts the pass to those samples (source order) and
-    `limit` > 0 to the first N of them; both read shards by index instead of streaming them.
+    `limit` > 0 to the first N of them; both read shards by index instead of streaming them
+    (few-shot decodes its support set so, in the workers).
     `num_classes` K > 0: samples labelled outside [0, K) are skipped and counted.
     """
     common = dict(
@@ -169,9 +168,9 @@ def eval_loader(
     if indices is None and limit <= 0 and is_shard_spec(source):
         dataset: StreamDataset = _ShardStream(urls=resolve_shards(source), **common)
     else:
-        n = len(open_source(source, split))  # also fails early, in the main process
+        n = len(open_source(source))  # also fails early, in the main process
         idx = np.arange(n) if indices is None else np.asarray(indices, dtype=np.int64)
         if limit > 0:
             idx = np.unique(idx)[:limit]
-        dataset = _IndexedStream(spec=source, split=split, indices=idx, **common)
+        dataset = _IndexedStream(spec=source, indices=idx, **common)
     return make_loader(dataset, num_workers, persistent=False, prefetch=2)

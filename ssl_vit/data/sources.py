@@ -3,7 +3,7 @@
 Downstream jobs (few-shot features, evaluation) need labels without decoding images, and the
 encoded bytes of a few chosen samples out of many. An `ImageSource` gives exactly that:
 `labels()` reads labels only (folder paths, the HF label column, `.cls` tar members) and
-`iter_samples(indices)` reads only the chosen samples' bytes. Decoding happens elsewhere
+`iter_records(indices)` reads only the chosen samples' bytes. Decoding happens elsewhere
 (`ssl_vit.data.images.decode_image`).
 """
 
@@ -87,13 +87,6 @@ class ImageSource(ABC):
     @abstractmethod
     def sample_keys(self) -> list[str]:
         """Every sample's key in source order (as `Record.key`), without reading images."""
-
-    def iter_samples(
-        self, indices: Iterable[int] | None = None
-    ) -> Iterator[tuple[int, bytes, int]]:
-        """(index, encoded image bytes, label), as `iter_records`."""
-        for rec in self.iter_records(indices):
-            yield rec.index, rec.data, rec.label
 
     def __getitem__(self, index: int) -> Record:
         """Record `index` (for shards: reads the shard up to it; prefer `iter_records`)."""
@@ -323,7 +316,7 @@ class ShardSource(ImageSource):
     """Shards as a random-access source: sample i = the i-th key group across the shards.
 
     Counts come from index.json when there is one, else from reading tar headers. Local tars
-    are read with seeks, so `labels()` and `iter_samples(indices)` only read `.cls` members and
+    are read with seeks, so `labels()` and `iter_records(indices)` only read `.cls` members and
     the chosen samples' images.
     """
 

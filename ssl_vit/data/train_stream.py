@@ -60,6 +60,8 @@ from ssl_vit.data.stages import (
 __all__ = ["StreamTracker", "pretrain_loader", "train_loader"]
 
 log = logging.getLogger(__name__)
+# Batches each worker prepares ahead (DataLoader prefetch_factor): enough to hide a slow decode.
+PREFETCH = 2
 
 # Stream ids mixed into seeds so shard choice, shuffling and augmentation draw independently.
 _SHARDS, _SHUFFLE, _AUGMENT, _EPOCH, _RESEED = 1, 2, 3, 4, 5
@@ -172,10 +174,9 @@ class _IndexedTrainStream(_ResumableStream):
     seeded by (seed, v) split over units."""
 
     spec: str = ""
-    split: str | None = None
 
     def _visit(self, unit: int, units: int, v: int, stats: Stats) -> Iterator[Sample]:
-        source = open_source(self.spec, self.split)  # opened per worker: pickles as a path
+        source = open_source(self.spec)  # opened per worker: pickles as a path
         order = np.random.default_rng(seed_of(self.seed, v, _EPOCH)).permutation(len(source))
         for i in order[unit::units].tolist():  # (iter_records would read them in sorted order)
             rec = source[i]
@@ -277,9 +278,7 @@ def _train_fields(
     )
 
 
-def _shard_loader(
-    urls: list[str], data: DataConfig, prefetch_factor: int, **stream: Any
-) -> DataLoader:
+def _shard_loader(urls: list[str], data: DataConfig, **stream: Any) -> DataLoader:
     """The resumable stream over `urls`; `stream`: the `_train_fields` arguments."""
     units = stream["world_size"] * max(data.num_workers, 1)
     if not data.resampled and len(urls) < units:
@@ -296,7 +295,7 @@ def _shard_loader(
         shuffle_buffer=data.shuffle_buffer,
         **_train_fields(data, **stream),
     )
-    return make_loader(dataset, data.num_workers, persistent=True, prefetch=prefetch_factor)
+    return make_loader(dataset, data.num_workers, persistent=True, prefetch=PREFETCH)
 
 
 def pretrain_loader(
@@ -309,8 +308,6 @@ def pretrain_loader(
     world_size: int = 1,
     resume: dict | None = None,
     urls: Sequence[str] | None = None,
-    labelled: bool = False,
-    prefetch_factor: int = 2,
     max_consecutive_failures: int = 1000,
     load_size: int | None = None,
 ) -> DataLoader:
@@ -319,8 +316,8 @@ def pretrain_loader(
     buffer, crop scale, flip and resampling.
 
     Non-resampled: epochs, each sample once per epoch across all ranks and workers; resampled:
-    shards drawn with replacement. Labels come from `.cls` when present (-1 otherwise); with
-    `labelled=True` a sample without one is skipped. `resume`: a `StreamTracker.state_dict()`.
+    shards drawn with replacement. Labels come from `.cls` when present (-1 otherwise).
+    `resume`: a `StreamTracker.state_dict()`.
     `load_size`: batches of un-augmented uint8 [B,3,L,L] images for `DeviceAugment`.
     """
     urls = resolve_shards(data.train_shards) if urls is None else list(urls)
@@ -328,14 +325,13 @@ def pretrain_loader(
     return _shard_loader(
         urls,
         data,
-        prefetch_factor,
         batch_size=batch_size,
         image_size=image_size,
         seed=seed,
         rank=rank,
         world_size=world_size,
         resume=resume,
-        require_labels=labelled,
+        require_labels=False,
         max_consecutive_failures=max_consecutive_failures,
         load_size=load_size,
     )
@@ -350,8 +346,6 @@ def train_loader(
     rank: int = 0,
     world_size: int = 1,
     resume: dict | None = None,
-    split: str | None = None,
-    prefetch_factor: int = 2,
     max_consecutive_failures: int = 1000,
     load_size: int | None = None,
     num_classes: int = 0,
@@ -362,7 +356,8 @@ def train_loader(
     counted (a label the classifier head has no output for); `randaugment`: a timm RandAugment
     spec applied after crop and flip (worker-side augmentation only).
 
-    Shards: as `pretrain_loader(..., labelled=True)`. An image folder or HF dataset: per epoch a
+    Shards: as `pretrain_loader`, a sample without a label skipped. An image folder or HF
+    dataset: per epoch a
     permutation seeded by (seed, epoch), split by rank and worker (`shuffle_buffer` unused).
     `load_size`: as `pretrain_loader`.
     """
@@ -384,12 +379,12 @@ def train_loader(
         index = read_index(source)
         if index is not None and not index["label_names"]:
             raise ValueError(f"{source}: shards have no labels (index.json label_names is empty)")
-        return _shard_loader(resolve_shards(source), data, prefetch_factor, **stream)
-    source_obj = open_source(source, split)
+        return _shard_loader(resolve_shards(source), data, **stream)
+    source_obj = open_source(source)
     if not source_obj.label_names:
         raise ValueError(f"{source}: source has no labels")
     units = world_size * max(data.num_workers, 1)
     if len(source_obj) < units:
         raise ValueError(f"{source}: {len(source_obj)} samples < {units} ranks x workers")
-    dataset = _IndexedTrainStream(spec=source, split=split, **_train_fields(data, **stream))
-    return make_loader(dataset, data.num_workers, persistent=True, prefetch=prefetch_factor)
+    dataset = _IndexedTrainStream(spec=source, **_train_fields(data, **stream))
+    return make_loader(dataset, data.num_workers, persistent=True, prefetch=PREFETCH)

@@ -23,7 +23,7 @@ __all__ = [
     "ALL_SHOTS",
     "BIAS_CONSTANT",
     "STD_EPS",
-    "fewshot_linear_accuracy",
+    "ridge_accuracies",
     "fewshot_sweep",
     "ridge_solve",
     "select_fewshot_indices",
@@ -128,16 +128,22 @@ def _num_classes(train_y: torch.Tensor, test_y: torch.Tensor, num_classes: int |
     return int(max(train_y.max().item(), test_y.max().item())) + 1
 
 
-def _accuracies(
+def ridge_accuracies(
     train_x: ArrayLike,
     train_y: ArrayLike,
     test_x: ArrayLike,
     test_y: ArrayLike,
-    l2_regs: Sequence[float],
-    num_classes: int | None,
+    l2_regs: Sequence[float] = (1024.0,),
+    num_classes: int | None = None,
     standardize_features: bool = True,
 ) -> list[float]:
-    """Test accuracy of the ridge classifier for each l2_reg, sharing the preprocessing."""
+    """Accuracy on the whole test split of the ridge classifier fit on the train set, for each
+    l2_reg (the preprocessing shared).
+
+    train_x [N, D], train_y [N], test_x [M, D], test_y [M] (torch or numpy, any float dtype);
+    num_classes K (None: the largest label + 1); standardize_features: the train features'
+    per-dimension mean/std applied to both sets (big_vision's default), else the raw features.
+    Returns mean(argmax(X_test W) == test_y) per l2_reg, Python floats."""
     train_ND = _as_float64(train_x)
     device = train_ND.device
     test_MD = _as_float64(test_x, device)
@@ -154,35 +160,6 @@ def _accuracies(
         pred_M = (test_MD @ W_DK).argmax(dim=1)
         accs.append((pred_M == test_M).double().mean().item())
     return accs
-
-
-def fewshot_linear_accuracy(
-    train_features: ArrayLike,
-    train_labels: ArrayLike,
-    test_features: ArrayLike,
-    test_labels: ArrayLike,
-    l2_reg: float = 1024.0,
-    num_classes: int | None = None,
-    standardize: bool = True,
-) -> float:
-    """Accuracy on the whole test split of a ridge classifier fit on the few-shot train set.
-
-    Args:
-        train_features: [N, D] few-shot representations (torch or numpy, any float dtype).
-        train_labels: [N] integer labels.
-        test_features: [M, D], standardized with the *train* statistics.
-        test_labels: [M].
-        l2_reg: ridge strength.
-        num_classes: K; None means max label over train and test + 1.
-        standardize: per-dimension mean/std of the train features applied to both sets
-            (big_vision's default); False: the raw features.
-
-    Returns:
-        Mean of argmax(X_test W) == test_labels, a Python float.
-    """
-    return _accuracies(
-        train_features, train_labels, test_features, test_labels, [l2_reg], num_classes, standardize
-    )[0]
 
 
 def _class_permutations(labels: np.ndarray, seed: int, num_classes: int) -> list[np.ndarray]:
@@ -276,7 +253,7 @@ def fewshot_sweep(
             `sel = select_fewshot_indices(all_labels, shots, seeds)`,
             `rows = np.unique(np.concatenate(list(sel.values())))`, extract features of `rows`,
             then `selection={s: np.searchsorted(rows, i) for s, i in sel.items()}`.
-        standardize: as in `fewshot_linear_accuracy`.
+        standardize: as `standardize_features` of `ridge_accuracies`.
 
     Returns:
         {
@@ -303,7 +280,7 @@ def fewshot_sweep(
     test_M = torch.as_tensor(test_labels_M, device=index_device)
 
     def accuracies(x_ND, y_N):
-        return _accuracies(x_ND, y_N, test_MD, test_M, l2_regs, num_classes, standardize)
+        return ridge_accuracies(x_ND, y_N, test_MD, test_M, l2_regs, num_classes, standardize)
 
     # "all" does not depend on the seed: one solve, repeated per seed below.
     accs_all = accuracies(train_ND, train_labels_N) if ALL_SHOTS in shots else []
