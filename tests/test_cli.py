@@ -84,3 +84,26 @@ def test_the_wheel_runs_the_jobs_outside_the_checkout(synthetic_shards, tmp_path
     )  # fmt: skip
     assert job.returncode == 0, job.stderr[-2000:]
     assert json.loads((work / "run/results.json").read_text())["step"] == 2
+
+
+def test_help_and_configs_do_not_import_torch():
+    """`ssl-vit --help` and `ssl-vit configs` answer without loading torch (seconds of CPU);
+    the public API still imports on first use."""
+    code = (
+        "import sys\n"
+        "from ssl_vit.cli import main\n"
+        "try:\n"
+        "    main(['--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "assert main(['configs']) == 0\n"
+        "heavy = sorted({'torch', 'numpy', 'accelerate', 'PIL'} & set(sys.modules))\n"
+        "assert not heavy, heavy\n"
+        "from ssl_vit import ViT, ridge_accuracies\n"
+        "assert 'torch' in sys.modules and ViT.__name__ == 'ViT'\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
