@@ -54,7 +54,6 @@ def main(argv: list[str] | None = None) -> dict:
     setup_logging(True)
     with one_line_errors():
         cfg = load_config(FewshotConfig, args.config, args.overrides)
-        cfg.init.checkpoint = args.checkpoint  # recorded in config.yaml
         train_names = preflight.check_labelled_source("fewshot.train", cfg.fewshot.train)
         eval_names = preflight.check_labelled_source("fewshot.eval", cfg.fewshot.eval)
         preflight.check_same_labels(("fewshot.train", train_names), ("fewshot.eval", eval_names))
@@ -65,6 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
             args.checkpoint, (encoder, cfg.model, _) = preflight.load_init_encoder(
                 "--checkpoint", args.checkpoint, cfg.model, cfg.init.pos_interp, cfg.init.format
             )
+        cfg.init.checkpoint = args.checkpoint  # recorded in config.yaml (resolved)
         preflight.check_writable("output_dir", cfg.output_dir)
         run_dir = Path(cfg.output_dir)
         # --overwrite never removes the run (or checkpoint) being evaluated.

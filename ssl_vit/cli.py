@@ -2,7 +2,8 @@
 
 To add a sub-command, write `_add_<name>(subparsers)` that registers its parser with
 `set_defaults(func=cmd_<name>)` and a `cmd_<name>(args) -> int` that runs it, and list it in
-`build_parser`. User errors (a missing source, a bad value) print one line to stderr and exit 2.
+`build_parser`. Exit status, as the jobs': 0 done, 1 an error (a missing source, a bad value: one
+line on stderr, no traceback), 2 a command line argparse cannot parse (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -311,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except (OSError, ValueError) as e:  # user errors: one line, no traceback
         print(f"ssl-vit {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return 1
     except KeyboardInterrupt:
         print(f"ssl-vit {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -69,7 +69,7 @@ def test_failed_make_shards_keeps_the_dataset(tmp_path, capsys):
     bad.mkdir(parents=True)
     for i in range(3):
         (bad / f"{i}.png").write_bytes(b"not a png")
-    assert cli(["make-shards", "--source", str(bad.parent), "--output", str(data)]) == 2
+    assert cli(["make-shards", "--source", str(bad.parent), "--output", str(data)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("ssl-vit make-shards: error: all 3 images"), err
     assert _snapshot(data) == before and _leftovers(data) == []
@@ -126,7 +126,7 @@ def test_export_needs_overwrite_and_replaces_whole(trained, tmp_path, capsys):
     out = tmp_path / "export"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    assert cli(["export", str(ckpt), "--to", "timm", str(out)]) == 2
+    assert cli(["export", str(ckpt), "--to", "timm", str(out)]) == 1
     assert "--overwrite" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
     assert cli(["export", str(ckpt), "--to", "hf", str(out), "--overwrite"]) == 0
@@ -155,7 +155,7 @@ def test_export_that_fails_writing_keeps_the_folder(trained, tmp_path):
         text=True,
         preexec_fn=small_disk,
     )
-    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ssl-vit export: error: cannot write") and str(out) in last, last
     assert _snapshot(out) == before and _leftovers(out) == []
@@ -170,7 +170,7 @@ def test_corrupt_checkpoint_is_refused_everywhere(trained, tmp_path, capsys):
     weights.write_bytes(bytes(data))
     # export, named by directory and by file
     for named in (ckpt, weights):
-        assert cli(["export", str(named), "--to", "timm", str(tmp_path / "x")]) == 2
+        assert cli(["export", str(named), "--to", "timm", str(tmp_path / "x")]) == 1
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert "checksum mismatch" in err and str(ckpt) in err, err
     assert not (tmp_path / "x").exists()

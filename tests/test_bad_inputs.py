@@ -748,7 +748,7 @@ def test_import_of_a_pickle_or_a_malformed_config_json_is_one_line(tmp_path, cap
     from ssl_vit.cli import main as cli
 
     pickle.dump({"w": Path("x")}, (tmp_path / "weights.pkl").open("wb"))  # a class: refused
-    assert cli(["import", str(tmp_path / "weights.pkl"), str(tmp_path / "o1")]) == 2
+    assert cli(["import", str(tmp_path / "weights.pkl"), str(tmp_path / "o1")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         f"ssl-vit import: error: {tmp_path / 'weights.pkl'}: a pickle file; only safetensors "
@@ -757,7 +757,7 @@ def test_import_of_a_pickle_or_a_malformed_config_json_is_one_line(tmp_path, cap
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text('{"model_type": "vit",')
     torch.save({}, tmp_path / "hf" / "pytorch_model.bin")
-    assert cli(["import", str(tmp_path / "hf"), str(tmp_path / "o2")]) == 2
+    assert cli(["import", str(tmp_path / "hf"), str(tmp_path / "o2")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(
         f"ssl-vit import: error: {tmp_path / 'hf' / 'config.json'}: not valid JSON ("

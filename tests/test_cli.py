@@ -38,7 +38,7 @@ def test_configs_lists_and_copies(tmp_path, capsys, monkeypatch):
     assert main(["configs", "pretrain/smoke", "--copy", "mine"]) == 0
     copied = tmp_path / "mine/pretrain/smoke.yaml"
     assert copied.read_text() == (ROOT / "configs/pretrain/smoke.yaml").read_text()
-    assert main(["configs", "nope/x"]) == 2
+    assert main(["configs", "nope/x"]) == 1
 
 
 def test_the_wheel_runs_the_jobs_outside_the_checkout(synthetic_shards, tmp_path):

@@ -434,7 +434,7 @@ def test_cli_make_shards(tmp_path, capsys):
     assert main(["make-synthetic", "--output", str(tmp_path / "syn"), "--num", "12"]) == 0
     assert read_index(str(tmp_path / "syn"))["num_samples"] == 12
 
-    assert main(["make-shards", "--source", str(tmp_path / "nope"), "--output", str(out)]) == 2
+    assert main(["make-shards", "--source", str(tmp_path / "nope"), "--output", str(out)]) == 1
     err = capsys.readouterr().err
     assert "not found" in err and err.count("\n") == 1 and "Traceback" not in err
 

@@ -158,7 +158,7 @@ def test_report_of_incomplete_runs_says_what_is_missing(runs, tmp_path):
     assert "pre: example strip skipped: the run's data (nowhere) is not present here" in md
     assert "bare: no checkpoint, nothing to show." in md
     assert "No fine-tuning runs given." in md
-    assert cli_main(["report", str(tmp_path / "missing")]) == 2
+    assert cli_main(["report", str(tmp_path / "missing")]) == 1
 
 
 def test_runs_are_linked_to_their_pretraining(runs):
@@ -417,7 +417,7 @@ def test_report_that_fails_writing_keeps_the_earlier_one(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=small_disk)
-    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ssl-vit report: error:"), last
     assert f"cannot write {out / 'report.html'}: File too large" in last, last

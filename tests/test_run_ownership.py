@@ -264,7 +264,7 @@ def test_export_never_replaces_its_source_a_run_or_a_dataset(
             live: "is a run directory",
         }
         for out, message in refused.items():
-            assert cli(["export", str(run), "--to", "hf", str(out), "--overwrite"]) == 2, out
+            assert cli(["export", str(run), "--to", "hf", str(out), "--overwrite"]) == 1, out
             line = _last_err(capsys)
             assert line.startswith("ssl-vit export: error: ") and message in line, line
         assert {d: _snapshot(d) for d in kept} == kept
@@ -292,7 +292,7 @@ def test_import_never_writes_into_a_checkpoint_or_run(pre_run, tmp_path, capsys)
     }
     for (out, flag), message in refused.items():
         argv = ["import", str(weights), "--from", "timm", str(out), *([flag] if flag else [])]
-        assert cli(argv) == 2, (out, flag)
+        assert cli(argv) == 1, (out, flag)
         line = _last_err(capsys)
         assert line.startswith("ssl-vit import: error: ") and message in line, line
     assert _snapshot(run) == before
@@ -300,7 +300,7 @@ def test_import_never_writes_into_a_checkpoint_or_run(pre_run, tmp_path, capsys)
     # A new directory; replaced only with --overwrite, staged beside it and renamed.
     out = tmp_path / "imported"
     assert cli(["import", str(weights), "--from", "timm", str(out)]) == 0
-    assert cli(["import", str(weights), "--from", "timm", str(out)]) == 2
+    assert cli(["import", str(weights), "--from", "timm", str(out)]) == 1
     assert "pass --overwrite" in _last_err(capsys)
     assert cli(["import", str(weights), "--from", "timm", str(out), "--overwrite"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["encoder.safetensors", "source.json"]

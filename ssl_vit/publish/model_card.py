@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ssl_vit.report.runs import read_config, read_results, run_dir_of, step_of
+from ssl_vit.report.runs import fewshot_pool, read_config, read_results, run_dir_of, step_of
 
 __all__ = ["model_card", "run_config"]
 
@@ -40,7 +40,7 @@ def _downstream(checkpoint: Path, run: Path) -> list[str]:
         source = str(res.get("init") or res.get("checkpoint") or "").rstrip("/")
         if not source.endswith(tail) or res_file.parent == run:
             continue
-        pool = read_config(res_file.parent).get("pool", "cls")
+        pool = fewshot_pool(read_config(res_file.parent))
         if "top1" in res:
             rows.append(
                 f"| fine-tune ({res_file.parent.name}) | {res.get('image_size')} px, "

@@ -12,7 +12,7 @@ import logging
 import time
 from pathlib import Path
 
-from ssl_vit.report.runs import Run, fewshot_table, link_runs, load_runs
+from ssl_vit.report.runs import Run, fewshot_pool, fewshot_table, link_runs, load_runs
 
 __all__ = ["build_report"]
 
@@ -50,7 +50,7 @@ def curve_sections(runs: list[Run], groups: dict):
         if r.kind == "fewshot" and r.finished:
             curves.append(
                 (
-                    f"{r.name} ({origin(r, groups)}, {r.config.get('pool', 'cls')})",
+                    f"{r.name} ({origin(r, groups)}, {fewshot_pool(r.config)})",
                     fewshot_table(r.results),
                 )
             )

@@ -18,9 +18,11 @@ import yaml
 
 from ssl_vit.atomic import read_jsonl
 from ssl_vit.eval.fewshot import shot_key, shot_order
+from ssl_vit.train.rundir import run_kind
 
 __all__ = [
     "Run",
+    "fewshot_pool",
     "fewshot_table",
     "link_runs",
     "load_run",
@@ -62,14 +64,21 @@ class Run:
         return sorted(p for p in root.iterdir() if (p / "manifest.json").is_file())
 
 
+_KINDS: dict[str | None, Kind] = {
+    "pretraining": "pretrain",
+    "fine-tuning": "finetune",
+    "few-shot": "fewshot",
+}
+
+
 def _kind(config: dict[str, Any]) -> Kind | None:
-    if "objective" in config:
-        return "pretrain"
-    if "init" in config:
-        return "finetune"
-    if "shots" in config:
-        return "fewshot"
-    return None
+    return _KINDS.get(run_kind(config))
+
+
+def fewshot_pool(config: dict[str, Any]) -> str:
+    """The pooling of a run's summarized readout, from its config.yaml: a few-shot run's
+    `fewshot.pool` (`pool` at the top level before that section), a fine-tune's `pool`."""
+    return (config.get("fewshot") or {}).get("pool") or config.get("pool", "cls")
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ssl_vit.eval.fewshot import shot_order
 from ssl_vit.report.render import Section, Table
-from ssl_vit.report.runs import Run, fewshot_table
+from ssl_vit.report.runs import Run, fewshot_pool, fewshot_table
 
 __all__ = ["origin", "summary_section", "runs_section"]
 
@@ -49,7 +49,7 @@ def _latest(members: list[tuple[Run, int | None]], kind: str) -> list[Run]:
 def _summary_row(label: str, pre: Run | None, members: list, shots: list) -> list[str]:
     obj = (pre.config.get("objective") or {}) if pre else {}
     fewshots, finetunes = _latest(members, "fewshot"), _latest(members, "finetune")
-    tables = [(m.config.get("pool", "cls"), fewshot_table(m.results)) for m in fewshots]
+    tables = [(fewshot_pool(m.config), fewshot_table(m.results)) for m in fewshots]
     if not tables and pre and pre.results.get("fewshot"):
         tables = [("in pretraining", fewshot_table(pre.results["fewshot"]))]
     top1 = [(m.name, f"{100 * m.results['top1']:.1f}") for m in finetunes if "top1" in m.results]

@@ -47,6 +47,7 @@ __all__ = [
     "occupant",
     "read_paths",
     "run_files",
+    "run_kind",
     "source_root",
 ]
 
@@ -126,12 +127,20 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-# A top-level config section only one kind of job has: what kind of run a config.yaml is.
-_KIND_MARKERS = {"objective": "pretraining", "init": "fine-tuning", "shots": "few-shot"}
+# What kind of run a config.yaml is: the first of these top-level keys it has (pretraining has
+# `fewshot` too, the few-shot job `init` too; `shots`: a few-shot config.yaml of before the
+# `fewshot` section).
+_KIND_MARKERS = (
+    ("objective", "pretraining"),
+    ("shots", "few-shot"),
+    ("fewshot", "few-shot"),
+    ("init", "fine-tuning"),
+)
 
 
-def _kind(config: dict[str, Any]) -> str | None:
-    return next((kind for key, kind in _KIND_MARKERS.items() if key in config), None)
+def run_kind(config: dict[str, Any]) -> str | None:
+    """'pretraining', 'fine-tuning' or 'few-shot': the kind of job a config (dict) is for."""
+    return next((kind for key, kind in _KIND_MARKERS if key in config), None)
 
 
 def _check_resumed_config(run_dir: Path, cfg: Any) -> None:
@@ -147,7 +156,7 @@ def _check_resumed_config(run_dir: Path, cfg: Any) -> None:
         raise ConfigError(f"{saved_file}: unreadable ({str(e).splitlines()[0]})") from None
     if not isinstance(saved_tree, dict):
         raise ConfigError(f"{saved_file}: unreadable (not a mapping of config keys)")
-    kinds = _kind(saved_tree), _kind(to_dict(cfg))
+    kinds = run_kind(saved_tree), run_kind(to_dict(cfg))
     if None not in kinds and kinds[0] != kinds[1]:
         raise ConfigError(
             f"--resume: output_dir={str(run_dir)!r} holds a {kinds[0]} run, not a {kinds[1]} "
@@ -210,7 +219,8 @@ def claim_run_dir(
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite: pick one (continue the run, or replace it)")
     if overwrite:
-        check_not_source("output_dir", run_dir, {**read_paths(cfg), **(reads or {})})
+        # `reads` first: a flag the user typed (--checkpoint) is named before its config key.
+        check_not_source("output_dir", run_dir, {**(reads or {}), **read_paths(cfg)})
     lock = lock_run_dir(run_dir)
     try:
         _apply_policy(run_dir, cfg, resume, overwrite)
