@@ -28,7 +28,7 @@ from ssl_vit.train import preflight
 from ssl_vit.train.guard import one_line_errors, run_job
 from ssl_vit.train.metrics import MetricsWriter
 from ssl_vit.train.rundir import claim_run_dir
-from ssl_vit.train.runtime import setup_logging
+from ssl_vit.train.runtime import resolve_mixed_precision, setup_logging
 from ssl_vit.watchdog import set_data_timeout
 
 log = logging.getLogger("fewshot")
@@ -73,14 +73,15 @@ def main(argv: list[str] | None = None) -> dict:
             run_dir, cfg, overwrite=args.overwrite, reads=reads
         )
     set_data_timeout(cfg.timeouts.data_s)
-    # The device as Accelerate picks it (as the training jobs); the features autocast to bf16
-    # on a GPU themselves (readouts.frozen_forward).
-    acc = Accelerator()
+    # The device and the features' autocast (bf16 on a GPU that has it) as Accelerate picks
+    # them for the training jobs.
+    acc = Accelerator(mixed_precision=resolve_mixed_precision("auto"))
     metrics = MetricsWriter(run_dir, log_with=cfg.trackers, config=to_dict(cfg))
     norm = dict(image_size=cfg.model.image_size, mean=cfg.data.mean, std=cfg.data.std)
     res = fewshot_evaluate(
-        encoder.to(acc.device), cfg.fewshot, **norm, device=acc.device, compile=cfg.compile
-    )
+        encoder.to(acc.device), cfg.fewshot, **norm, device=acc.device, compile=cfg.compile,
+        precision=acc.mixed_precision,
+    )  # fmt: skip
     res.update(
         checkpoint=args.checkpoint,
         image_size=cfg.model.image_size,

@@ -25,7 +25,7 @@ from ssl_vit.config.schema import FinetuneDataConfig
 from ssl_vit.data import eval_loader, open_source, train_loader
 from ssl_vit.data.device_augment import build_device_augment
 from ssl_vit.data.labelled import check_recorded, choose_labelled, use_labelled
-from ssl_vit.model import Classifier, build_vit, normalize_pixels, pixel_stats
+from ssl_vit.model import Classifier, PixelNorm, build_vit
 from ssl_vit.train import preflight
 from ssl_vit.train.checkpoint import rng_state, save_classifier
 from ssl_vit.train.compile import maybe_compile
@@ -90,7 +90,6 @@ def evaluate(model, source: str, cfg: FinetuneConfig, acc) -> float:
     """Top-1 accuracy over the whole eval split (each rank a disjoint part, counts summed)."""
     model.eval()
     counts = torch.zeros(2, device=acc.device)
-    mean, std = pixel_stats(cfg.data.mean, cfg.data.std, acc.device)
     loader = eval_loader(
         source,
         cfg.train.batch_size // acc.num_processes,
@@ -102,9 +101,8 @@ def evaluate(model, source: str, cfg: FinetuneConfig, acc) -> float:
         num_classes=acc.unwrap_model(model).head.out_features,  # other labels: counted skips
     )
     for batch in watched(loader, "data.eval"):  # a stalled source ends the job
-        x = normalize_pixels(batch.images.to(acc.device), mean, std)
         with acc.autocast():
-            pred = model(x).argmax(dim=-1)
+            pred = model(batch.images.to(acc.device)).argmax(dim=-1)
         labels = batch.labels.to(acc.device)
         counts[0] += (pred == labels).sum()
         counts[1] += len(labels)
@@ -129,7 +127,8 @@ def main(argv: list[str] | None = None) -> dict:
     encoder = build_vit(cfg.model) if loaded is None else loaded.encoder
     encoder.set_drop_path(cfg.parts.drop_path)  # the recipe's stochastic depth (0: none)
 
-    model = Classifier(encoder, len(label_names), cfg.pool).to(acc.device)
+    pixels = PixelNorm(cfg.data.mean, cfg.data.std)  # the model takes the loaders' uint8
+    model = Classifier(encoder, len(label_names), cfg.pool, pixels).to(acc.device)
     optimizer = build_finetune_optimizer(model, cfg.parts, tc)
     mixer = BatchMixer(cfg.parts, len(label_names)) if cfg.parts.mixes else None
     loss_fn = recipe_loss(cfg.parts)
@@ -157,12 +156,11 @@ def main(argv: list[str] | None = None) -> dict:
     metrics.truncate_after(start_step)
     model, optimizer = acc.prepare(model, optimizer)
     raw = acc.unwrap_model(model)
-    mean, std = pixel_stats(cfg.data.mean, cfg.data.std, acc.device)  # once, not per batch
 
     def forward_loss(images: torch.Tensor, targets: torch.Tensor):
         """uint8 (or mixed [0, 1]) images, labels [B] (or soft targets [B, K] when mixing)
         -> (mean loss, logits): the region compiled with `compile.enabled`."""
-        logits = model(normalize_pixels(images, mean, std))
+        logits = model(images)
         return loss_fn(logits.float(), targets), logits
 
     forward = maybe_compile(forward_loss, cfg.compile.enabled, cfg.compile.mode, acc.device)

@@ -258,7 +258,8 @@ def fewshot(cfg, encoder, acc, metrics, step, model) -> dict | None:
     res = None
     if acc.is_main_process:  # cheap (a few hundred train images + the test split): main only
         norm = dict(image_size=cfg.model.image_size, mean=cfg.data.mean, std=cfg.data.std)
-        res = fewshot_evaluate(encoder, cfg.fewshot, **norm, device=acc.device, compile=cfg.compile)
+        how = dict(device=acc.device, compile=cfg.compile, precision=acc.mixed_precision)
+        res = fewshot_evaluate(encoder, cfg.fewshot, **norm, **how)
         metrics.log({"step": step, **{f"fewshot/{k}": v for k, v in res["summary"].items()}})
         if "knn" in res:  # the k-NN monitor (fewshot.knn_k > 0), on the same test features
             metrics.log({"step": step, "knn/top1": res["knn"]["top1"]})

@@ -252,6 +252,7 @@ def test_finetune_and_fewshot_load_only_the_encoder(kind, synthetic_shards, tmp_
          *shards, f"output_dir={tmp_path / 'fs'}"]
     )  # fmt: skip
     assert 0.0 <= fs["5shot"] <= 1.0
+    shards = [f"data.train={synthetic_shards}", f"data.eval={synthetic_shards}"]
     ft = pipeline("finetune")(
         ["--config", str(ROOT / "configs/finetune/smoke.yaml"), *shards,
          f"init.checkpoint={ckpt}", f"output_dir={tmp_path / 'ft'}", "train.steps=2"]

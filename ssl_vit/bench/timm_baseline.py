@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ssl_vit.model.pixels import normalize_pixels
+from ssl_vit.model.pixels import PixelNorm
 from ssl_vit.objectives import NUM_COLOR_CLASSES, MaskedPatchPrediction
 from ssl_vit.objectives.corruption import corrupt_patches, draw_corruption, num_corrupted
 from ssl_vit.objectives.targets import mean_color_classes
@@ -51,8 +51,7 @@ class TimmMaskedPatch(nn.Module):
         self.patch_size, self.mask_ratio, self.probs = patch_size, mask_ratio, probs
         self.mask_embedding = nn.Parameter(torch.zeros(width))
         self.head = nn.Linear(width, NUM_COLOR_CLASSES)
-        self.register_buffer("pixel_mean", torch.full((3,), 0.5), persistent=False)
-        self.register_buffer("pixel_std", torch.full((3,), 0.5), persistent=False)
+        self.pixels = PixelNorm()  # as the pipeline's data.mean / data.std defaults
 
     def draw_noise(self, batch_size: int, generator: torch.Generator | None = None):
         """[3, B, N] corruption draws, as MaskedPatchPrediction.draw_noise."""
@@ -63,7 +62,7 @@ class TimmMaskedPatch(nn.Module):
         """images: uint8 [B, 3, H, W], noise [3, B, N] -> scalar mean cross-entropy over
         corrupted patches."""
         targets_BN = mean_color_classes(images, self.patch_size)
-        x = normalize_pixels(images, self.pixel_mean, self.pixel_std)
+        x = self.pixels(images)
         emb_BND = self.vit.patch_embed(x)  # mask applied to the patch embeddings
         corrupted_BND, kind_BN = corrupt_patches(
             emb_BND, self.mask_embedding, noise, self.mask_ratio, self.probs

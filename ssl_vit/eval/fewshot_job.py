@@ -52,16 +52,18 @@ def extract_features(
     device: torch.device | str = "cpu",
     compile: bool | str = False,
     compile_mode: str = "default",
+    precision: str = "bf16",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(uint8 images [B, 3, S, S], labels [B]) batches -> (features [M, D] float32 on CPU,
     labels [M]). The representation is the pooled output of the final LayerNorm. `compile`,
-    `compile_mode`: see readouts.frozen_forward."""
+    `compile_mode`, `precision`: see readouts.frozen_forward."""
     feats, labels = [], []
 
     def pooled(x: torch.Tensor) -> torch.Tensor:
         return encoder(x, pool)
 
-    for x, y in frozen_forward(encoder, images, mean, std, device, pooled, compile, compile_mode):
+    extraction = (device, pooled, compile, compile_mode, precision)
+    for x, y in frozen_forward(encoder, images, mean, std, *extraction):
         feats.append(x)
         labels.append(y)
     if not feats:
@@ -123,10 +125,12 @@ def fewshot_evaluate(
     std: tuple[float, float, float],
     device: torch.device | str = "cpu",
     compile: CompileConfig | None = None,
+    precision: str = "bf16",
 ) -> dict[str, Any]:
     """Few-shot linear accuracy of `encoder` (frozen) as `spec` (the `fewshot:` section) says,
     on images of `image_size` normalized by `mean` / `std` (the encoder's input); `compile`:
-    torch.compile of the feature extraction (None: eager, see readouts.frozen_forward).
+    torch.compile of the feature extraction (None: eager); `precision`: its autocast on a GPU
+    (the job's mixed precision: bf16, fp16 or no; see readouts.frozen_forward).
 
     Returns `fewshot_sweep`'s dict for the last block's output pooled by `spec.pool`, plus
     'summary' ({"{k}shot": mean accuracy at the first l2_reg}) and timing. `spec.layers`
@@ -157,6 +161,7 @@ def fewshot_evaluate(
     num_eval = min(num_eval, spec.max_eval) if spec.max_eval > 0 else num_eval
     bar = progress_bar(len(rows) + num_eval, desc="few-shot features", unit="img", every_s=30)
     compiling = (compile.enabled, compile.mode) if compile is not None else (False, "default")
+    compiling = (*compiling, precision)
     loading = (image_size, spec.batch_size, spec.num_workers)
 
     def features(batches, pool=spec.pool, per_layer=per_layer):

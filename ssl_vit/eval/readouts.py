@@ -22,7 +22,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ssl_vit.eval.fewshot import fewshot_sweep, shot_order
-from ssl_vit.model.pixels import normalize_pixels, pixel_stats
+from ssl_vit.model.pixels import PixelNorm
 from ssl_vit.model.vit import POOLS, ViT, resolve_layers
 from ssl_vit.train.compile import maybe_compile
 
@@ -101,10 +101,12 @@ def frozen_forward(
     forward: Callable[[torch.Tensor], T],
     compile: bool | str = False,
     compile_mode: str = "default",
+    precision: str = "bf16",
 ) -> Iterator[tuple[T, torch.Tensor]]:
     """(uint8 images [B, 3, S, S], labels [B]) batches -> (forward(normalized images) as float32
     on the CPU, labels) per batch: `forward` returns device tensors (any nesting of lists and
-    dicts); the encoder in eval mode (its mode restored after), bf16 autocast on a GPU.
+    dicts); the encoder in eval mode (its mode restored after). `precision` (Accelerate's
+    mixed_precision: bf16, fp16 or no): the autocast on a GPU (the CPU runs float32).
 
     `compile` (`train.compile`: true, false, "auto" = CUDA only) compiles `forward` (see
     train.compile); the last, smaller batch is then padded to the first's size so that one
@@ -112,8 +114,9 @@ def frozen_forward(
     was_training = encoder.training
     encoder.eval()
     dev = torch.device(device)
-    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
-    mean_t, std_t = pixel_stats(mean, std, dev)  # once, not per batch
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    autocast = torch.autocast(dev.type, dtype=dtype, enabled=dev.type == "cuda" and bool(dtype))
+    pixels = PixelNorm(mean, std).to(dev)
     step = maybe_compile(forward, compile, compile_mode, dev)
     padded_size = 0
     try:
@@ -124,7 +127,7 @@ def frozen_forward(
             if step is not forward and n < padded_size:
                 pad = x_u8.new_zeros((padded_size - n, *x_u8.shape[1:]))
                 x_u8 = torch.cat([x_u8, pad])
-            x = normalize_pixels(x_u8, mean_t, std_t)
+            x = pixels(x_u8)
             with autocast:
                 out = step(x)
             yield tree_map(lambda t, n=n: t[:n].float().cpu(), out), y
@@ -141,6 +144,7 @@ def extract_layer_features(
     device: torch.device | str = "cpu",
     compile: bool | str = False,
     compile_mode: str = "default",
+    precision: str = "bf16",
 ) -> tuple[LayerFeatures, torch.Tensor]:
     """(uint8 images [B, 3, S, S], labels [B]) batches -> ({block: {"cls", "gap"}}, labels
     [M]): one forward pass per batch for all `layers` (sorted), pooled on the device."""
@@ -152,7 +156,7 @@ def extract_layer_features(
         return [{p: ViT.pool(t, p) for p in ("cls", "gap")} for t in outs]
 
     for outs, y in frozen_forward(
-        encoder, images, mean, std, device, pooled, compile, compile_mode
+        encoder, images, mean, std, device, pooled, compile, compile_mode, precision
     ):
         for i, by_pool in zip(layers, outs, strict=True):
             for p, x in by_pool.items():

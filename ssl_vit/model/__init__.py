@@ -4,7 +4,7 @@ normalization."""
 
 from ssl_vit.config.variants import VARIANTS, resolve_variant
 from ssl_vit.model.classifier import Classifier
-from ssl_vit.model.pixels import normalize_pixels, pixel_stats
+from ssl_vit.model.pixels import PixelNorm, normalize_pixels
 from ssl_vit.model.pos_embed import interpolate_pos_embed
 from ssl_vit.model.vit import ViT, build_vit
 
@@ -14,7 +14,7 @@ __all__ = [
     "ViT",
     "build_vit",
     "interpolate_pos_embed",
+    "PixelNorm",
     "normalize_pixels",
-    "pixel_stats",
     "resolve_variant",
 ]

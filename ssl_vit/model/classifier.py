@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ssl_vit.model.pixels import PixelNorm
 from ssl_vit.model.vit import ViT
 
 __all__ = ["Classifier"]
@@ -14,10 +15,15 @@ class Classifier(nn.Module):
     """Encoder -> pooled representation ([class] token or mean of patches) -> linear head.
 
     The head's weights and bias start at zero (paper section 3.2), so the first logits are
-    all zero and the first gradients reach the encoder only through the head's update."""
+    all zero and the first gradients reach the encoder only through the head's update.
+    `pixels`: the input normalization (the fine-tuning job's data.mean / data.std), so that the
+    model takes the loaders' uint8 images; None: images come normalized."""
 
-    def __init__(self, encoder: ViT, num_classes: int, pool: str = "cls") -> None:
+    def __init__(
+        self, encoder: ViT, num_classes: int, pool: str = "cls", pixels: PixelNorm | None = None
+    ) -> None:
         super().__init__()
+        self.pixels = pixels
         if pool not in ("cls", "gap"):
             raise ValueError(f"unknown pooling '{pool}' (use 'cls' or 'gap')")
         self.encoder = encoder
@@ -40,5 +46,6 @@ class Classifier(nn.Module):
         }
 
     def forward(self, images_BCHW: torch.Tensor) -> torch.Tensor:
-        """Normalized images [B, 3, H, W] -> logits [B, K]."""
-        return self.head(self.encoder(images_BCHW, self.pool))
+        """Images [B, 3, H, W] (uint8 / [0, 1] with `pixels`, else normalized) -> logits [B, K]."""
+        x_BCHW = images_BCHW if self.pixels is None else self.pixels(images_BCHW)
+        return self.head(self.encoder(x_BCHW, self.pool))

@@ -1,27 +1,41 @@
-"""Pixel normalization, done on the accelerator: loaders deliver uint8 (4x less to copy)."""
+"""Pixel normalization, done on the accelerator: loaders deliver uint8 (4x less to copy).
+
+`PixelNorm` is the one place it happens: the first stage of the pretraining objective, of the
+fine-tuning classifier and of frozen feature extraction (`eval.readouts.frozen_forward`).
+"""
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-__all__ = ["normalize_pixels", "pixel_stats"]
-
-
-def pixel_stats(
-    mean: tuple[float, ...], std: tuple[float, ...], device: torch.device | str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean, std) as float32 [3] tensors on `device`, for `normalize_pixels`. Build them once
-    per job, not per batch: each build is a host-to-device copy of Python numbers."""
-    return torch.tensor(mean, device=device), torch.tensor(std, device=device)
+__all__ = ["PixelNorm", "normalize_pixels"]
 
 
 def normalize_pixels(
     images: torch.Tensor, mean: torch.Tensor | tuple, std: torch.Tensor | tuple
 ) -> torch.Tensor:
     """uint8 [B, 3, H, W] (or float in [0, 1]) -> float32 (x / 255 - mean) / std.
-    `mean`, `std`: [3] tensors on the images' device (`pixel_stats`), or tuples (a copy per
-    call)."""
+    `mean`, `std`: [3] tensors on the images' device, or tuples (a copy per call)."""
     x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
     mean = torch.as_tensor(mean, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
     std = torch.as_tensor(std, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
     return (x - mean) / std
+
+
+class PixelNorm(nn.Module):
+    """uint8 [B, 3, H, W] (or float in [0, 1]) -> float32 (x / 255 - mean) / std. The
+    statistics are buffers (moved with the module, built once: no host-to-device copy per
+    batch) and not saved: checkpoints hold no pixel statistics (the config does)."""
+
+    def __init__(
+        self,
+        mean: tuple[float, float, float] = (0.5, 0.5, 0.5),
+        std: tuple[float, float, float] = (0.5, 0.5, 0.5),
+    ) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32), persistent=False)
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32), persistent=False)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return normalize_pixels(images, self.mean, self.std)

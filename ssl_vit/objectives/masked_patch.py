@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ssl_vit.config.schema import ObjectiveConfig
-from ssl_vit.model.pixels import normalize_pixels
+from ssl_vit.model.pixels import PixelNorm
 from ssl_vit.model.vit import ViT
 from ssl_vit.objectives.corruption import (
     MASKED,
@@ -106,8 +106,7 @@ class MaskedPatchPrediction(nn.Module):
         mask_width = head_in if cfg.encoder == "visible" else encoder.width
         self.mask_embedding = nn.Parameter(torch.empty(mask_width))
         self.head = nn.Linear(head_in, _head_size(cfg.target, encoder.patch_size))
-        self.register_buffer("pixel_mean", torch.tensor(mean), persistent=False)
-        self.register_buffer("pixel_std", torch.tensor(std), persistent=False)
+        self.pixels = PixelNorm(mean, std)  # after the targets, taken from [0, 1] pixels
         nn.init.trunc_normal_(self.mask_embedding, std=0.02)
         # Zero head: uniform prediction at step 0 (loss = ln 512), or black pixels for L2.
         nn.init.zeros_(self.head.weight)
@@ -139,7 +138,7 @@ class MaskedPatchPrediction(nn.Module):
         """images: [B, 3, H, W] uint8 (or float in [0, 1]), un-normalized, already augmented;
         noise: [3, B, N] corruption draws (`draw_noise`)."""
         targets_BN, colors_BN = self.targets(images)
-        x_BCHW = normalize_pixels(images, self.pixel_mean, self.pixel_std)
+        x_BCHW = self.pixels(images)
 
         emb_BND = self.encoder.embed_patches(x_BCHW)
         if self.cfg.encoder == "visible":
