@@ -1,9 +1,10 @@
 """Data layer: shards (writing, finding), image sources, the synthetic dataset, the loaders."""
 
 from ssl_vit.data.convert import make_shards
+from ssl_vit.data.decode import decode_image
 from ssl_vit.data.device_augment import DeviceAugment, build_device_augment
 from ssl_vit.data.eval_stream import eval_loader
-from ssl_vit.data.images import decode_image, eval_transform, train_transform
+from ssl_vit.data.images import eval_transform, train_transform
 from ssl_vit.data.shards import (
     IMAGE_EXTENSIONS,
     SHARD_FORMAT,

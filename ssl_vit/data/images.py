@@ -13,12 +13,9 @@ from PIL import Image, ImageOps
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from ssl_vit.data.decode import decode_image  # re-exported: the one decoding path
-
 __all__ = [
     "RandAugment",
     "RandomResizedCropFlip",
-    "decode_image",
     "SquareLoad",
     "eval_transform",
     "torchvision_train_transform",

@@ -4,7 +4,7 @@ Downstream jobs (few-shot features, evaluation) need labels without decoding ima
 encoded bytes of a few chosen samples out of many. An `ImageSource` gives exactly that:
 `labels()` reads labels only (folder paths, the HF label column, `.cls` tar members) and
 `iter_records(indices)` reads only the chosen samples' bytes. Decoding happens elsewhere
-(`ssl_vit.data.images.decode_image`).
+(`ssl_vit.data.decode.decode_image`).
 """
 
 from __future__ import annotations
