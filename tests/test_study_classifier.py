@@ -38,4 +38,4 @@ def test_classifier_study_plans_valid_chains(tmp_path, capsys):
                 got = (pre.objective.decoder_depth, pre.objective.encoder)
                 assert got == want.get(Path(pre.output_dir).name, (2, "visible"))
             if "pipelines/fewshot.py" in argv[1]:
-                assert "shots=[1, 5, 10, all]" in argv and "layers=all" in argv
+                assert "fewshot.shots=[1, 5, 10, all]" in argv and "fewshot.layers=all" in argv
