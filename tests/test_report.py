@@ -69,13 +69,13 @@ def _make_runs(synthetic_shards, root):
     few = [
         "--config",
         str(ROOT / "configs/fewshot/smoke.yaml"),
-        f"data.train={synthetic_shards}",
-        f"data.eval={synthetic_shards}",
-        "seeds=[0,1]",
-        "l2_reg=[1024.0]",
-        "data.max_eval=32",
-        "layers=all",  # the per-layer table and its figure
-        "concat_last=2",
+        f"fewshot.train={synthetic_shards}",
+        f"fewshot.eval={synthetic_shards}",
+        "fewshot.seeds=[0,1]",
+        "fewshot.l2_reg=[1024.0]",
+        "fewshot.max_eval=32",
+        "fewshot.layers=all",  # the per-layer table and its figure
+        "fewshot.concat_last=2",
     ]
     pipeline("fewshot")(["--checkpoint", ckpt, *few, f"output_dir={root / 'few-pre'}"])
     pipeline("fewshot")(["--checkpoint", "random", *few, f"output_dir={root / 'few-rand'}"])

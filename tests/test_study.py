@@ -106,7 +106,7 @@ def test_only_plans_one_chain_of_the_gpu_preset(tmp_path, capsys):
         "[plan] finetune/color_4x4",
     ]
     assert "fewshot.knn_k=20" in plan[0] and "model.width=384" in plan[0]
-    assert "layers=all" in plan[1] and "pool=cls+gap" in plan[1]
+    assert "fewshot.layers=all" in plan[1] and "fewshot.pool=cls+gap" in plan[1]
     assert "model.image_size=48" in plan[2]
     study.main([*base, "--only", "baseline", *cfg])
     out = capsys.readouterr().out
