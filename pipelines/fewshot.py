@@ -73,14 +73,15 @@ def main(argv: list[str] | None = None) -> dict:
             run_dir, cfg, overwrite=args.overwrite, reads=reads
         )
     set_data_timeout(cfg.timeouts.data_s)
-    # The device and the features' autocast (bf16 on a GPU that has it) as Accelerate picks
-    # them for the training jobs.
-    acc = Accelerator(mixed_precision=resolve_mixed_precision("auto"))
+    # The device as Accelerate picks it for the training jobs; the features' autocast as their
+    # mixed_precision `auto` (bf16 on a GPU that has it). Not passed to Accelerator: a process
+    # that already ran a job with another precision (tests, notebooks) keeps its state.
+    acc = Accelerator()
     metrics = MetricsWriter(run_dir, log_with=cfg.trackers, config=to_dict(cfg))
     norm = dict(image_size=cfg.model.image_size, mean=cfg.data.mean, std=cfg.data.std)
     res = fewshot_evaluate(
         encoder.to(acc.device), cfg.fewshot, **norm, device=acc.device, compile=cfg.compile,
-        precision=acc.mixed_precision,
+        precision=resolve_mixed_precision("auto"),
     )  # fmt: skip
     res.update(
         checkpoint=args.checkpoint,
