@@ -11,7 +11,7 @@ from accelerate import Accelerator
 from test_pipelines import finetune_args, pipeline, pretrain_args
 
 from ssl_vit.bench.host_sync import HostReads
-from ssl_vit.config.schema import FinetuneOptimConfig, OptimConfig
+from ssl_vit.config.optim import FinetuneOptimConfig, OptimConfig
 from ssl_vit.train import loop
 from ssl_vit.train.ema import EMA
 from ssl_vit.train.optim import apply_step, build_adam, build_sgd

@@ -23,6 +23,7 @@ from ssl_vit.config.errors import ConfigError
 from ssl_vit.config.fewshot import FEWSHOT_JOB_MOVES, FewshotEvalConfig
 from ssl_vit.config.loader import from_dict
 from ssl_vit.config.moved import Moved
+from ssl_vit.config.optim import FinetuneOptimConfig, OptimConfig
 from ssl_vit.config.recipe import RecipeParts, check_adamw_lr, recipe_defaults
 from ssl_vit.config.run import (
     RUN_MOVES,
@@ -51,7 +52,6 @@ __all__ = [
     "DataTimeoutConfig",
 ]
 
-MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
 # Where random-resized-crop + flip run: `device` (one batched op on the accelerator, the workers
 # only decode and resize to a square `load_size`), `workers` (per sample in the DataLoader
 # workers), `auto` (device on CUDA, workers elsewhere: the CPU quick start keeps its results).
@@ -174,61 +174,6 @@ class PretrainDataConfig:
         check_min("data.", self, ("shuffle_buffer",), 0)
         check_pixels_norm("data.", self.std, self.crop_scale)
         self.num_workers = check_data_loading(self.num_workers, self.load_size)
-
-
-@dataclass
-class OptimConfig:
-    """The optimization and the loop's schedule. `batch_size` is GLOBAL (all processes x
-    accumulation steps). Pretraining uses Adam (`betas`)."""
-
-    steps: int = 1000  # optimizer steps
-    batch_size: int = 256  # global: split over processes and grad_accum micro-steps
-    grad_accum: int = 1  # micro-steps per optimizer step (gradients summed)
-    lr: float = 2e-4  # peak learning rate (paper: 2e-4 at batch 4096; scale it linearly)
-    warmup_steps: int = 100  # linear warm-up, then cosine decay to min_lr
-    min_lr: float = 0.0
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)  # Adam / AdamW
-    grad_clip: float = 1.0  # global norm; 0 disables
-    mixed_precision: MixedPrecision = "auto"
-    # Steps with a non-finite gradient norm are skipped; this many in a row stop the job.
-    max_bad_steps: int = 10
-    log_every: int = 50  # steps between metrics rows
-    checkpoint_every: int = 500  # steps between checkpoints (0: only the final one)
-    keep_checkpoints: int = 3  # the newest N checkpoints are kept
-
-    def validate(self) -> None:
-        for name in ("steps", "batch_size", "grad_accum", "log_every", "max_bad_steps"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
-        check_min("train.", self, ("warmup_steps", "checkpoint_every"), 0)
-        check_min("train.", self, ("keep_checkpoints",), 1)
-        check_positive("train.", self, ("lr",))
-        for name in ("min_lr", "weight_decay", "grad_clip"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"train.{name}: must be >= 0, got {getattr(self, name)}")
-        if self.min_lr > self.lr:
-            raise ConfigError(f"train.min_lr ({self.min_lr}) must be <= train.lr ({self.lr})")
-        for i, beta in enumerate(self.betas):
-            check_fraction(f"train.betas[{i}]", beta, low_open=False)
-
-
-@dataclass
-class FinetuneOptimConfig(OptimConfig):
-    """As pretraining's, plus SGD's momentum: `parts.optimizer` picks SGD (`momentum`, the
-    paper's) or AdamW (`betas`). Paper appendix B.1.1: SGD momentum 0.9, cosine, no weight
-    decay, clipping at norm 1."""
-
-    # Fine-tuning's own defaults, also when a config gives other `train` keys (a default
-    # factory of the job would apply them only when `train` is left out entirely).
-    batch_size: int = 512  # global: split over processes and grad_accum micro-steps
-    lr: float = 0.01  # peak learning rate
-    warmup_steps: int = 50  # linear warm-up, then cosine decay to min_lr
-    momentum: float = 0.9  # SGD (parts.optimizer=sgd)
-
-    def validate(self) -> None:
-        super().validate()
-        check_fraction("train.momentum", self.momentum, low_open=False)
 
 
 @dataclass

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from ssl_vit.config.schema import FinetuneOptimConfig, OptimConfig
+from ssl_vit.config.optim import FinetuneOptimConfig, OptimConfig
 
 __all__ = ["apply_step", "decay_exempt", "param_groups", "build_adam", "build_sgd", "fused_sgd"]
 

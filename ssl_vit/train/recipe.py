@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ssl_vit.config.optim import FinetuneOptimConfig
 from ssl_vit.config.recipe import RecipeParts
-from ssl_vit.config.schema import FinetuneOptimConfig
 from ssl_vit.train.optim import build_sgd, decay_exempt, fused_sgd, param_groups
 
 __all__ = ["BatchMixer", "build_finetune_optimizer", "layer_decay_groups", "recipe_loss"]
