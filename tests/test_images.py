@@ -28,3 +28,77 @@ def test_train_transform_is_bit_identical_to_torchvision(shape, size, scale, hfl
         b = ref(image)
         assert torch.equal(a, b) and a.shape == (3, size, size)
         assert torch.equal(state_a, torch.get_rng_state())  # same number of draws
+
+
+def _smooth_jpeg(width: int, height: int, seed: int, mode: str = "RGB") -> bytes:
+    """A photo-like JPEG q90: random colours on a coarse grid, upsampled (smooth content)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    coarse = np.random.default_rng(seed).integers(0, 256, (height // 25, width // 25, 3))
+    im = Image.fromarray(coarse.astype(np.uint8)).resize((width, height), Image.BICUBIC)
+    buf = io.BytesIO()
+    im.convert(mode).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(("mode", "size"), [("RGB", 16), ("RGB", 24), ("L", 16)])
+def test_reduced_jpeg_decode_keeps_the_crop_and_the_image(monkeypatch, mode, size):
+    """from_bytes draws what `self(decode_image(...))` draws (same boxes, same RNG state after,
+    same flips), decodes most crops of a 400x300 JPEG at 1/2..1/8 scale, and its image stays
+    close to the full decode's (the filters differ: DCT scaling + PIL's bilinear vs
+    torchvision's antialiased bilinear)."""
+    from ssl_vit.data import decode as decode_mod
+    from ssl_vit.data import images
+    from ssl_vit.data.images import RandomResizedCropFlip, decode_image
+
+    crop = RandomResizedCropFlip(size)
+    boxes, scales = [], []
+    draw = RandomResizedCropFlip.crop_box
+    monkeypatch.setattr(
+        RandomResizedCropFlip, "crop_box", lambda self, h, w: boxes.append(draw(self, h, w))
+        or boxes[-1]
+    )
+    reduced = decode_mod.open_jpeg_reduced
+    monkeypatch.setattr(
+        images, "open_jpeg_reduced", lambda d, s: scales.append(s) or reduced(d, s)
+    )
+    diffs = []
+    for i in range(60):
+        data = _smooth_jpeg(400, 300, seed=i % 5, mode=mode)
+        torch.manual_seed(i)
+        a = crop.from_bytes(data)
+        state_a = torch.get_rng_state()
+        torch.manual_seed(i)
+        b = crop(decode_image(data))
+        assert torch.equal(state_a, torch.get_rng_state())
+        assert boxes[-1] == boxes[-2]
+        assert a.shape == b.shape == (3, size, size) and a.dtype == torch.uint8
+        diffs.append((a.float() - b.float()).abs().mean().item())
+    assert len(scales) >= 30 and set(scales) <= {2, 4, 8}  # most crops took the reduced path
+    assert max(diffs) < 6 and sum(diffs) / len(diffs) < 3  # grey levels of 255
+
+
+def test_reduced_decode_only_when_nothing_is_lost():
+    """A crop smaller than 2S a side, a PNG and a CMYK JPEG are decoded in full, exactly as
+    before (bit-identical to decode + crop)."""
+    import io
+
+    from PIL import Image
+
+    from ssl_vit.data.images import RandomResizedCropFlip, decode_image
+
+    buf = io.BytesIO()
+    Image.frombytes("CMYK", (64, 48), bytes(range(256)) * 48).save(buf, format="JPEG")
+    png = io.BytesIO()
+    Image.open(io.BytesIO(_smooth_jpeg(100, 75, 0))).save(png, format="PNG")
+    cases = [(_smooth_jpeg(100, 75, 1), 64), (png.getvalue(), 8), (buf.getvalue(), 8)]
+    for data, size in cases:
+        crop = RandomResizedCropFlip(size)
+        for i in range(20):
+            torch.manual_seed(i)
+            a = crop.from_bytes(data)
+            torch.manual_seed(i)
+            assert torch.equal(a, crop(decode_image(data)))
