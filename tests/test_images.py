@@ -58,13 +58,12 @@ def test_reduced_jpeg_decode_keeps_the_crop_and_the_image(monkeypatch, mode, siz
     boxes, scales = [], []
     draw = RandomResizedCropFlip.crop_box
     monkeypatch.setattr(
-        RandomResizedCropFlip, "crop_box", lambda self, h, w: boxes.append(draw(self, h, w))
-        or boxes[-1]
+        RandomResizedCropFlip,
+        "crop_box",
+        lambda self, h, w: boxes.append(draw(self, h, w)) or boxes[-1],
     )
     reduced = decode_mod.open_jpeg_reduced
-    monkeypatch.setattr(
-        images, "open_jpeg_reduced", lambda d, s: scales.append(s) or reduced(d, s)
-    )
+    monkeypatch.setattr(images, "open_jpeg_reduced", lambda d, s: scales.append(s) or reduced(d, s))
     diffs = []
     for i in range(60):
         data = _smooth_jpeg(400, 300, seed=i % 5, mode=mode)
