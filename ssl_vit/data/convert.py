@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -186,22 +186,46 @@ def make_shards(
     if len(src) == 0:
         raise ValueError(f"no images found in {source}")
     order = _write_order(src, shuffle_seed, part)
-    items = _prepared_in_order(src, order, settings, min(workers, max(1, len(order))))
-    items = progress_iter(items, len(order), desc="make-shards", unit="img", enabled=progress)
-    with ShardWriter(target, shard_size) as writer:
-        skipped, sizes = _write_all(writer, items, bool(src.label_names))
-        if skipped == len(order):
-            raise ValueError(f"all {skipped} images in {source} failed verification")
-        if part:
-            check_new_part(output, *part)  # the same part written meanwhile by another job
-        extra: dict[str, Any] = {"part": list(part), "source_samples": len(src)} if part else {}
-        if settings.max_size is not None:
-            extra["resize"] = _record_sizes(writer.shards, sizes, settings)
+    prepared = _prepared_in_order(src, order, settings, min(workers, max(1, len(order))))
+    job = _Job(source, output, target, src, settings, shuffle_seed, part)
+    try:
+        return _write_dataset(job, prepared, shard_size, len(order), progress)
+    finally:
+        prepared.close()  # on any failure: the workers are killed now, not at exit
+
+
+class _Job(NamedTuple):
+    """What `_write_dataset` needs to know of the make_shards call."""
+
+    source: str | os.PathLike
+    output: str | os.PathLike
+    target: str | os.PathLike
+    src: ImageSource
+    settings: StoreSettings
+    shuffle_seed: int | None
+    part: tuple[int, int] | None
+
+
+def _write_dataset(
+    job: _Job, prepared: Iterator[_Item], shard_size: int, total: int, progress: bool
+) -> dict[str, Any]:
+    """Write the prepared images in order into `job.target`; return the index."""
+    items = progress_iter(prepared, total, desc="make-shards", unit="img", enabled=progress)
+    with ShardWriter(job.target, shard_size) as writer:
+        skipped, sizes = _write_all(writer, items, bool(job.src.label_names))
+        if skipped == total:
+            raise ValueError(f"all {skipped} images in {job.source} failed verification")
+        extra: dict[str, Any] = {}
+        if job.part:
+            check_new_part(job.output, *job.part)  # the same part written meanwhile elsewhere
+            extra = {"part": list(job.part), "source_samples": len(job.src)}
+        if job.settings.max_size is not None:
+            extra["resize"] = _record_sizes(writer.shards, sizes, job.settings)
         return writer.close(
-            label_names=src.label_names,
-            source=os.path.abspath(source),
+            label_names=job.src.label_names,
+            source=os.path.abspath(job.source),
             num_skipped=skipped,
-            shuffle_seed=shuffle_seed,
+            shuffle_seed=job.shuffle_seed,
             **extra,
         )
 

@@ -18,7 +18,7 @@ from ssl_vit.data.decode import check_pixels, pil_to_rgb8
 __all__ = ["Prepared", "StoreSettings", "image_error", "prepare_image", "shrink"]
 
 # Formats stored losslessly when asked (`lossless`); every other one is re-encoded as JPEG.
-_LOSSLESS_SOURCES = ("PNG", "BMP", "TIFF", "PPM", "GIF", "WEBP")
+_LOSSLESS_SOURCES = ("PNG", "BMP", "TIFF", "PPM", "GIF")
 
 
 @dataclass(frozen=True)
