@@ -168,8 +168,17 @@ sys.exit(main(sys.argv[1:]))
 
 
 def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(c) for c in f.read().split()]
+    """Processes whose parent is `pid` (from /proc/*/stat: no kernel option needed)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid:
+            found.append(int(entry))
+    return found
 
 
 def _running(pid: int) -> bool:
