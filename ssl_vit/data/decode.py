@@ -179,12 +179,12 @@ def open_jpeg_reduced(data: bytes, scale: int) -> Image.Image | None:
     """JPEG bytes opened to decode at 1/`scale` (2, 4 or 8) of each side by libjpeg's scaled
     IDCT (PIL `draft`): pixel j of the result covers pixels [j*scale, (j+1)*scale) of the full
     image. Nothing is decoded yet (the caller's first pixel op does it). None if this JPEG
-    cannot be read so (CMYK, whose colours torchvision converts otherwise; or a scale libjpeg
-    would not give): the caller decodes it in full, still once."""
+    cannot be read so (CMYK, whose colours torchvision converts otherwise; a size unlike its
+    header's; a scale libjpeg would not give): the caller decodes it in full, still once."""
     im = Image.open(io.BytesIO(data))
     width, height = im.size
-    if im.format != "JPEG" or im.mode not in ("RGB", "L"):
-        return None
+    if im.format != "JPEG" or im.mode not in ("RGB", "L") or im.size != jpeg_size(data):
+        return None  # (a size unlike the header's, which drew the crop: the full path says so)
     check_pixels(im.size)
     im.draft(im.mode, (width // scale, height // scale))
     if im.size != (-(-width // scale), -(-height // scale)):

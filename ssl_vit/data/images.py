@@ -96,8 +96,8 @@ class RandomResizedCropFlip:
         reduced = open_jpeg_reduced(data, scale) if scale > 1 else None
         if reduced is not None:
             box = (left / scale, top / scale, (left + w) / scale, (top + h) / scale)
-            size = (self.size[1], self.size[0])  # PIL's (width, height)
-            out = reduced.resize(size, Image.Resampling.BILINEAR, box, reducing_gap=None)
+            out_wh = (self.size[1], self.size[0])  # PIL's (width, height)
+            out = reduced.resize(out_wh, Image.Resampling.BILINEAR, box, reducing_gap=None)
             pixels = np.array(out.convert("RGB") if out.mode != "RGB" else out)
             return self._flip(torch.from_numpy(pixels).permute(2, 0, 1).contiguous())
         image = decode_image(data)
