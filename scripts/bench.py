@@ -21,8 +21,9 @@ Every timing is a median over repeated calls after warm-up; contenders run in al
 rounds (A B C, C B A, ...) so that noise from other processes hits them alike.
 
 --suite loader: data at ImageNet size (ssl_vit.bench.loader_suite): on ImageNet-like photos,
-make-shards with 1 vs 2 workers, and our loader vs torchvision ImageFolder + RandomResizedCrop
-+ flip with 1 worker each, on the images as given and stored with --max-size:
+make-shards with 1 vs 2 workers, our loader vs torchvision ImageFolder + RandomResizedCrop
++ flip with 1 worker each, and pipelines/pretrain.py with a tiny model and 1 worker, on the
+images as given and stored with --max-size:
 
     python scripts/bench.py --suite loader --json loader.json --markdown
 
@@ -139,6 +140,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     lg.add_argument("--num-images", type=int, help="photos to make (default 2000, quick 200)")
     lg.add_argument("--max-size", type=int, default=256, help="make-shards --max-size compared")
     lg.add_argument("--image-size", type=int, default=224, help="training crop of the loaders")
+    lg.add_argument("--pipeline-steps", type=int, help="tiny-model pretrain steps (default 40)")
     args = p.parse_args(argv)
     args.rounds = args.rounds or (3 if args.quick else 7)
     args.steps = args.steps or 1
@@ -437,6 +439,7 @@ def loader_suite(args) -> dict:
             rounds=args.rounds,
             images_per_round=128 if args.quick else 640,
             photos=args.photos,
+            pipeline_steps=args.pipeline_steps or (8 if args.quick else 40),
         )
     result["machine"] = machine(torch.device("cpu"))
     out = args.out or args.json

@@ -6,15 +6,21 @@ In one process, on the same images (`ssl_vit.data.photos`, ~500x375 JPEG q90):
   2. loader images/s with ONE worker each, at the training size: our pretraining loader on the
      shards vs torchvision `ImageFolder` + `RandomResizedCrop` + flip on the folder, on the
      images as given and on the same images stored with `--max-size` (the folder made from
-     those shards, so both read identical files). Contenders run in alternating rounds.
+     those shards, so both read identical files). Contenders run in alternating rounds;
+  3. the real pipelines/pretrain.py with a tiny model (width 32, depth 2: the loader
+     dominates) and one loader worker, on both shard sets: its own logged images/s.
 """
 
 from __future__ import annotations
 
 import filecmp
 import gc
+import json
 import logging
 import os
+import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +31,9 @@ from ssl_vit.data import make_shards, resolve_shards
 from ssl_vit.data.photos import write_photo_folder
 from ssl_vit.data.sources import ShardSource
 
-__all__ = ["export_folder", "loader_suite", "same_files", "time_make_shards"]
+__all__ = ["export_folder", "loader_suite", "pipeline_rate", "same_files", "time_make_shards"]
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: pipelines/pretrain.py
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +70,38 @@ def export_folder(shards: Path, folder: Path) -> None:
         (d / f"{rec.key}.{rec.ext}").write_bytes(rec.data)
 
 
+def pipeline_rate(shards: Path, out: Path, image_size: int, batch: int, steps: int) -> dict:
+    """pipelines/pretrain.py on `shards` with a tiny ViT (patch 16, width 32, depth 2) and one
+    loader worker: the median of its logged images/s after the first log line, and its
+    data-wait fractions (near 1: the loader decides the speed, as intended here)."""
+    every = max(1, steps // 4)
+    cmd = [
+        *(sys.executable, str(ROOT / "pipelines/pretrain.py"), f"data.train_shards={shards}"),
+        *(f"output_dir={out}", f"model.image_size={image_size}", "model.patch_size=16"),
+        *("model.width=32", "model.depth=2", "model.heads=2", f"train.batch_size={batch}"),
+        *(f"train.steps={steps}", f"train.log_every={every}", "train.warmup_steps=2"),
+        *("train.checkpoint_every=0", "data.num_workers=1"),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"pipelines/pretrain.py exit {proc.returncode}: {proc.stderr[-500:]}")
+    laps = []
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "img_per_s" in record:
+            laps.append(record)
+    steady = [r["img_per_s"] for r in laps[1:]] or [r["img_per_s"] for r in laps]
+    return {
+        "img_per_s": statistics.median(steady),
+        "data_wait": [r.get("data_wait") for r in laps],
+        "steps": steps,
+    }
+
+
 def loader_suite(
     tmp: Path,
     num_images: int = 2000,
@@ -71,6 +111,7 @@ def loader_suite(
     rounds: int = 3,
     images_per_round: int = 640,
     photos: str | None = None,
+    pipeline_steps: int = 40,
 ) -> dict[str, Any]:
     """Every figure of the section (see the module docstring) as a JSON-able dict."""
     folder = Path(photos) if photos else tmp / "photos"
@@ -94,6 +135,11 @@ def loader_suite(
     del loaders
     gc.collect()
     med = {k: median(v) for k, v in rates.items()}
+    log.info("[loader] pipelines/pretrain.py, tiny model, 1 worker ...")
+    pipeline = {
+        name: pipeline_rate(shards, tmp / f"run_{name}", image_size, batch_size, pipeline_steps)
+        for name, shards in (("as given", full), (f"max-size {max_size}", small))
+    }
     return {
         "images": n,
         "image_size": image_size,
@@ -110,6 +156,7 @@ def loader_suite(
         "ours_vs_imagefolder": med["ours"] / med["imagefolder"],
         "ours_vs_imagefolder_max_size": med["ours_max_size"] / med["imagefolder_max_size"],
         "ours_max_size_vs_imagefolder_as_given": med["ours_max_size"] / med["imagefolder"],
+        "pipeline_tiny_model_1_worker": pipeline,
     }
 
 
@@ -128,6 +175,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"| ours / ImageFolder, as given | {result['ours_vs_imagefolder']:.2f}x |",
         f"| ours / ImageFolder, --max-size {m} | {result['ours_vs_imagefolder_max_size']:.2f}x |",
     ]
+    for what, run in result["pipeline_tiny_model_1_worker"].items():
+        lines.append(f"| pipelines/pretrain.py, tiny model, {what} | {run['img_per_s']:.0f} |")
     for what, secs in result["make_shards_s"].items():
         ratio = result["make_shards_2_vs_1_workers"][what]
         lines.append(
