@@ -166,9 +166,10 @@ def make_shards(
     `shuffle_seed` (None: sorted order): a class-sorted stream would put one class in each
     shard, which shard resampling and a small shuffle buffer cannot mix back.
 
-    `workers`: processes that read, check and re-encode (the output is the same for any
-    number). `part` "I/N" (or (I, N)): write only part I of N of the sorted source to
-    `output/part-IIIII-of-NNNNN` (`ssl_vit.data.parts`). `max_size`, `quality`, `lossless`:
+    `workers`: processes that read, check and re-encode (default 1; `ssl-vit make-shards`
+    defaults to the CPUs available); the output is the same for any number. `part` "I/N"
+    (or (I, N)): write only part I of N of the sorted source to `output/part-IIIII-of-NNNNN`
+    (`ssl_vit.data.parts`). `max_size`, `quality`, `lossless`:
     store images at training size (`ssl_vit.data.prepare.StoreSettings`); the setting and every
     image's original size go into index.json.
     """
