@@ -115,7 +115,8 @@ def test_unlabelled_folder(tmp_path):
     assert labels.tolist() == [-1, -1, -1]
 
 
-def test_hf_dataset_round_trip(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_hf_dataset_round_trip(tmp_path, workers):
     datasets = pytest.importorskip("datasets")
     images = [_image_bytes(i) for i in range(5)]
     features = datasets.Features(
@@ -135,7 +136,8 @@ def test_hf_dataset_round_trip(tmp_path):
     )
     datasets.DatasetDict({"train": ds, "test": ds.select([0, 1])}).save_to_disk(tmp_path / "hf")
 
-    index = make_shards(tmp_path / "hf", tmp_path / "out", split="train", progress=False)
+    out = tmp_path / "out"
+    index = make_shards(tmp_path / "hf", out, split="train", progress=False, workers=workers)
     assert index["label_names"] == ["no", "yes"] and index["num_samples"] == 5
     got = {(s["png"], int(s["cls"])) for s in _read_shards(tmp_path / "out").values()}
     assert got == set(zip(images, [1, 0, 1, 1, 0], strict=True))

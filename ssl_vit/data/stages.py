@@ -110,6 +110,15 @@ def _seeded(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, seed: i
         torch.set_rng_state(outer)
 
 
+def _decoded(transform: Callable, data: bytes, seed: int | None) -> torch.Tensor:
+    """`transform(decode_image(data))` under `_seeded`; a transform with `from_bytes` (the
+    training crop) decodes the bytes itself, only as much of them as its crop needs."""
+    from_bytes = getattr(transform, "from_bytes", None)
+    if from_bytes is not None:
+        return _seeded(from_bytes, data, seed)
+    return _seeded(transform, decode_image(data), seed)
+
+
 class ShardErrorHandler:
     """WebDataset exception handler for one shard: count and log its first tar-level error,
     then go on. One per shard, because WebDataset reports a truncated tar twice (the member
@@ -176,7 +185,7 @@ def decode_stage(
                 raise ValueError("no valid .cls label")
             if num_classes and not 0 <= s.label < num_classes:
                 raise ValueError(f"label {s.label} out of range [0, {num_classes})")
-            image = _seeded(transform, decode_image(s.data), aug_seed)
+            image = _decoded(transform, s.data, aug_seed)
         except Exception as e:  # any bad sample is skipped, whatever the decoder raised
             stats.skipped += 1
             stats.total_skipped += 1
