@@ -4,6 +4,7 @@ import io
 import json
 import logging
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -313,7 +314,7 @@ def test_train_loader_from_folder(tmp_path):
     _write_files(tmp_path / "src", [f"{c}/{i}.png" for c in ("a", "b") for i in range(5)])
     it = iter(
         train_loader(
-            FinetuneDataConfig(train=str(tmp_path / "src"), num_workers=0),
+            FinetuneDataConfig(train=str(tmp_path / "src"), num_workers=0, lanes=1),
             batch_size=4,
             image_size=8,
             seed=3,
@@ -457,8 +458,8 @@ def test_training_epoch_sees_every_sample_once(synthetic_shards, world_size):
             rank=rank,
             world_size=world_size,
         )
-        # Epoch 0 of this rank: its shard (96 // 2 = 48 samples) or its share of a shared one.
-        share = 96 if world_size == 1 else 48 // len(range(rank % 2, world_size, 2))
+        # Lanes (auto: 8 x world_size) share the 2 shards equally: epoch 0 ends together.
+        share = 96 // world_size
         keys += [k for b in _take(loader, share // 8) for k in b.keys]
     assert sorted(keys) == sorted(k for k, _, _ in synthetic_shapes(96))
 
@@ -469,13 +470,28 @@ def test_training_stream_resumes_exactly(synthetic_shards, resampled):
 
     data = _data(str(synthetic_shards), num_workers=2, shuffle_buffer=10, resampled=resampled)
     kw = dict(batch_size=8, image_size=16, seed=4)
-    full = _take(pretrain_loader(data, **kw), 9)
-    tracker = StreamTracker(1, 2)
-    for b in full[:5]:  # batch 5 came from worker 0: worker 1 is next
+    loader = pretrain_loader(data, **kw)
+    full = _take(loader, 9)
+    tracker = StreamTracker(loader.tracker.identity, loader.tracker.lanes)
+    for b in full[:5]:
         tracker.update(b)
-    resumed = _take(pretrain_loader(data, resume=tracker.state_dict(), **kw), 4)
+    # Resumed with 1 worker, or as 2 processes of 4: the same batches.
+    resumed = _take(
+        pretrain_loader(replace(data, num_workers=1), resume=tracker.state_dict(), **kw), 4
+    )
     for a, b in zip(full[5:], resumed, strict=True):
         assert a.keys == b.keys and torch.equal(a.images, b.images)
+    halves = [
+        _take(
+            pretrain_loader(
+                data, resume=tracker.state_dict(), **{**kw, "batch_size": 4}, rank=r, world_size=2
+            ),
+            4,
+        )
+        for r in range(2)
+    ]
+    for a, b, c in zip(full[5:], *halves, strict=True):
+        assert a.keys == b.keys + c.keys and torch.equal(a.images, torch.cat([b.images, c.images]))
 
 
 def test_training_stream_counts_bad_samples_and_shards(tmp_path, synthetic_shards):
@@ -498,7 +514,13 @@ def test_training_stream_counts_bad_samples_and_shards(tmp_path, synthetic_shard
     ]
     batches = _take(
         pretrain_loader(
-            _data(num_workers=0, shuffle_buffer=0), batch_size=6, image_size=16, urls=urls
+            _data(num_workers=0, shuffle_buffer=0, lanes=1),  # one lane: epochs in order
+            batch_size=6,
+            image_size=16,
+            urls=urls,
+            # Epoch 0 visits the unreadable shards first (a shard's error is reported with the
+            # batch that follows it: a last one would be reported in epoch 1's first batch).
+            seed=1,
         ),
         9,
     )

@@ -1,0 +1,51 @@
+"""The one way every random stream of a job gets its seed.
+
+A seed is `derive(seed, STREAM, *place)`: the job's `seed`, a stream id naming what draws from
+it, and the integers that say where in the global stream the draw happens (epoch, shard, sample;
+the micro-batch of a step). NumPy's `SeedSequence` hashes them, so neighbouring places give
+unrelated seeds. No stream is seeded by a rank or a loader worker: what a sample looks like
+depends on the seed and on its place in the stream, never on how many processes or workers
+read it (see docs/scaling.md). The one exception is `process`, the seed of the global RNGs of
+a process (timm's Mixup, dropout): per rank by nature.
+
+Importable from every layer (it imports only NumPy).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "AUGMENT",
+    "CORRUPTION",
+    "DEVICE_AUGMENT",
+    "EPOCH",
+    "LOADER",
+    "PROCESS",
+    "SHARDS",
+    "SHUFFLE",
+    "derive",
+    "process",
+]
+
+# Stream ids: the second part of every derived seed, so that two streams never share draws.
+SHARDS = 1  # resampled shard choice of a lane's visit
+SHUFFLE = 2  # the order of a block of samples within a lane
+AUGMENT = 3  # a sample's crop and flip (and RandAugment) in the loader workers
+EPOCH = 4  # an epoch's permutation of the shards (or of a random-access source's records)
+DEVICE_AUGMENT = 6  # crop and flip of a micro-batch on the device (data.augment=device)
+CORRUPTION = 7  # the corruption draws of a micro-batch (objectives.corruption)
+LOADER = 8  # DataLoader's own base seed (unused by the streams, drawn once)
+PROCESS = 9  # a process's global RNGs (Python, NumPy, torch)
+
+
+def derive(seed: int, stream: int, *place: int) -> int:
+    """A 32-bit seed for stream `stream` at `place` (any number of integers, any sign/size)."""
+    parts = [seed, stream, *place]
+    return int(np.random.SeedSequence([int(p) % 2**32 for p in parts]).generate_state(1)[0])
+
+
+def process(seed: int, rank: int) -> int:
+    """The seed of process `rank`'s global RNGs; rank 0's builds the model's random init, so a
+    1-process and an N-process run start from the same weights (DDP copies rank 0's)."""
+    return derive(seed, PROCESS, rank)

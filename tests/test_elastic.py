@@ -1,0 +1,118 @@
+"""Elastic exact resume: the run depends on the seed, never on the cluster shape.
+
+The number of loader workers changes nothing (bit-identical losses); a run stopped by SIGTERM
+with 2 workers and resumed with 1 continues bit-identically; a 2-process run (gloo) sees the
+same samples per step as a 1-process run of the same global batch, with losses equal within
+the all-reduce's float error, and resumed on 1 process it goes on as the 1-process run.
+(One process, CPU, the synthetic fixture; real subprocesses, SIGTERM, --resume.)"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_distributed import LAUNCH, _free_port
+from test_pipelines import ROOT, pipeline, pretrain_args, rows
+
+STEPS = 24
+BATCH = 16  # global; auto lanes: 16
+RUN = [
+    f"train.steps={STEPS}",
+    f"train.batch_size={BATCH}",
+    "train.log_every=1",
+    "train.checkpoint_every=0",  # the only checkpoints: the stop's and the last step's
+    "data.shuffle_buffer=8",
+    "data.record_keys=true",
+]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in rows(run_dir) if "loss" in r}
+
+
+def keys_per_step(run_dir: Path, processes: int, steps: int) -> list[list[str]]:
+    """The samples of each of the first `steps` steps, ranks' slices in rank order."""
+    per_rank = [(run_dir / f"keys_rank{r}.txt").read_text().split() for r in range(processes)]
+    b = BATCH // processes
+    return [sum((k[t * b : (t + 1) * b] for k in per_rank), []) for t in range(steps)]
+
+
+def _run(shards, out: Path, *extra: str) -> None:
+    pipeline("pretrain")(pretrain_args(shards, out, *RUN, *extra))
+
+
+@pytest.fixture(scope="module")
+def reference(synthetic_shards, tmp_path_factory):
+    """The uninterrupted 1-process run with 2 loader workers: losses, samples of each step."""
+    out = tmp_path_factory.mktemp("reference")
+    _run(synthetic_shards, out, "data.num_workers=2")
+    return losses(out), keys_per_step(out, 1, STEPS)
+
+
+def _stop_after(proc: subprocess.Popen, out: Path, step: int, timeout: float = 180) -> int:
+    """SIGTERM once `step` steps are logged; wait for the preempted exit; the stop's step."""
+    end = time.time() + timeout
+    while not ((out / "metrics.jsonl").is_file() and len(losses(out)) >= step):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() < end, "timed out"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    results = json.loads((out / "results.json").read_text())
+    assert results.get("preempted"), err[-3000:]
+    assert step <= results["step"] < STEPS, results
+    return results["step"]
+
+
+def test_worker_count_changes_nothing(synthetic_shards, tmp_path, reference):
+    _run(synthetic_shards, tmp_path, "data.num_workers=1")
+    assert losses(tmp_path) == reference[0]  # bit-identical at every step
+    assert keys_per_step(tmp_path, 1, STEPS) == reference[1]
+
+
+def test_stopped_with_two_workers_resumed_with_one(synthetic_shards, tmp_path, reference):
+    cmd = [
+        *(sys.executable, str(ROOT / "pipelines/pretrain.py")),
+        *pretrain_args(synthetic_shards, tmp_path, *RUN, "data.num_workers=2"),
+    ]
+    # The same environment (thread count) as the in-process runs: bit-identical arithmetic.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = _stop_after(proc, tmp_path, 3)
+    _run(synthetic_shards, tmp_path, "data.num_workers=1", "--resume")
+    got = losses(tmp_path)
+    assert sorted(got) == list(range(1, STEPS + 1)), stopped
+    assert got == reference[0], stopped  # exactly, before and after the stop
+    assert keys_per_step(tmp_path, 1, STEPS) == reference[1]
+
+
+def test_two_processes_match_one_and_resume_on_one(synthetic_shards, tmp_path, reference):
+    """2 processes x 1 worker, stopped by SIGTERM, resumed as 1 process x 2 workers."""
+    cmd = [
+        *(*LAUNCH, "--num_machines", "1", "--main_process_port", str(_free_port())),
+        str(ROOT / "pipelines/pretrain.py"),
+        *pretrain_args(synthetic_shards, tmp_path, *RUN, "data.num_workers=1"),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    stopped = _stop_after(proc, tmp_path, 3)
+    ref_losses, ref_keys = reference
+    two = losses(tmp_path)
+    assert sorted(two) == list(range(1, stopped + 1))
+    # The same samples, crops and corruption: only the all-reduce's float error differs.
+    assert keys_per_step(tmp_path, 2, stopped) == ref_keys[:stopped]
+    for s in range(1, 4):
+        assert two[s] == pytest.approx(ref_losses[s], rel=1e-5, abs=0), (s, two[s], ref_losses[s])
+
+    _run(synthetic_shards, tmp_path, "data.num_workers=2", "--resume")
+    got = losses(tmp_path)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    resumed = (tmp_path / "keys_rank0.txt").read_text().split()[(BATCH // 2) * stopped :]
+    assert [resumed[t * BATCH : (t + 1) * BATCH] for t in range(STEPS - stopped)] == ref_keys[
+        stopped:
+    ]
+    for s in range(stopped + 1, STEPS + 1):  # continues as the 1-process run, within float error
+        assert got[s] == pytest.approx(ref_losses[s], rel=1e-4, abs=0), (s, got[s], ref_losses[s])
