@@ -530,3 +530,35 @@ def test_training_stream_counts_bad_samples_and_shards(tmp_path, synthetic_shard
     )
     assert sum(b.skipped for b in batches) == 4  # the 4 bad samples
     assert sum(b.skipped_shards for b in batches) == 2  # missing and unreadable
+
+
+def test_lanes_resolve_and_split_in_order():
+    from ssl_vit.data.stream_state import lane_range, resolve_lanes
+
+    assert resolve_lanes(0, 4096, 8, None) == 64  # auto: the largest divisor up to 64
+    assert resolve_lanes(0, 100, 1, None) == 50
+    assert resolve_lanes(0, 32, 2, 16) == 16  # resuming: the checkpoint's count
+    assert resolve_lanes(8, 32, 2, 16) == 8  # asked for (the stream check refuses a change)
+    with pytest.raises(ValueError, match="data.lanes: 50 .auto. lanes do not split over 8"):
+        resolve_lanes(0, 1000, 8, None)
+    with pytest.raises(ValueError, match="data.lanes: 16 does not divide the global micro"):
+        resolve_lanes(16, 24, 1, None)
+    for lanes, world in ((16, 1), (16, 2), (12, 3), (64, 8)):
+        for workers in range(1, lanes // world + 1):
+            order = [
+                lane
+                for rank in range(world)
+                for w in range(workers)
+                for lane in lane_range(lanes, rank, world, w, workers)
+            ]
+            assert order == list(range(lanes))  # rank-major, worker-major, contiguous
+            sizes = [len(lane_range(lanes, 0, world, w, workers)) for w in range(workers)]
+            assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+
+
+def test_a_stream_saved_per_worker_is_refused():
+    from ssl_vit.data.stream_state import start_positions
+
+    old = {"layout": [1, 2], "positions": {0: [0, 8]}, "next_role": 1}  # an older checkpoint's
+    with pytest.raises(ValueError, match="older version"):
+        start_positions(old, {"source": "x", "seed": 0}, 8, {"source": "data.train_shards"})

@@ -116,3 +116,25 @@ def test_two_processes_match_one_and_resume_on_one(synthetic_shards, tmp_path, r
     ]
     for s in range(stopped + 1, STEPS + 1):  # continues as the 1-process run, within float error
         assert got[s] == pytest.approx(ref_losses[s], rel=1e-4, abs=0), (s, got[s], ref_losses[s])
+
+
+def test_a_stream_that_cannot_continue_is_refused(synthetic_shards, tmp_path):
+    """--resume with another seed (or shuffle) is refused before config.yaml is touched; with
+    other shards (the same file names) by the loader, before step 1; both one line."""
+    from ssl_vit.data.synthetic import make_synthetic_shards
+
+    out = tmp_path / "run"
+    short = ["train.steps=2", "train.log_every=1", "train.checkpoint_every=0"]
+    pipeline("pretrain")(pretrain_args(synthetic_shards, out, *short))
+    config = (out / "config.yaml").read_text()
+    for change, key in (("seed=1", "seed 0 -> 1"), ("data.shuffle_buffer=3", "shuffle_buffer")):
+        with pytest.raises(SystemExit, match=f"^error: --resume: .*{key}") as e:
+            pipeline("pretrain")(pretrain_args(synthetic_shards, out, *short, change, "--resume"))
+        assert "\n" not in str(e.value)
+        assert (out / "config.yaml").read_text() == config
+    other = tmp_path / "other"
+    make_synthetic_shards(other, n=64, image_size=32, seed=1, shard_size=32)
+    with pytest.raises(ValueError, match="data.train_shards 2 shards/") as e:
+        pipeline("pretrain")(pretrain_args(other, out, "train.steps=4", "--resume"))
+    assert "\n" not in str(e.value)
+    assert losses(out) == {1: losses(out)[1], 2: losses(out)[2]}  # nothing trained

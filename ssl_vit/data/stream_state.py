@@ -36,9 +36,13 @@ Position = tuple[int, int]  # (visit, samples of that visit consumed)
 
 
 def source_id(names: Sequence[str]) -> str:
-    """A short identity of the shard list (or a source): file names, not directories, so a
-    dataset moved or mounted elsewhere still continues."""
-    digest = hashlib.sha256("\n".join(os.path.basename(n) for n in names).encode())
+    """A short identity of the shard list (or a source): a local file by its name and size,
+    not its directory, so a dataset moved or mounted elsewhere still continues; anything else
+    (a `pipe:` command, a URL, a folder) by its text."""
+    parts = [
+        f"{os.path.basename(n)}:{os.path.getsize(n)}" if os.path.isfile(n) else n for n in names
+    ]
+    digest = hashlib.sha256("\n".join(parts).encode())
     return f"{len(names)} shards/{digest.hexdigest()[:12]}"
 
 
