@@ -452,13 +452,13 @@ def test_training_epoch_sees_every_sample_once(synthetic_shards, world_size):
     keys = []
     for rank in range(world_size):
         loader = pretrain_loader(
-            _data(str(synthetic_shards), num_workers=0),
+            _data(str(synthetic_shards), num_workers=0, lanes=2 * world_size),
             batch_size=8,
             image_size=16,
             rank=rank,
             world_size=world_size,
         )
-        # Lanes (auto: 8 x world_size) share the 2 shards equally: epoch 0 ends together.
+        # 2 lanes (a shard each), or 6 sharing the 2 shards (3 each): epoch 0 ends together.
         share = 96 // world_size
         keys += [k for b in _take(loader, share // 8) for k in b.keys]
     assert sorted(keys) == sorted(k for k, _, _ in synthetic_shapes(96))
@@ -537,6 +537,7 @@ def test_lanes_resolve_and_split_in_order():
 
     assert resolve_lanes(0, 4096, 8, None) == 64  # auto: the largest divisor up to 64
     assert resolve_lanes(0, 100, 1, None) == 50
+    assert resolve_lanes(0, 128, 1, None, shards=10) == 8  # a lane per shard at most
     assert resolve_lanes(0, 32, 2, 16) == 16  # resuming: the checkpoint's count
     assert resolve_lanes(8, 32, 2, 16) == 8  # asked for (the stream check refuses a change)
     with pytest.raises(ValueError, match="data.lanes: 50 .auto. lanes do not split over 8"):

@@ -247,7 +247,7 @@ class PretrainDataConfig:
     num_workers: int = -1  # -1: auto, min(8, CPUs // processes per node), resolved at load
     # Sequential lanes every global micro-batch draws from equally (fixed for a run; the sample
     # order depends on it, not on processes or workers): 0 auto, the largest divisor of the
-    # micro-batch up to 64 (when resuming: the checkpoint's). docs/scaling.md
+    # micro-batch up to 64 and up to the shard count (resuming: the checkpoint's). docs/scaling.md
     lanes: int = 0
     shuffle_buffer: int = 2000  # samples shuffled together in memory (a block of one shard)
     resampled: bool = False  # draw shards with replacement instead of epochs

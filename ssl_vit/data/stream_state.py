@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-MAX_AUTO_LANES = 64
+MAX_AUTO_LANES = 64  # enough readers for 8 workers on each of 8 GPUs
 VERSION = 2  # 1: positions per (rank, worker) reader, which only the same shape could continue
 
 Position = tuple[int, int]  # (visit, samples of that visit consumed)
@@ -46,12 +46,17 @@ def source_id(names: Sequence[str]) -> str:
     return f"{len(names)} shards/{digest.hexdigest()[:12]}"
 
 
-def resolve_lanes(requested: int, micro_batch: int, world_size: int, saved: int | None) -> int:
+def resolve_lanes(
+    requested: int, micro_batch: int, world_size: int, saved: int | None, shards: int = 0
+) -> int:
     """`data.lanes` (0: auto) -> the stream's lane count, checked against the global
     micro-batch (each lane gives micro_batch / lanes samples) and the processes (each takes
     lanes / world_size whole lanes). Auto: the saved count when resuming, otherwise the largest
-    divisor of the micro-batch up to 64."""
-    lanes = requested or saved or _largest_divisor(micro_batch, MAX_AUTO_LANES)
+    divisor of the micro-batch up to 64 and up to `shards` (> 0: a lane per shard at most, so
+    that no shard is read by several lanes). Never the number of processes or workers: the
+    sample order depends on the lanes."""
+    cap = min(MAX_AUTO_LANES, shards) if shards else MAX_AUTO_LANES
+    lanes = requested or saved or _largest_divisor(micro_batch, cap)
     how = "" if requested else " (auto)"
     if micro_batch % lanes:
         raise ValueError(
@@ -61,7 +66,8 @@ def resolve_lanes(requested: int, micro_batch: int, world_size: int, saved: int 
     if lanes % world_size:
         raise ValueError(
             f"data.lanes: {lanes}{how} lanes do not split over {world_size} processes; set "
-            f"data.lanes to a multiple of {world_size} that divides {micro_batch}"
+            f"data.lanes to a multiple of {world_size} that divides {micro_batch} (more lanes "
+            "than shards: shards are shared, each lane keeping its share)"
         )
     return lanes
 

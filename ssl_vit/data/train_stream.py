@@ -1,9 +1,10 @@
 """Endless training streams that resume exactly, on any number of processes and workers.
 
 The stream is `L` *lanes* (`data.lanes`, fixed for a run; auto: the largest divisor of the global
-micro-batch up to 64). Each global micro-batch takes `micro_batch / L` consecutive samples from
-every lane, in lane order; process R takes its contiguous share of the lanes (its slice of the
-global micro-batch) and its loader workers split that share again (`stream_state.lane_range`).
+micro-batch up to 64 and up to the number of shards). Each global micro-batch takes
+`micro_batch / L` consecutive samples from every lane, in lane order; process R takes its
+contiguous share of the lanes (its slice of the global micro-batch) and its loader workers split
+that share again (`stream_state.lane_range`).
 The main process concatenates its workers' chunks in worker order. So which sample sits where in
 a global micro-batch is a function of the seed and the lanes only, never of the number of
 processes or workers: a job continues exactly when resumed on another cluster shape.
@@ -19,9 +20,11 @@ restarted lane yields exactly what the uninterrupted one would have, at the cost
 most one shard per lane. A sample that fails to decode is skipped within its lane (the lane's
 next sample takes its place), so skips change nothing on another cluster shape either.
 
-Shuffling: within a lane's visit, blocks of `shuffle_buffer` consecutive samples are permuted
-in memory; a micro-batch mixes L lanes (L shards); `make_shards` writes samples in a seeded
-random order, so a shard is already a random subset.
+Shuffling: within a lane's visit, blocks of `shuffle_buffer / L` consecutive samples are
+permuted in memory (the buffer is the stream's, shared by its lanes); a micro-batch mixes L
+lanes (L shards); `make_shards` writes samples in a seeded random order, so a shard is already
+a random subset. Auto lanes are at most one per shard (no shard read twice); with a shard count
+that is a multiple of L, every lane's epoch holds as many shards, and epochs end together.
 """
 
 from __future__ import annotations
@@ -96,7 +99,8 @@ class _LaneStream(StreamDataset):
 
         Raises after `max_consecutive_failures` visits in a row without a sample (all shards
         missing or empty), which would otherwise spin silently."""
-        block, empty = max(self.shuffle_buffer, 1), 0
+        # The buffer is the stream's: each lane holds its share in memory.
+        block, empty = max(self.shuffle_buffer // self.lanes, 1), 0
         for v in itertools.count(first):
             n = 0
             samples = self._visit(lane, v, stats)
@@ -264,7 +268,7 @@ def _build(
     what the saved stream must match to be continued, `key`: the config key naming the data."""
     micro = batch_size * world_size
     saved = resume.get("lanes") if resume else None
-    lanes = resolve_lanes(getattr(data, "lanes", 0), micro, world_size, saved)
+    lanes = resolve_lanes(data.lanes, micro, world_size, saved, len(fields.get("urls", ())))
     identity = {**identity, "seed": seed}
     names = {"source": key, "seed": "seed", "lanes": "data.lanes"}
     names.update({k: f"data.{k}" for k in identity if k not in names})
