@@ -141,3 +141,21 @@ def test_a_stream_that_cannot_continue_is_refused(synthetic_shards, tmp_path):
         pipeline("pretrain")(pretrain_args(other, out, "train.steps=4", "--resume"))
     assert "\n" not in str(e.value)
     assert losses(out) == {1: losses(out)[1], 2: losses(out)[2]}  # nothing trained
+
+
+def test_stream_benchmark_runs(synthetic_shards, capsys, monkeypatch):
+    """scripts/bench_stream.py at a tiny size: one JSON line with both rates and both starts."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_stream", ROOT / "scripts/bench_stream.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    argv = ["x", "--shards", str(synthetic_shards), "--workers", "0", "--batch-size", "8"]
+    monkeypatch.setattr(
+        sys, "argv", [*argv, "--images", "16", "--rounds", "1", "--resume-after", "2"]
+    )
+    bench.main()
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(out["images_per_s"]) == {"seeded per sample", "not seeded"}
+    assert all(v > 0 for v in out["images_per_s"].values())
+    assert len(out["first_batch_s"]) == 2 and out["lanes"] == 2

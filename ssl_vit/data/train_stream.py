@@ -372,7 +372,7 @@ def train_loader(
     spec applied after crop and flip (worker-side augmentation only).
 
     Shards: as `pretrain_loader(..., labelled=True)`. An image folder or HF dataset: per epoch a
-    permutation seeded by (seed, epoch), split over the lanes (`shuffle_buffer` unused).
+    permutation seeded by (seed, epoch), split over the lanes.
     `load_size`: as `pretrain_loader`.
     """
     source = data.train
@@ -401,6 +401,9 @@ def train_loader(
     lanes = resolve_lanes(data.lanes, micro, world_size, resume.get("lanes") if resume else None)
     if len(source_obj) < lanes:
         raise ValueError(f"{source}: {len(source_obj)} samples < {lanes} lanes (data.lanes)")
-    identity = {"source": f"{len(source_obj)} records/{source_id([source])}"}
+    identity = {
+        "source": f"{len(source_obj)} records/{source_id([source])}",
+        "shuffle_buffer": data.shuffle_buffer,
+    }
     fields = dict(spec=source, split=split)
     return _build(_IndexedTrainStream, data, identity, "data.train", **fields, **stream)
