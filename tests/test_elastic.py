@@ -53,10 +53,18 @@ def reference(synthetic_shards, tmp_path_factory):
     return losses(out), keys_per_step(out, 1, STEPS)
 
 
+def _logged(out: Path) -> int:
+    """Steps logged so far (0 while the file is missing or its last line is being written)."""
+    try:
+        return len(losses(out))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return 0
+
+
 def _stop_after(proc: subprocess.Popen, out: Path, step: int, timeout: float = 180) -> int:
     """SIGTERM once `step` steps are logged; wait for the preempted exit; the stop's step."""
     end = time.time() + timeout
-    while not ((out / "metrics.jsonl").is_file() and len(losses(out)) >= step):
+    while _logged(out) < step:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.time() < end, "timed out"
         time.sleep(0.02)
