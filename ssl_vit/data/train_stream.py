@@ -301,6 +301,12 @@ def _build(
 
 
 def _shard_loader(urls: list[str], data: DataConfig, key: str, **stream: Any) -> TrainLoader:
+    if 0 < data.lanes and len(urls) < data.lanes and not data.resampled:
+        log.warning(
+            "%d shards < data.lanes=%d: each shard is read by up to %d lanes, each keeping its "
+            "share of the samples (more reading); more, smaller shards avoid this",
+            *(len(urls), data.lanes, -(-data.lanes // len(urls))),
+        )
     identity = {
         "source": source_id(urls),
         "resampled": data.resampled,
