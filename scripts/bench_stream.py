@@ -1,8 +1,9 @@
 """What the layout-independent training stream costs: the loader's images/s with each
 sample's augmentation seeded by its place in the stream (what training runs) against the same
-loader drawing from the workers' running RNG (no per-sample seeding), measured in alternating
-rounds in one run; then the time to the first batch of a fresh stream against one resumed
-mid-epoch (a resumed lane re-reads its shard up to its position).
+loader drawing from the workers' running RNG (no per-sample seeding), and against one lane per
+worker (each worker reading its own shards, as the stream read before lanes), measured in
+alternating rounds in one run; then the time to the first batch of a fresh stream against one
+resumed mid-epoch (a resumed lane re-reads its shard up to its position).
 
     python scripts/bench_stream.py --shards data/cifar10-train --workers 2 --images 20000
 
@@ -22,8 +23,8 @@ from ssl_vit.data import pretrain_loader
 from ssl_vit.data.stream_state import StreamTracker
 
 
-def make(args: argparse.Namespace, seeded: bool = True, resume: dict | None = None):
-    data = PretrainDataConfig(train_shards=args.shards, num_workers=args.workers)
+def make(args: argparse.Namespace, seeded: bool = True, resume: dict | None = None, lanes=0):
+    data = PretrainDataConfig(train_shards=args.shards, num_workers=args.workers, lanes=lanes)
     loader = pretrain_loader(
         data, batch_size=args.batch_size, image_size=args.image_size, resume=resume
     )
@@ -48,7 +49,11 @@ def main() -> None:
     p.add_argument("--resume-after", type=int, default=20, help="batches before the resume")
     args = p.parse_args()
 
-    loaders = {"seeded per sample": make(args), "not seeded": make(args, seeded=False)}
+    loaders = {
+        "seeded per sample": make(args),
+        "not seeded": make(args, seeded=False),
+        "one lane per worker": make(args, lanes=max(args.workers, 1)),
+    }
     rates = interleaved_rates(loaders, args.images, args.rounds)
     result = {
         "images_per_s": {k: round(statistics.median(v), 1) for k, v in rates.items()},

@@ -164,6 +164,6 @@ def test_stream_benchmark_runs(synthetic_shards, capsys, monkeypatch):
     )
     bench.main()
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(out["images_per_s"]) == {"seeded per sample", "not seeded"}
+    assert set(out["images_per_s"]) == {"seeded per sample", "not seeded", "one lane per worker"}
     assert all(v > 0 for v in out["images_per_s"].values())
     assert len(out["first_batch_s"]) == 2 and out["lanes"] == 2
