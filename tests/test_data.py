@@ -563,3 +563,29 @@ def test_a_stream_saved_per_worker_is_refused():
     old = {"layout": [1, 2], "positions": {0: [0, 8]}, "next_role": 1}  # an older checkpoint's
     with pytest.raises(ValueError, match="older version"):
         start_positions(old, {"source": "x", "seed": 0}, 8, {"source": "data.train_shards"})
+
+
+def test_a_resumed_lane_rereads_at_most_its_shard_up_to_its_position(synthetic_shards, monkeypatch):
+    """Resuming costs reading each lane's current shard up to its position (to the end of the
+    shuffle block holding it), never the samples of earlier shards."""
+    from ssl_vit.data import train_stream
+
+    data = _data(str(synthetic_shards), num_workers=0, shuffle_buffer=16)  # 2 lanes, blocks of 8
+    kw = dict(batch_size=8, image_size=16, seed=2)
+    loader = pretrain_loader(data, **kw)
+    it = iter(loader)
+    for _ in range(15):  # 60 samples per lane: past its first shard (48), 12 into its second
+        loader.tracker.update(next(it))
+    state = loader.tracker.state_dict()
+    assert sorted(tuple(p) for p in state["positions"].values()) == [(1, 12), (1, 12)]
+    read = []
+    real = train_stream.shard_samples
+
+    def counted(*args, **kwargs):
+        for sample in real(*args, **kwargs):
+            read.append(sample["__key__"])
+            yield sample
+
+    monkeypatch.setattr(train_stream, "shard_samples", counted)
+    next(iter(pretrain_loader(data, resume=state, **kw)))
+    assert len(read) == 2 * 16  # per lane: blocks 0 and 1 of its shard (12 consumed, 4 next)
