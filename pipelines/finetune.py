@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
         acc.device,
         cfg.seed,
         acc.process_index,
+        acc.num_processes,
         workers_only=bool(cfg.parts.randaugment),
     )
     if augment is not None:
@@ -220,11 +221,11 @@ def main(argv: list[str] | None = None) -> dict:
             lr = warmup_cosine(step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr)
             set_lr(optimizer, lr)
             applied = True
-            for _ in range(tc.grad_accum):
+            for micro in range(tc.grad_accum):
                 batch = batches.next()
                 x = batch.images.to(acc.device, non_blocking=True)
-                if augment is not None:
-                    x = augment(x)
+                if augment is not None:  # draws of the micro-batch's place in the run
+                    x = augment(x, step * tc.grad_accum + micro)
                 y = batch.labels.to(acc.device, non_blocking=True)
                 target = y
                 if mixer is not None:  # mixed [0, 1] images, soft targets [B, K]

@@ -22,7 +22,8 @@ from ssl_vit.data import pretrain_loader
 from ssl_vit.data.device_augment import build_device_augment
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.model import build_vit
-from ssl_vit.objectives import NUM_COLOR_CLASSES, MaskedPatchPrediction, draw_corruption
+from ssl_vit.objectives import NUM_COLOR_CLASSES, MaskedPatchPrediction
+from ssl_vit.objectives.corruption import CorruptionDraws
 from ssl_vit.train import preflight
 from ssl_vit.train.checkpoint import rng_state
 from ssl_vit.train.compile import maybe_compile
@@ -82,15 +83,13 @@ def main(argv: list[str] | None = None) -> dict:
     model = MaskedPatchPrediction(build_vit(cfg.model), cfg.objective, cfg.data.mean, cfg.data.std)
     model.to(acc.device)
     optimizer = build_adam(model, tc)
-    # The corruption draws come from their own generator, on the device, saved with the RNGs.
-    gen = torch.Generator(acc.device).manual_seed(cfg.seed * 7919 + acc.process_index)
     # data.augment=device: crop + flip on the device, from a generator of its own (None: workers)
     augment = build_device_augment(
-        cfg.data, cfg.model.image_size, acc.device, cfg.seed, acc.process_index
+        cfg.data, cfg.model.image_size, acc.device, cfg.seed, acc.process_index, acc.num_processes
     )
 
     # --- Resume --------------------------------------------------------------------------
-    start = resume(run, args.resume, model, optimizer, gen)
+    start = resume(run, args.resume, model, optimizer)
     start_step, counters = start.step, start.counters
     if augment is not None:
         augment.load_state_dict(start.augment)
@@ -106,6 +105,10 @@ def main(argv: list[str] | None = None) -> dict:
     # stays outside: fused kernels already.
     forward = maybe_compile(model, tc.compile, tc.compile_mode, acc.device)
     encoder = acc.unwrap_model(model).encoder
+    # Micro-batch u's corruption: this rank's slice of the global batch's draws from (seed, u).
+    draws = CorruptionDraws(
+        cfg.seed, encoder.num_patches, acc.process_index, acc.num_processes, acc.device
+    )
 
     # --- Data: every rank streams its own shards (never dispatched from rank 0) -----------
     loader = pretrain_loader(
@@ -140,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
         to_dict(cfg.model),
         state=training_state,
         rng=lambda: {
-            **rng_state(gen),
+            **rng_state(),
             "stream": batches.tracker.state_dict(),
             "augment": augment.state_dict() if augment else None,
         },
@@ -168,11 +171,12 @@ def main(argv: list[str] | None = None) -> dict:
             lr = warmup_cosine(step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr)
             set_lr(optimizer, lr)
             applied = True
-            for _ in range(tc.grad_accum):
+            for micro in range(tc.grad_accum):
                 images = batches.next().images.to(acc.device, non_blocking=True)
+                index = step * tc.grad_accum + micro  # the micro-batch's place in the run
                 if augment is not None:  # uint8 in and out: the colour targets stay exact
-                    images = augment(images)
-                noise = draw_corruption(len(images), encoder.num_patches, gen, acc.device)
+                    images = augment(images, index)
+                noise = draws(index, len(images))
                 with acc.accumulate(model):
                     out = forward(images, noise)  # autocast (mixed precision) comes from prepare()
                     acc.backward(out.loss)

@@ -128,6 +128,7 @@ def test_batches_start_the_loader_workers_only_inside_the_with_block():
 
     class Loader:
         num_workers = 0
+        tracker = None
 
         def __iter__(self):
             started.append(True)

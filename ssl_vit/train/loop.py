@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ssl_vit.config.schema import OptimConfig
-from ssl_vit.data import Batch, StreamTracker
+from ssl_vit.data import Batch
 from ssl_vit.train.checkpoint import (
     latest_valid_checkpoint,
     load_checkpoint,
@@ -71,8 +71,7 @@ class Batches:
     ) -> None:
         self.what, self.loader = what, loader
         self.it: Iterator[Batch] | None = None
-        workers = loader.num_workers
-        self.tracker = StreamTracker(world_size, workers, start.stream)  # -> the checkpoint
+        self.tracker = loader.tracker  # the stream's lane positions -> the checkpoint
         self.counters, self.world_size = start.counters, world_size
         self.watch, self.keys_file = watch, keys_file
 

@@ -14,6 +14,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, broadcast_object_list, set_seed
 
+from ssl_vit import seeds
 from ssl_vit.config import ConfigError
 from ssl_vit.train.guard import StopRequest
 from ssl_vit.train.rundir import RunLock, claim_run_dir
@@ -125,7 +126,7 @@ def start_run(cfg: Any, resume: bool = False, overwrite: bool = False) -> Run:
         )
     run_dir = Path(cfg.output_dir)
     lock = _claim_on_main(acc, run_dir, cfg, resume, overwrite)
-    set_seed(cfg.seed + acc.process_index)  # Python, NumPy, torch (CPU and every GPU)
+    set_seed(seeds.process(cfg.seed, acc.process_index))  # Python, NumPy, torch (all devices)
     return Run(acc, tc.batch_size // per_step, run_dir, run_dir / "checkpoints", lock)
 
 
