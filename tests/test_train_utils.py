@@ -121,7 +121,7 @@ def test_stopwatch_leaves_pauses_out_of_the_lap(monkeypatch):
 def test_batches_start_the_loader_workers_only_inside_the_with_block():
     """The pipelines enter the stop handler before `Batches`: workers must not start earlier,
     or a stop signal during their start-up would kill the job and orphan them."""
-    from ssl_vit.train.loop import Batches, Resumed
+    from ssl_vit.train.loop import Batches, new_counters
     from ssl_vit.train.metrics import Stopwatch
 
     started = []
@@ -133,7 +133,7 @@ def test_batches_start_the_loader_workers_only_inside_the_with_block():
             started.append(True)
             return iter([])
 
-    batches = Batches(Loader(), Resumed(), 1, Stopwatch())
+    batches = Batches(Loader(), None, new_counters(), 1, Stopwatch())
     assert not started
     with batches:
         assert started == [True]

@@ -53,7 +53,7 @@ class Batch(NamedTuple):
         batches (from all workers) gives the total.
     skipped_shards: tar-level errors (missing, unreadable or truncated shard), counted alike.
     keys: the samples' keys.
-    worker: the stream role that made it (training streams; see `train_stream.StreamTracker`).
+    role: the stream role that made it (training streams; see `train_stream.StreamTracker`).
     position: that stream's position after the batch's last sample (training streams).
     B is 0 only in a batch that reports the skips of a worker whose whole share failed.
     """
@@ -63,7 +63,7 @@ class Batch(NamedTuple):
     skipped: int = 0
     skipped_shards: int = 0
     keys: list[str] | None = None
-    worker: int = 0
+    role: int = 0
     position: tuple[int, int] | None = None
 
 

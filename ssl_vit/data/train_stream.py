@@ -132,7 +132,7 @@ class _ResumableStream(StreamDataset):
             yield batch._replace(
                 skipped=stats.skipped,
                 skipped_shards=stats.skipped_shards,
-                worker=role,
+                role=role,
                 position=chunk[-1][3],
             )
             stats.skipped = stats.skipped_shards = 0
@@ -198,8 +198,8 @@ class StreamTracker:
 
     def update(self, batch: Batch) -> None:
         if batch.position is not None:
-            self.positions[batch.worker] = tuple(batch.position)
-            self.next_role = (batch.worker + 1) % self.layout[1]
+            self.positions[batch.role] = tuple(batch.position)
+            self.next_role = (batch.role + 1) % self.layout[1]
 
     def state_dict(self) -> dict[str, Any]:
         return {
