@@ -132,12 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
     # --- Data ------------------------------------------------------------------------------
     loader = train_loader(
         train_data,
-        batch_size=run.local_batch,
-        image_size=cfg.model.image_size,
-        seed=cfg.seed,
-        rank=acc.process_index,
-        world_size=acc.num_processes,
-        resume=loop.stream,  # exactly where the consumed batches ended
+        **loop.stream_args(),  # this rank's share, and where a resumed stream continues
         load_size=augment.load_size if augment else None,  # device: only decode + resize
         num_classes=num_classes,  # a label outside [0, K): a counted skip, not a crash
         randaugment=cfg.parts.randaugment,

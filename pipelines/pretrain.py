@@ -86,12 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
     # --- Data: every rank streams its own shards (never dispatched from rank 0) -----------
     loader = pretrain_loader(
         cfg.data,
-        batch_size=run.local_batch,
-        image_size=cfg.model.image_size,
-        seed=cfg.seed,
-        rank=acc.process_index,
-        world_size=acc.num_processes,
-        resume=loop.stream,  # exactly where the consumed batches ended
+        **loop.stream_args(),  # this rank's share, and where a resumed stream continues
         urls=urls,
         load_size=augment.load_size if augment else None,  # device: only decode + resize
     )

@@ -25,14 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from ssl_vit.config import to_dict
-from ssl_vit.train.checkpoint import (
-    CheckpointError,
-    latest_valid_checkpoint,
-    load_checkpoint,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
+from ssl_vit.train import checkpoint as ckpt
 from ssl_vit.train.guard import StopRequest, note_checkpoints
 from ssl_vit.train.loop import BadSteps, Batches, StepStats, lap_row, new_counters
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
@@ -95,17 +88,17 @@ def load_resume_point(
     """With --resume, load the newest valid checkpoint into `model`, `optimizer` and the random
     states (global ones and `generator`), and say where the job continues."""
     note_checkpoints(run.ckpt_dir)
-    path = latest_valid_checkpoint(run.ckpt_dir) if enabled else None
+    path = ckpt.latest_valid_checkpoint(run.ckpt_dir) if enabled else None
     if path is None:
         if enabled:
             log.info("--resume: no valid checkpoint in %s, starting from scratch", run.ckpt_dir)
         return Resumed()
     # latest_valid_checkpoint has just checked every file's SHA-256: not a second time.
-    state = load_checkpoint(path, rank=run.acc.process_index, verified=True)
+    state = ckpt.load_checkpoint(path, rank=run.acc.process_index, verified=True)
     model.load_state_dict(state.pop("model"))
     optimizer.load_state_dict(state.pop("optimizer"))
     rng = state.pop("rng")
-    set_rng_state(rng, generator)
+    ckpt.set_rng_state(rng, generator)
     counters = {**new_counters(), **state.pop("counters", {})}  # (older checkpoints: none)
     log.info("resumed from %s at step %d", path, state["step"])
     return Resumed(state["step"], counters, rng, state, str(path))
@@ -157,6 +150,18 @@ class TrainLoop:
         """The training stream's position in the checkpoint (the loaders' `resume=`)."""
         return self.start.rng.get("stream")
 
+    def stream_args(self) -> dict[str, Any]:
+        """The training loader's arguments the loop decides: this rank's share of the global
+        batch and place in the stream, and where a resumed stream continues."""
+        return {
+            "batch_size": self.ctx.local_batch,
+            "image_size": self.cfg.model.image_size,
+            "seed": self.cfg.seed,
+            "rank": self.acc.process_index,
+            "world_size": self.acc.num_processes,
+            "resume": self.stream,  # exactly where the consumed batches ended
+        }
+
     def _load_parts(self) -> None:
         if self.augment is not None:
             self.augment.load_state_dict(self.start.rng.get("augment"))
@@ -166,7 +171,7 @@ class TrainLoop:
             if part is None:
                 continue
             if self.start.state.get(key) is None:
-                raise CheckpointError(
+                raise ckpt.CheckpointError(
                     f"{self.start.path}: no {key!r} state to resume (the run was started "
                     "without it)"
                 )
@@ -220,6 +225,42 @@ class TrainLoop:
         shown: the keys of a row the progress bar prints.
         hold_last_row: the last step's row goes to `finish` unlogged (it adds evaluations).
         Preempted (a stop signal): the checkpoint of the step reached, `{"preempted": True}`."""
+        self._start(loader, shown)
+        done, row, last = self.start.step, {}, self.schedule.steps
+        with (  # the stop handler first: a signal while the loader workers start is a preemption
+            StopRequest(self.acc.num_processes, self.cfg.train.stop_timeout_s) as stop,
+            self.batches,
+        ):
+            last_log = done
+            for done in range(self.start.step + 1, last + 1):
+                lr = self._one_step(done, micro, after_step)
+                self.bar.update(1)
+                if self.schedule.logs(done):
+                    lap = {"lr": lr, **self._lap(done - last_log)}
+                    row, last_log = log_row(self.stats.reduce(self.acc), lap, done), done
+                    if not (hold_last_row and done == last):
+                        row = self.log(row)
+                if evaluate and evaluate[0] and done % evaluate[0] == 0 and done != last:
+                    with self.paused():
+                        evaluate[1](done)
+                if stop.agreed():  # preemption: every rank stops after the same step
+                    break
+                if self.schedule.checkpoints(done) and not self.bad.in_a_row:
+                    with self.paused():  # never during a run of skipped steps: the last good
+                        self.save(done)  # one stays the resume point
+            self.bar.close()
+            self.bad.sync(done)  # (the last step may not have been a log step: a preemption)
+            self.save(done)
+            if done < last:
+                return self._end_preempted(done)
+            stop.finish_loop()  # a signal from here on ends the job at once (checkpoint complete)
+            results = finish(row)
+        self.metrics.write_results(results)
+        self.acc.end_training()
+        return results
+
+    def _start(self, loader: Any, shown: tuple[str, ...]) -> None:
+        """The loop's own objects: the batch stream, statistics, bad-step guard, progress bar."""
         acc, tc = self.acc, self.cfg.train
         log.info(
             "training %s for %d steps, global batch %d (%d per process x %d processes x %d "
@@ -233,46 +274,11 @@ class TrainLoop:
         self.batches = Batches(
             loader, self.stream, self.counters, acc.num_processes, self.watch, keys_file
         )
-        self.bad = BadSteps(
-            self.cfg.train.max_bad_steps, self.ctx.ckpt_dir, self.counters, acc.device
-        )
-        self.stats: StepStats | None = None
-        self.bar = bar = progress_bar(self.schedule.steps, self.start.step, acc.is_main_process)
+        self.bad = BadSteps(tc.max_bad_steps, self.ctx.ckpt_dir, self.counters, acc.device)
+        self.stats: StepStats | None = None  # sized by the first micro-batch's figures
+        self.bar = progress_bar(self.schedule.steps, self.start.step, acc.is_main_process)
         self.shown = shown
         self.model.train()
-        done, row = self.start.step, {}
-        with (  # the stop handler first: a signal while the loader workers start is a preemption
-            StopRequest(acc.num_processes, tc.stop_timeout_s) as stop,
-            self.batches,
-        ):
-            last_log = done
-            for done in range(self.start.step + 1, self.schedule.steps + 1):
-                lr = self._one_step(done, micro, after_step)
-                bar.update(1)
-                if self.schedule.logs(done):
-                    lap = {"lr": lr, **self._lap(done - last_log)}
-                    row, last_log = log_row(self.stats.reduce(acc), lap, done), done
-                    if not (hold_last_row and done == self.schedule.steps):
-                        row = self.log(row)
-                if evaluate and evaluate[0] and done % evaluate[0] == 0:
-                    if done != self.schedule.steps:
-                        with self.paused():
-                            evaluate[1](done)
-                if stop.agreed():  # preemption: every rank stops after the same step
-                    break
-                if self.schedule.checkpoints(done) and not self.bad.in_a_row:
-                    with self.paused():  # never during a run of skipped steps: the last good
-                        self.save(done)  # one stays the resume point
-            bar.close()
-            self.bad.sync(done)  # (the last step may not have been a log step: a preemption)
-            self.save(done)
-            if done < self.schedule.steps:
-                return self._end_preempted(done)
-            stop.finish_loop()  # a signal from here on ends the job at once (checkpoint complete)
-            results = finish(row)
-        self.metrics.write_results(results)
-        acc.end_training()
-        return results
 
     def _one_step(self, done: int, micro: Callable, after_step: Callable | None) -> float:
         """Optimizer step `done` (1-based): its learning rate, `grad_accum` micro-batches, the
@@ -313,11 +319,11 @@ class TrainLoop:
             "replica_checksums": replica_checksum(self.model, acc),  # raises if they diverged
         }
         rng = {
-            **rng_state(self.generator),
+            **ckpt.rng_state(self.generator),
             "stream": self.batches.tracker.state_dict(),
             "augment": self.augment.state_dict() if self.augment is not None else None,
         }
-        path = save_checkpoint(
+        path = ckpt.save_checkpoint(
             self.ctx.ckpt_dir,
             step,
             encoder=self.raw.encoder,
