@@ -131,7 +131,7 @@ class TrainLoop:
         tc = cfg.train
         self.schedule = Schedule(tc.steps, tc.log_every, tc.checkpoint_every)
         self.generator, self.augment, self.record = generator, augment, record or {}
-        self.parts = {"target_hist": target_hist, "ema": ema}
+        self.parts = dict(zip(STATE_PARTS, (target_hist, ema), strict=True))
         self.start = load_resume_point(run, resume, model, optimizer, generator)
         self.counters = self.start.counters
         self._load_parts()
