@@ -141,7 +141,6 @@ class TrainLoop:
         self.metrics.truncate_after(self.start.step)
         self.model, self.optimizer = self.acc.prepare(model, optimizer)
         self.raw = self.acc.unwrap_model(self.model)
-        self.watch = Stopwatch()
         self.step: TrainStep | None = None
         self.batches: Batches | None = None
 
@@ -271,6 +270,7 @@ class TrainLoop:
         keys_file = None
         if self.cfg.data.record_keys:
             keys_file = self.ctx.run_dir / f"keys_rank{acc.process_index}.txt"
+        self.watch = Stopwatch()  # the first lap starts here, with the loader built
         self.batches = Batches(
             loader, self.stream, self.counters, acc.num_processes, self.watch, keys_file
         )
