@@ -59,6 +59,7 @@ from ssl_vit.bench.timing import (
     make_train_step,
     matmul_step,
     median,
+    plain_train_step,
     step_flops,
     time_interleaved,
 )
@@ -218,7 +219,8 @@ def training_figures(name: str, args, device: torch.device, default_precision: s
     for prec in precisions:
         fns[f"ours_{prec}"] = make_train_step(fwd_ours, opt_ours, images, g, prec, clip)
         fns[f"timm_{prec}"] = make_train_step(fwd_timm, opt_timm, images, g, prec, clip)
-    fns["timm_default"] = make_train_step(timm_model, opt_timm_default, images, g, "no", clip)
+    # timm's defaults: its own loop's step (torch AdamW has no on-device skip to time)
+    fns["timm_default"] = plain_train_step(timm_model, opt_timm_default, images, g, clip)
     fns["corrupt_targets"] = overhead_step(ours, images, g, default_precision)
     mm = 8192 if device.type == "cuda" else 2048
     for prec in precisions:

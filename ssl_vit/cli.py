@@ -305,7 +305,7 @@ def pipeline_module(name: str) -> ModuleType:
     return module
 
 
-def run_job(name: str, argv: list[str]) -> int:
+def run_pipeline(name: str, argv: list[str]) -> int:
     """`ssl-vit pretrain|finetune|fewshot ARGS`: the pipeline's own command line, unchanged."""
     pipeline_module(name).main(argv)
     return 0
@@ -370,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run `ssl-vit` with `argv` (default: sys.argv[1:]); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in JOBS:  # the job parses its own arguments (and exits on errors)
-        return run_job(argv[0], argv[1:])
+        return run_pipeline(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -386,13 +386,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """The `ssl-vit` console script: a job runs under `guard.run_job`, which ends the process
+    """The `ssl-vit` console script: a job runs under `guard.run_and_exit`, which ends the process
     on every path in bounded time (an exception, a dead loader worker, a signal)."""
     argv = sys.argv[1:]
     if argv and argv[0] in JOBS:
-        from ssl_vit.train.guard import run_job as run_guarded
+        from ssl_vit.train.guard import run_and_exit
 
-        run_guarded(pipeline_module(argv[0]).main, argv[1:])
+        run_and_exit(pipeline_module(argv[0]).main, argv[1:])
     sys.exit(main(argv))
 
 

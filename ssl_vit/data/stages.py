@@ -52,7 +52,6 @@ class Batch(NamedTuple):
         batches (from all workers) gives the total.
     skipped_shards: tar-level errors (missing, unreadable or truncated shard), counted alike.
     keys: the samples' keys.
-    worker: the loader worker that made it (training streams: a chunk of the batch).
     position: training streams: {lane: its position after the batch} (`train_stream`).
     B is 0 only in an evaluation batch that reports the skips of a worker whose whole share
     failed.
@@ -63,7 +62,6 @@ class Batch(NamedTuple):
     skipped: int = 0
     skipped_shards: int = 0
     keys: list[str] | None = None
-    worker: int = 0
     position: dict[int, tuple[int, int]] | None = None
 
 

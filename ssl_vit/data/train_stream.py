@@ -145,7 +145,6 @@ class _LaneStream(StreamDataset):
             yield collate(items, self.image_size)._replace(
                 skipped=sum(s.skipped for s in stats.values()),
                 skipped_shards=sum(s.skipped_shards for s in stats.values()),
-                worker=worker,
                 position=position,
             )
             for s in stats.values():
