@@ -25,7 +25,7 @@ from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.eval.readouts import format_layer_table
 from ssl_vit.model import build_vit
 from ssl_vit.train import preflight
-from ssl_vit.train.guard import one_line_errors, run_job
+from ssl_vit.train.guard import one_line_errors, run_and_exit
 from ssl_vit.train.metrics import MetricsWriter
 from ssl_vit.train.rundir import claim_run_dir
 from ssl_vit.train.runtime import resolve_mixed_precision, setup_logging
@@ -110,4 +110,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    run_job(main)
+    run_and_exit(main)

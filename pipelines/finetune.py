@@ -5,8 +5,8 @@
 
 The pretraining head is dropped; a zero-initialized D x K linear layer is attached; the
 position embeddings are 2D-interpolated when `model.image_size` differs from pretraining.
-config -> checks -> Accelerator -> model -> optimizer -> resume -> data -> loop -> final save
-and evaluation. Exit status: 0 done or preempted (checkpoint written), 1 failed.
+config -> checks -> Accelerator -> model -> optimizer -> resume (TrainLoop) -> data ->
+loop -> final evaluation and save. Exit status: 0 done or preempted (checkpoint written), 1 failed.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -27,24 +28,13 @@ from ssl_vit.data.device_augment import build_device_augment
 from ssl_vit.data.labelled import check_recorded, choose_labelled, use_labelled
 from ssl_vit.model import Classifier, PixelNorm, build_vit
 from ssl_vit.train import preflight
-from ssl_vit.train.checkpoint import rng_state, save_classifier
-from ssl_vit.train.compile import maybe_compile
+from ssl_vit.train.checkpoint import save_classifier
 from ssl_vit.train.ema import EMA
-from ssl_vit.train.guard import StopRequest, one_line_errors, run_job
-from ssl_vit.train.loop import (
-    BadSteps,
-    Batches,
-    Checkpointer,
-    StepStats,
-    end_preempted,
-    lap_row,
-    resume,
-)
-from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
-from ssl_vit.train.optim import apply_step
+from ssl_vit.train.guard import one_line_errors, run_and_exit
+from ssl_vit.train.metrics import format_metrics
 from ssl_vit.train.recipe import BatchMixer, build_finetune_optimizer, recipe_loss
+from ssl_vit.train.runner import TrainLoop
 from ssl_vit.train.runtime import start_run
-from ssl_vit.train.schedules import set_lr, warmup_cosine
 from ssl_vit.watchdog import watched
 
 log = logging.getLogger("finetune")
@@ -122,149 +112,105 @@ def main(argv: list[str] | None = None) -> dict:
             cfg.model = loaded.model_config  # the checkpoint's shape, at this image size
         run = start_run(cfg, args.resume, args.overwrite)  # Accelerator, locked run dir, seeds
         train_data = labelled_data(cfg, subset, run)
-    tc, acc = cfg.train, run.acc
+    acc, num_classes = run.acc, len(label_names)
     # Random init is built after the seeds are set, so a from-scratch run is reproducible.
     encoder = build_vit(cfg.model) if loaded is None else loaded.encoder
     encoder.set_drop_path(cfg.parts.drop_path)  # the recipe's stochastic depth (0: none)
 
+    # --- Model, recipe, resume -------------------------------------------------------------
     pixels = PixelNorm(cfg.data.mean, cfg.data.std)  # the model takes the loaders' uint8
-    model = Classifier(encoder, len(label_names), cfg.pool, pixels).to(acc.device)
-    optimizer = build_finetune_optimizer(model, cfg.parts, tc)
-    mixer = BatchMixer(cfg.parts, len(label_names)) if cfg.parts.mixes else None
-    loss_fn = recipe_loss(cfg.parts)
+    model = Classifier(encoder, num_classes, cfg.pool, pixels).to(acc.device)
+    optimizer = build_finetune_optimizer(model, cfg.parts, cfg.train)
+    mixer = BatchMixer(cfg.parts, num_classes) if cfg.parts.mixes else None
     ema = EMA(model, cfg.ema) if cfg.ema else None  # updated on the device, no sync
+    augment = device_augment(cfg, acc)
+    record = {"label_names": label_names}  # in every checkpoint
+    loop = TrainLoop(run, cfg, model, optimizer, args.resume, augment, ema=ema, record=record)
+    step = loop.train_step(classifier_forward(loop.model, cfg, acc))
 
-    start = resume(run, args.resume, model, optimizer)
-    start_step, counters = start.step, start.counters
-    # data.augment=device: crop + flip on the device, from a generator of its own (None: workers).
-    # RandAugment (parts.randaugment) works on PIL images after the crop: it keeps the workers'.
-    augment = build_device_augment(
+    # --- Data ------------------------------------------------------------------------------
+    loader = train_loader(
+        train_data,
+        **loop.stream_args(),  # this rank's share, and where a resumed stream continues
+        load_size=augment.load_size if augment else None,  # device: only decode + resize
+        num_classes=num_classes,  # a label outside [0, K): a counted skip, not a crash
+        randaugment=cfg.parts.randaugment,
+    )
+
+    # --- Loop: one micro-batch, a log row (with the periodic evaluation), the results ----
+    def micro(batch, index: int) -> dict:  # index: the micro-batch's place in the run
+        x = batch.images.to(acc.device, non_blocking=True)
+        if augment is not None:
+            x = augment(x, index)
+        y = batch.labels.to(acc.device, non_blocking=True)
+        target = y
+        if mixer is not None:  # mixed [0, 1] images, soft targets [B, K]
+            x, target = mixer(x.float() / 255.0, y)
+        loss, logits = step(x, target)
+        return {"loss": loss, "micro": 1, "correct": (logits.argmax(-1) == y).sum(), "seen": len(y)}
+
+    def row(sums: dict, lap: dict, done: int) -> dict:
+        out = {"step": done, "loss": _div(sums["loss"], sums["micro"])}
+        out.update(train_acc=_div(sums["correct"], sums["seen"]), **lap)
+        if cfg.eval_every and done % cfg.eval_every == 0 and done != cfg.train.steps:
+            with loop.paused():
+                out.update(evaluate_all(loop.model, ema, cfg, acc))
+        return out
+
+    def finish(last_row: dict) -> dict:  # the final evaluation completes the last row
+        last_row = {**last_row, "step": cfg.train.steps, **evaluate_all(loop.model, ema, cfg, acc)}
+        last_row = loop.log(last_row)
+        results = final_results(cfg, last_row, loop.counters, subset, num_classes)
+        results["wall_time_s"] = time.time() - t_start
+        if acc.is_main_process:  # the averaged weights when there are any (what top1_ema scored)
+            save_final(ema.module if ema is not None else loop.raw, cfg, label_names)
+        log.info("done: %s", format_metrics(results, ("top1", "top1_ema", "wall_time_s")))
+        return results
+
+    log.info(
+        "fine-tuning %d classes at %d px, %s recipe, from %s",
+        *(num_classes, cfg.model.image_size, cfg.recipe),
+        "random init" if cfg.init.scratch else cfg.init.checkpoint,
+    )
+    after_step = (lambda applied: ema.update(loop.raw, applied)) if ema is not None else None
+    return loop.run(loader, micro, row, finish, SHOWN, after_step=after_step, hold_last_row=True)
+
+
+def device_augment(cfg: FinetuneConfig, acc):
+    """data.augment=device: crop + flip on the device, from a generator of its own (None:
+    workers). RandAugment (parts.randaugment) works on PIL images after the crop: it keeps
+    the workers'."""
+    return build_device_augment(
         cfg.data,
         cfg.model.image_size,
         acc.device,
         cfg.seed,
         acc.process_index,
+        acc.num_processes,
         workers_only=bool(cfg.parts.randaugment),
     )
-    if augment is not None:
-        augment.load_state_dict(start.augment)
-    if start.state and ema is not None:
-        ema.load_state_dict(start.state["ema"])
-    metrics = MetricsWriter(
-        run.run_dir, enabled=acc.is_main_process, log_with=cfg.trackers, config=to_dict(cfg)
-    )
-    metrics.truncate_after(start_step)
-    model, optimizer = acc.prepare(model, optimizer)
-    raw = acc.unwrap_model(model)
 
-    def forward_loss(images: torch.Tensor, targets: torch.Tensor):
-        """uint8 (or mixed [0, 1]) images, labels [B] (or soft targets [B, K] when mixing)
-        -> (mean loss, logits): the region compiled with `compile.enabled`."""
+
+class LossLogits(NamedTuple):
+    loss: torch.Tensor  # the mean loss (what `TrainStep` backpropagates)
+    logits: torch.Tensor  # [B, K]
+
+
+def classifier_forward(model, cfg: FinetuneConfig, acc):
+    """forward+loss of the prepared classifier: the region compiled with `compile.enabled`."""
+    loss_fn = recipe_loss(cfg.parts)
+
+    def forward_loss(images: torch.Tensor, targets: torch.Tensor) -> LossLogits:
+        """uint8 (or mixed [0, 1]) images, labels [B] (or soft targets [B, K] when mixing)."""
         logits = model(images)
-        return loss_fn(logits.float(), targets), logits
+        return LossLogits(loss_fn(logits.float(), targets), logits)
 
-    forward = maybe_compile(forward_loss, cfg.compile.enabled, cfg.compile.mode, acc.device)
+    return forward_loss
 
-    loader = train_loader(
-        train_data,
-        batch_size=run.local_batch,
-        image_size=cfg.model.image_size,
-        seed=cfg.seed,
-        rank=acc.process_index,
-        world_size=acc.num_processes,
-        resume=start.stream,  # exactly where the consumed batches ended
-        load_size=augment.load_size if augment else None,  # device: only decode + resize
-        num_classes=len(label_names),  # a label outside [0, K): a counted skip, not a crash
-        randaugment=cfg.parts.randaugment,
-    )
-    keys_file = run.run_dir / f"keys_rank{acc.process_index}.txt" if cfg.data.record_keys else None
-    watch = Stopwatch()
-    batches = Batches(loader, start, acc.num_processes, watch, keys_file)
-    ckpt = Checkpointer(
-        run,
-        tc,
-        raw.encoder,
-        to_dict(cfg.model),
-        state=lambda: {
-            "model": raw.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "ema": ema.state_dict() if ema is not None else None,
-            "counters": counters,
-            "config": to_dict(cfg),
-            "label_names": label_names,
-        },
-        rng=lambda: {
-            **rng_state(),
-            "stream": batches.tracker.state_dict(),
-            "augment": augment.state_dict() if augment else None,
-        },
-    )
 
-    log.info(
-        "fine-tuning %d classes at %d px for %d steps, global batch %d, %s recipe, from %s",
-        *(len(label_names), cfg.model.image_size, tc.steps, tc.batch_size, cfg.recipe),
-        "random init" if cfg.init.scratch else cfg.init.checkpoint,
-    )
-    stats = StepStats({"loss": 1, "micro": 1, "correct": 1, "seen": 1}, acc.device)
-    bad = BadSteps(tc, run.ckpt_dir, counters, acc.device)
-    bar = progress_bar(tc.steps, start_step, acc.is_main_process)
-    model.train()
-    done, last_log, row = start_step, start_step, {}
-    with (  # the stop handler first: a signal while the loader workers start is a preemption
-        StopRequest(acc.num_processes, cfg.timeouts.stop_s) as stop,
-        batches,
-    ):
-        for step in range(start_step, tc.steps):
-            lr = warmup_cosine(step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr)
-            set_lr(optimizer, lr)
-            applied = True
-            for _ in range(tc.grad_accum):
-                batch = batches.next()
-                x = batch.images.to(acc.device, non_blocking=True)
-                if augment is not None:
-                    x = augment(x)
-                y = batch.labels.to(acc.device, non_blocking=True)
-                target = y
-                if mixer is not None:  # mixed [0, 1] images, soft targets [B, K]
-                    x, target = mixer(x.float() / 255.0, y)
-                with acc.accumulate(model):
-                    loss, logits = forward(x, target)
-                    acc.backward(loss)
-                    if acc.sync_gradients:  # a non-finite gradient norm: the step is skipped
-                        applied = apply_step(acc, model, optimizer, tc.grad_clip)
-                    optimizer.zero_grad(set_to_none=True)
-                stats.add(loss=loss, micro=1, correct=(logits.argmax(-1) == y).sum(), seen=len(y))
-            done = step + 1
-            stats.end_step(applied)  # a skipped step counts in no logged mean
-            bad.update(applied, done)
-            if ema is not None:
-                ema.update(raw, applied)  # leaves the average as it is if not applied
-            bar.update(1)
-            if done % tc.log_every == 0 or done == tc.steps:
-                sums = stats.reduce(acc)  # skipped steps are not in them: NaN if all were
-                row = {"step": done, "loss": _div(sums["loss"], sums["micro"])}
-                row.update(train_acc=_div(sums["correct"], sums["seen"]), lr=lr)
-                row.update(lap_row(watch, done - last_log, tc.batch_size, counters))
-                last_log = done
-                if cfg.eval_every and done % cfg.eval_every == 0 and done != tc.steps:
-                    with watch.paused():
-                        row.update(evaluate_all(model, ema, cfg, acc))
-                if done != tc.steps:  # the last row waits for the final evaluation
-                    bar.write(format_metrics(metrics.log(row), SHOWN))
-            if stop.agreed():  # preemption: every rank stops after the same step
-                break
-            ckpt.save_if_due(done, bad, watch)
-        bar.close()
-
-        ckpt.save(done, bad)
-        if done < tc.steps:
-            return end_preempted(metrics, acc, done)
-        # --- Final evaluation and save (a signal from here on ends the job at once) ----------
-        stop.finish_loop()
-        row = metrics.log({**row, "step": tc.steps, **evaluate_all(model, ema, cfg, acc)})
-        bar.write(format_metrics(row, SHOWN))
-    results = {
-        "step": tc.steps,
+def final_results(cfg: FinetuneConfig, row: dict, counters: dict, subset, num_classes: int):
+    return {
+        "step": cfg.train.steps,
         "top1": row.get("top1"),
         "top1_ema": row.get("top1_ema"),
         "train_loss": row.get("loss"),
@@ -275,15 +221,8 @@ def main(argv: list[str] | None = None) -> dict:
         "seed": cfg.seed,
         "labels_per_class": cfg.data.labels_per_class,  # 0: every label of data.train
         "num_labelled": subset.num_labelled if subset else _source_size(cfg.data.train),
-        "num_classes": len(label_names),
-        "wall_time_s": time.time() - t_start,
+        "num_classes": num_classes,
     }
-    if acc.is_main_process:  # the averaged weights when there are any (what top1_ema scored)
-        save_final(ema.module if ema is not None else raw, cfg, label_names)
-    metrics.write_results(results)
-    log.info("done: %s", format_metrics(results, ("top1", "top1_ema", "wall_time_s")))
-    acc.end_training()
-    return results
 
 
 def evaluate_all(model, ema, cfg: FinetuneConfig, acc) -> dict[str, float]:
@@ -328,4 +267,4 @@ def _div(a: float, b: float) -> float:
 
 
 if __name__ == "__main__":
-    run_job(main)
+    run_and_exit(main)

@@ -4,8 +4,9 @@
     python pipelines/pretrain.py --config ... [key.sub=value ...]   # one process (CPU, 1 GPU)
     ... --resume                                 # continue from the newest valid checkpoint
 
-config -> checks -> Accelerator -> model -> optimizer -> resume -> data -> loop -> final save
-and few-shot evaluation. Exit status: 0 done or preempted (checkpoint written), 1 failed.
+config -> checks -> Accelerator -> model -> optimizer -> resume (TrainLoop) -> data ->
+loop -> final save and few-shot evaluation.
+Exit status: 0 done or preempted (checkpoint written), 1 failed.
 """
 
 from __future__ import annotations
@@ -17,29 +18,19 @@ import time
 
 import torch
 
-from ssl_vit.config import PretrainConfig, load_config, to_dict
+from ssl_vit.config import PretrainConfig, load_config
 from ssl_vit.data import pretrain_loader
 from ssl_vit.data.device_augment import build_device_augment
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.model import build_vit
-from ssl_vit.objectives import NUM_COLOR_CLASSES, MaskedPatchPrediction, draw_corruption
+from ssl_vit.objectives import NUM_COLOR_CLASSES, MaskedPatchPrediction
+from ssl_vit.objectives.corruption import CorruptionDraws
 from ssl_vit.train import preflight
-from ssl_vit.train.checkpoint import rng_state
-from ssl_vit.train.compile import maybe_compile
-from ssl_vit.train.guard import StopRequest, one_line_errors, run_job
-from ssl_vit.train.loop import (
-    BadSteps,
-    Batches,
-    Checkpointer,
-    StepStats,
-    end_preempted,
-    lap_row,
-    resume,
-)
-from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
-from ssl_vit.train.optim import apply_step, build_adam
-from ssl_vit.train.runtime import replica_checksum, start_run
-from ssl_vit.train.schedules import set_lr, warmup_cosine
+from ssl_vit.train.guard import one_line_errors, run_and_exit
+from ssl_vit.train.metrics import format_metrics
+from ssl_vit.train.optim import build_adam
+from ssl_vit.train.runner import TrainLoop
+from ssl_vit.train.runtime import start_run
 
 log = logging.getLogger("pretrain")
 SHOWN = ("step", "loss", "color_acc", "lr", "img_per_s", "data_wait")
@@ -76,153 +67,115 @@ def main(argv: list[str] | None = None) -> dict:
         cfg = load_config(PretrainConfig, args.config, args.overrides)
         urls = check(cfg)
         run = start_run(cfg, args.resume, args.overwrite)  # Accelerator, locked run dir, seeds
-    tc, acc = cfg.train, run.acc
+    acc = run.acc
 
-    # --- Model, optimizer ----------------------------------------------------------------
+    # --- Model and its random draws --------------------------------------------------------
     model = MaskedPatchPrediction(build_vit(cfg.model), cfg.objective, cfg.data.mean, cfg.data.std)
     model.to(acc.device)
-    optimizer = build_adam(model, tc)
-    # The corruption draws come from their own generator, on the device, saved with the RNGs.
-    gen = torch.Generator(acc.device).manual_seed(cfg.seed * 7919 + acc.process_index)
+    optimizer = build_adam(model, cfg.train)
     # data.augment=device: crop + flip on the device, from a generator of its own (None: workers)
     augment = build_device_augment(
-        cfg.data, cfg.model.image_size, acc.device, cfg.seed, acc.process_index
+        cfg.data, cfg.model.image_size, acc.device, cfg.seed, acc.process_index, acc.num_processes
     )
-
-    # --- Resume --------------------------------------------------------------------------
-    start = resume(run, args.resume, model, optimizer, gen)
-    start_step, counters = start.step, start.counters
-    if augment is not None:
-        augment.load_state_dict(start.augment)
-    target_hist = torch.zeros(NUM_COLOR_CLASSES, dtype=torch.long, device=acc.device)
-    if start.state and acc.is_main_process:  # the saved histogram is already summed over ranks
-        target_hist = start.state["target_hist"].to(acc.device)
-    metrics = MetricsWriter(
-        run.run_dir, enabled=acc.is_main_process, log_with=cfg.trackers, config=to_dict(cfg)
+    hist = ColorHistogram(acc)
+    loop = TrainLoop(run, cfg, model, optimizer, args.resume, augment, target_hist=hist)
+    # forward+loss, one graph (the corruption draws come in as a tensor)
+    step, encoder = loop.train_step(loop.model), loop.raw.encoder
+    # Micro-batch u's corruption: this rank's slice of the global batch's draws from (seed, u).
+    draws = CorruptionDraws(
+        cfg.seed, encoder.num_patches, acc.process_index, acc.num_processes, acc.device
     )
-    metrics.truncate_after(start_step)
-    model, optimizer = acc.prepare(model, optimizer)
-    # forward+loss, one graph (the corruption draws come in as a tensor); the optimizer step
-    # stays outside: fused kernels already.
-    forward = maybe_compile(model, cfg.compile.enabled, cfg.compile.mode, acc.device)
-    encoder = acc.unwrap_model(model).encoder
 
     # --- Data: every rank streams its own shards (never dispatched from rank 0) -----------
     loader = pretrain_loader(
         cfg.data,
-        batch_size=run.local_batch,
-        image_size=cfg.model.image_size,
-        seed=cfg.seed,
-        rank=acc.process_index,
-        world_size=acc.num_processes,
-        resume=start.stream,  # exactly where the consumed batches ended
+        **loop.stream_args(),  # this rank's share, and where a resumed stream continues
         urls=urls,
         load_size=augment.load_size if augment else None,  # device: only decode + resize
     )
-    keys_file = run.run_dir / f"keys_rank{acc.process_index}.txt" if cfg.data.record_keys else None
-    watch = Stopwatch()
-    batches = Batches(loader, start, acc.num_processes, watch, keys_file)
 
-    def training_state() -> dict:
-        return {
-            "model": acc.unwrap_model(model).state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "counters": counters,
-            "target_hist": acc.reduce(target_hist.clone(), reduction="sum").cpu(),
-            "config": to_dict(cfg),
-            "replica_checksums": replica_checksum(model, acc),  # raises if replicas diverged
-        }
+    # --- Loop: one micro-batch, a log row, the few-shot evaluation, the results -----------
+    def micro(batch, index: int) -> dict:  # index: the micro-batch's place in the run
+        images = batch.images.to(acc.device, non_blocking=True)
+        if augment is not None:  # uint8 in and out: the colour targets stay exact
+            images = augment(images, index)
+        noise = draws(index, len(images))
+        out = step(images, noise)  # autocast (mixed precision) comes from prepare()
+        hist.add(out.color_targets)
+        return step_figures(out)
 
-    ckpt = Checkpointer(
-        run,
-        tc,
-        encoder,
-        to_dict(cfg.model),
-        state=training_state,
-        rng=lambda: {
-            **rng_state(gen),
-            "stream": batches.tracker.state_dict(),
-            "augment": augment.state_dict() if augment else None,
-        },
-    )
+    def row(sums: dict, lap: dict, done: int) -> dict:
+        return {**log_row(sums, hist.total(), done), **lap, "peak_mem_mb": peak_memory_mb(acc)}
 
-    # --- Loop ----------------------------------------------------------------------------
-    log.info(
-        "pretraining %s for %d steps, global batch %d (%d per process x %d processes x %d "
-        "accumulation) on %s",
-        *(cfg.output_dir, tc.steps, tc.batch_size, run.local_batch, acc.num_processes),
-        *(tc.grad_accum, acc.device),
-    )
-    stats = StepStats({"loss": 1, "micro": 1, "correct": 1, "predicted": 1, "kinds": 4}, acc.device)
-    step_hist = torch.zeros_like(target_hist)
-    bad = BadSteps(tc, run.ckpt_dir, counters, acc.device)
-    bar = progress_bar(tc.steps, start_step, acc.is_main_process)
-    fewshot_every = cfg.fewshot.every if cfg.fewshot.train else 0
-    model.train()
-    done, last_log, last_row = start_step, start_step, {}
-    with (  # the stop handler first: a signal while the loader workers start is a preemption
-        StopRequest(acc.num_processes, cfg.timeouts.stop_s) as stop,
-        batches,
-    ):
-        for step in range(start_step, tc.steps):
-            lr = warmup_cosine(step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr)
-            set_lr(optimizer, lr)
-            applied = True
-            for _ in range(tc.grad_accum):
-                images = batches.next().images.to(acc.device, non_blocking=True)
-                if augment is not None:  # uint8 in and out: the colour targets stay exact
-                    images = augment(images)
-                noise = draw_corruption(len(images), encoder.num_patches, gen, acc.device)
-                with acc.accumulate(model):
-                    out = forward(images, noise)  # autocast (mixed precision) comes from prepare()
-                    acc.backward(out.loss)
-                    if acc.sync_gradients:
-                        applied = apply_step(acc, model, optimizer, tc.grad_clip)
-                    optimizer.zero_grad(set_to_none=True)
-                stats.add(loss=out.loss, micro=1, kinds=out.kind_counts())
-                if out.correct is not None:  # None: colour accuracy undefined for the target
-                    stats.add(correct=out.correct, predicted=out.color_targets.numel())
-                targets = out.color_targets.flatten()
-                step_hist.index_add_(0, targets, torch.ones_like(targets))  # no host sync
-            done = step + 1
-            stats.end_step(applied)  # a skipped step counts in no logged mean
-            bad.update(applied, done)
-            target_hist += step_hist * applied  # applied: a bool on the device, no sync
-            step_hist.zero_()
-            bar.update(1)
-            if done % tc.log_every == 0 or done == tc.steps:
-                hist = acc.reduce(target_hist.clone(), "sum")
-                row = {**log_row(stats.reduce(acc), hist, done), "lr": lr}
-                row.update(lap_row(watch, done - last_log, tc.batch_size, counters))
-                last_row = metrics.log({**row, "peak_mem_mb": peak_memory_mb(acc.device)})
-                last_log = done
-                bar.write(format_metrics(last_row, SHOWN))
-            if fewshot_every and done % fewshot_every == 0 and done != tc.steps:
-                with watch.paused():
-                    fewshot(cfg, encoder, acc, metrics, done, model)
-            if stop.agreed():  # preemption: every rank stops after the same step
-                break
-            ckpt.save_if_due(done, bad, watch)
-        bar.close()
+    def fewshot_at(done: int) -> dict | None:
+        return fewshot(cfg, encoder, acc, loop.metrics, done, loop.model)
 
-        # --- Final save and results ------------------------------------------------------
-        ckpt.save(done, bad)
-        if done < tc.steps:
-            return end_preempted(metrics, acc, done)
-        stop.finish_loop()  # a signal from here on ends the job at once (checkpoint complete)
-        results = {k: last_row.get(k) for k in RESULT_KEYS}
-        results.update(
-            step=tc.steps,
-            checkpoint=str(run.ckpt_dir / f"step_{tc.steps:08d}"),
-            wall_time_s=time.time() - t_start,
-            num_processes=acc.num_processes,
-        )
+    def finish(last_row: dict) -> dict:
+        results = final_results(cfg, run, last_row, time.time() - t_start)
         if cfg.fewshot.train:
-            results["fewshot"] = fewshot(cfg, encoder, acc, metrics, tc.steps, model)
-    metrics.write_results(results)
-    log.info("done: %s", format_metrics(results, ("loss", "color_acc", "wall_time_s")))
-    acc.end_training()
+            results["fewshot"] = fewshot_at(cfg.train.steps)
+        log.info("done: %s", format_metrics(results, ("loss", "color_acc", "wall_time_s")))
+        return results
+
+    every = cfg.fewshot.every if cfg.fewshot.train else 0
+    return loop.run(
+        loader, micro, row, finish, SHOWN, after_step=hist.end_step, evaluate=(every, fewshot_at)
+    )
+
+
+def step_figures(out) -> dict:
+    """What a micro-batch adds to the step's statistics (`TrainLoop.run`'s `micro`)."""
+    # correct None: colour accuracy undefined for the target (0 of 0: NaN in the log)
+    counted = out.correct is not None
+    return {
+        "loss": out.loss,
+        "micro": 1,
+        "correct": out.correct if counted else 0,
+        "predicted": out.color_targets.numel() if counted else 0,
+        "kinds": out.kind_counts(),
+    }
+
+
+def final_results(cfg: PretrainConfig, run, last_row: dict, wall_time_s: float) -> dict:
+    steps = cfg.train.steps
+    results = {k: last_row.get(k) for k in RESULT_KEYS}
+    results.update(
+        step=steps,
+        checkpoint=str(run.ckpt_dir / f"step_{steps:08d}"),
+        wall_time_s=wall_time_s,
+        num_processes=run.acc.num_processes,
+    )
     return results
+
+
+class ColorHistogram:
+    """The run's colour-target counts over applied steps (for `color_acc_majority`): on the
+    device, no host sync; summed over ranks when read, and so in the checkpoint's
+    "target_hist" (restored on the main process only: the others start from zero)."""
+
+    def __init__(self, acc) -> None:
+        self.acc = acc
+        self.counts = torch.zeros(NUM_COLOR_CLASSES, dtype=torch.long, device=acc.device)
+        self.step = torch.zeros_like(self.counts)  # this step's, until it is applied or not
+
+    def add(self, targets: torch.Tensor) -> None:
+        targets = targets.flatten()
+        self.step.index_add_(0, targets, torch.ones_like(targets))  # no host sync
+
+    def end_step(self, applied: torch.Tensor | bool) -> None:
+        self.counts += self.step * applied  # applied: a bool on the device, no sync
+        self.step.zero_()
+
+    def total(self) -> torch.Tensor:
+        """Summed over ranks (a collective: every rank calls it at the same step)."""
+        return self.acc.reduce(self.counts.clone(), "sum")
+
+    def state_dict(self) -> torch.Tensor:
+        return self.total().cpu()
+
+    def load_state_dict(self, saved: torch.Tensor) -> None:
+        if self.acc.is_main_process:  # the saved histogram is already summed over ranks
+            self.counts = saved.to(self.acc.device)
 
 
 def log_row(sums: dict, hist: torch.Tensor, step: int) -> dict:
@@ -243,8 +196,8 @@ def log_row(sums: dict, hist: torch.Tensor, step: int) -> dict:
     }
 
 
-def peak_memory_mb(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
+def peak_memory_mb(acc) -> float | None:
+    return torch.cuda.max_memory_allocated() / 2**20 if acc.device.type == "cuda" else None
 
 
 def _div(a: float, b: float) -> float:
@@ -270,4 +223,4 @@ def fewshot(cfg, encoder, acc, metrics, step, model) -> dict | None:
 
 
 if __name__ == "__main__":
-    run_job(main)
+    run_and_exit(main)

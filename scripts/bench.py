@@ -20,6 +20,13 @@ Per model shape (the first is the default shape, whose figures are also the JSON
 Every timing is a median over repeated calls after warm-up; contenders run in alternating
 rounds (A B C, C B A, ...) so that noise from other processes hits them alike.
 
+--suite loader: data at ImageNet size (ssl_vit.bench.loader_suite): on ImageNet-like photos,
+make-shards with 1 vs 2 workers, our loader vs torchvision ImageFolder + RandomResizedCrop
++ flip with 1 worker each, and pipelines/pretrain.py with a tiny model and 1 worker, on the
+images as given and stored with --max-size:
+
+    python scripts/bench.py --suite loader --json loader.json --markdown
+
 --suite gpu: the GPU table (ssl_vit.bench.gpu_suite): bf16 matmul peak, ours vs timm eager /
 compiled / reduce-overhead as % of it, host syncs of the step, loader img/s with device
 augmentation, the real pipeline's img/s; each section guarded, all under --budget-s.
@@ -52,6 +59,7 @@ from ssl_vit.bench.timing import (
     make_train_step,
     matmul_step,
     median,
+    plain_train_step,
     step_flops,
     time_interleaved,
 )
@@ -105,7 +113,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="torch.compile both models (LFL)")
     p.add_argument("--no-loader", action="store_true", help="skip the data-loading figures")
     g = p.add_argument_group("--suite gpu")
-    g.add_argument("--suite", choices=["pretrain", "gpu"], default="pretrain")
+    g.add_argument("--suite", choices=["pretrain", "gpu", "loader"], default="pretrain")
     g.add_argument("--out", help="write the suite's JSON here (--json works too)")
     g.add_argument("--tiny", action="store_true", help="a tiny model: the suite in seconds on CPU")
     g.add_argument("--markdown", action="store_true", help="print the table as Markdown")
@@ -129,6 +137,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="extra pipelines/pretrain.py override, repeatable (e.g. compile.enabled=true)",
     )
+    lg = p.add_argument_group("--suite loader")
+    lg.add_argument("--photos", help="an image folder of photos (default: make ImageNet-like ones)")
+    lg.add_argument("--num-images", type=int, help="photos to make (default 2000, quick 200)")
+    lg.add_argument("--max-size", type=int, default=256, help="make-shards --max-size compared")
+    lg.add_argument("--image-size", type=int, default=224, help="training crop of the loaders")
+    lg.add_argument("--pipeline-steps", type=int, help="tiny-model pretrain steps (default 40)")
     args = p.parse_args(argv)
     args.rounds = args.rounds or (3 if args.quick else 7)
     args.steps = args.steps or 1
@@ -206,7 +220,8 @@ def training_figures(name: str, args, device: torch.device, default_precision: s
     for prec in precisions:
         fns[f"ours_{prec}"] = make_train_step(fwd_ours, opt_ours, images, g, prec, clip)
         fns[f"timm_{prec}"] = make_train_step(fwd_timm, opt_timm, images, g, prec, clip)
-    fns["timm_default"] = make_train_step(timm_model, opt_timm_default, images, g, "no", clip)
+    # timm's defaults: its own loop's step (torch AdamW has no on-device skip to time)
+    fns["timm_default"] = plain_train_step(timm_model, opt_timm_default, images, g, clip)
     fns["corrupt_targets"] = overhead_step(ours, images, g, default_precision)
     mm = 8192 if device.type == "cuda" else 2048
     for prec in precisions:
@@ -409,6 +424,34 @@ def gpu_suite(args, device: torch.device) -> dict:
     return result
 
 
+def loader_suite(args) -> dict:
+    """--suite loader: ssl_vit.bench.loader_suite's figures, JSON and a Markdown table."""
+    import logging
+
+    from ssl_vit.bench.loader_suite import loader_suite as run
+    from ssl_vit.bench.loader_suite import markdown
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run(
+            Path(tmp),
+            num_images=args.num_images or (200 if args.quick else 2000),
+            image_size=args.image_size,
+            max_size=args.max_size,
+            batch_size=args.batch_size or 32,
+            rounds=args.rounds,
+            images_per_round=128 if args.quick else 640,
+            photos=args.photos,
+            pipeline_steps=args.pipeline_steps or (8 if args.quick else 40),
+        )
+    result["machine"] = machine(torch.device("cpu"))
+    out = args.out or args.json
+    if out:
+        Path(out).write_text(json.dumps(result, indent=1))
+    print(markdown(result) if args.markdown else json.dumps(result, indent=1))
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     device = torch.device(args.device)
@@ -417,6 +460,8 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_flush_denormal(True)  # as pipelines do (ssl_vit.train.runtime)
     if args.suite == "gpu":
         return gpu_suite(args, device)
+    if args.suite == "loader":
+        return loader_suite(args)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

@@ -215,7 +215,7 @@ def finished(run_dir: Path) -> bool:
     return bool(results) and not results.get("preempted", False)
 
 
-def run_job(job: Job, log_dir: Path, dry_run: bool, say=print) -> str:
+def run_study_job(job: Job, log_dir: Path, dry_run: bool, say=print) -> str:
     """Run `job` unless its results exist; `say` prints a line (the progress bar's `write`).
     Returns the line that says how it ended."""
     label = f"{job.stage}/{job.name}"
@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     bar = progress_bar(len(jobs), enabled=not args.dry_run, desc="study", unit="job")
     say = print if args.dry_run else bar.write
     for job in jobs:
-        line = run_job(job, out / "logs", args.dry_run, say)
+        line = run_study_job(job, out / "logs", args.dry_run, say)
         bar.update(1)
         say(line)
     bar.close()

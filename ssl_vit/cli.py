@@ -38,9 +38,10 @@ __all__ = [
 
 def cmd_make_shards(args: argparse.Namespace) -> int:
     """`ssl-vit make-shards`: image folder / HF dataset -> WebDataset shards + index.json."""
-    from ssl_vit.data.convert import make_shards
+    from ssl_vit.data.convert import available_cpus, make_shards
 
     start = time.perf_counter()
+    workers = available_cpus() if args.workers is None else args.workers
     index = make_shards(
         args.source,
         args.output,
@@ -49,20 +50,32 @@ def cmd_make_shards(args: argparse.Namespace) -> int:
         split=args.split,
         source_format=args.format,
         shuffle_seed=None if args.no_shuffle else args.shuffle_seed,
+        workers=workers,
+        part=args.part,
+        max_size=args.max_size,
+        quality=args.quality,
+        lossless=args.lossless,
     )
+    seconds = time.perf_counter() - start
+    where = args.output if args.part is None else f"{args.output} (part {args.part})"
     print(
         f"wrote {index['num_samples']} images ({len(index['label_names'])} classes, "
-        f"{index['num_skipped']} skipped) in {len(index['shards'])} shards to {args.output} "
-        f"in {time.perf_counter() - start:.1f}s"
+        f"{index['num_skipped']} skipped) in {len(index['shards'])} shards to {where} "
+        f"in {seconds:.1f}s ({index['num_samples'] / seconds:.0f} img/s, {workers} workers)"
     )
     return 0
 
 
 def cmd_make_synthetic(args: argparse.Namespace) -> int:
-    """`ssl-vit make-synthetic`: the procedural shapes dataset -> shards + index.json."""
+    """`ssl-vit make-synthetic`: the procedural shapes dataset -> shards + index.json, or
+    (`--kind photos`) ImageNet-like JPEGs from real photographs -> shards or an image folder."""
     from ssl_vit.data.synthetic import make_synthetic_shards
 
     start = time.perf_counter()
+    if args.kind == "photos":
+        return _make_photos(args, start)
+    if args.folder:
+        raise ValueError("--folder is for --kind photos")
     index = make_synthetic_shards(
         args.output,
         n=args.num,
@@ -74,6 +87,24 @@ def cmd_make_synthetic(args: argparse.Namespace) -> int:
         f"wrote {index['num_samples']} synthetic {args.image_size}px images "
         f"({len(index['label_names'])} classes) in {len(index['shards'])} shards to "
         f"{args.output} in {time.perf_counter() - start:.1f}s"
+    )
+    return 0
+
+
+def _make_photos(args: argparse.Namespace, start: float) -> int:
+    from ssl_vit.data.photos import PHOTO_NAMES, make_photo_shards, write_photo_folder
+
+    if args.num < 1:
+        raise ValueError(f"--num must be >= 1, got {args.num}")
+    if args.folder:
+        write_photo_folder(args.output, n=args.num, seed=args.seed)
+        what = "an image folder"
+    else:
+        index = make_photo_shards(args.output, args.num, args.seed, args.shard_size)
+        what = f"{len(index['shards'])} shards"
+    print(
+        f"wrote {args.num} ImageNet-like JPEG photos ({len(PHOTO_NAMES)} classes) as {what} "
+        f"to {args.output} in {time.perf_counter() - start:.1f}s"
     )
     return 0
 
@@ -97,16 +128,53 @@ def _add_make_shards(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--no-shuffle", action="store_true", help="write in sorted order (one class per shard)"
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="processes that read, check and re-encode (default: the CPUs available); the "
+        "output is the same for any number",
+    )
+    p.add_argument(
+        "--part",
+        metavar="I/N",
+        help="write only part I of N (I from 0) of the sorted source, to "
+        "OUTPUT/part-IIIII-of-NNNNN: one job of a job array",
+    )
+    p.add_argument(
+        "--max-size",
+        type=int,
+        metavar="S",
+        help="store images with the shorter side at most S (resized, re-encoded); smaller "
+        "ones are copied as they are",
+    )
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality of resized images")
+    p.add_argument(
+        "--lossless",
+        action="store_true",
+        help="with --max-size: store resized PNG (lossless) sources as PNG, not JPEG",
+    )
     p.set_defaults(func=cmd_make_shards)
 
 
 def _add_make_synthetic(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("make-synthetic", help="write the procedural shapes dataset as shards")
+    p = sub.add_parser("make-synthetic", help="write a synthetic dataset (shapes or photos)")
     p.add_argument("--output", required=True, help="directory for shard-*.tar and index.json")
     p.add_argument("--num", type=int, default=10000, help="number of images")
-    p.add_argument("--image-size", type=int, default=32, help="image side in pixels")
+    p.add_argument(
+        "--kind",
+        default="shapes",
+        choices=["shapes", "photos"],
+        help="shapes: procedural PNGs; photos: ImageNet-like JPEGs (~500x375) from the "
+        "photographs scikit-image ships (the `photos` extra)",
+    )
+    p.add_argument("--image-size", type=int, default=32, help="image side in pixels (shapes)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shard-size", type=int, default=2000, help="images per shard")
+    p.add_argument(
+        "--folder",
+        action="store_true",
+        help="photos: write an image folder (OUTPUT/<photo>/<key>.jpg), e.g. for make-shards",
+    )
     p.set_defaults(func=cmd_make_synthetic)
 
 
@@ -238,7 +306,7 @@ def pipeline_module(name: str) -> ModuleType:
     return module
 
 
-def run_job(name: str, argv: list[str]) -> int:
+def run_pipeline(name: str, argv: list[str]) -> int:
     """`ssl-vit pretrain|finetune|fewshot ARGS`: the pipeline's own command line, unchanged."""
     pipeline_module(name).main(argv)
     return 0
@@ -303,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run `ssl-vit` with `argv` (default: sys.argv[1:]); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in JOBS:  # the job parses its own arguments (and exits on errors)
-        return run_job(argv[0], argv[1:])
+        return run_pipeline(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -319,13 +387,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """The `ssl-vit` console script: a job runs under `guard.run_job`, which ends the process
+    """The `ssl-vit` console script: a job runs under `guard.run_and_exit`, which ends the process
     on every path in bounded time (an exception, a dead loader worker, a signal)."""
     argv = sys.argv[1:]
     if argv and argv[0] in JOBS:
-        from ssl_vit.train.guard import run_job as run_guarded
+        from ssl_vit.train.guard import run_and_exit
 
-        run_guarded(pipeline_module(argv[0]).main, argv[1:])
+        run_and_exit(pipeline_module(argv[0]).main, argv[1:])
     sys.exit(main(argv))
 
 

@@ -6,7 +6,7 @@ any thread (a timer thread cannot raise into the main thread, and `signal.signal
 the main thread, which may be blocked in a read that never returns).
 
 `watched(iterable, what)` passes batches through while a single daemon thread checks that each
-one arrives within `data_timeout_s` (a `pipe:` command or a FIFO that stalls, a hung network
+one arrives within `timeouts.data_s` (a `pipe:` command or a FIFO that stalls, a hung network
 mount, a worker that never starts): past it, one line `error: ...` naming `what` and exit 1.
 The check costs two attribute writes per batch, and the thread wakes at most 4 times a second.
 """

@@ -203,7 +203,7 @@ def test_torn_last_metrics_line_is_dropped_on_resume(synthetic_shards, trained, 
     lines = metrics.read_text().splitlines()
     lines[1] = lines[1][:10]
     metrics.write_text("\n".join(lines) + "\n")
-    # (a ValueError: guard.run_job prints it as the job's one error line)
+    # (a ValueError: guard.run_and_exit prints it as the job's one error line)
     with pytest.raises(ValueError, match=f"^{metrics}:2: corrupt line"):
         pipeline("pretrain")([*args, "train.steps=8"])
 
@@ -366,7 +366,7 @@ def test_stop_that_times_out_exits(synthetic_shards, fifo, tmp_path):
 
 DEAD_WORKER = """
 import multiprocessing, os, signal, time
-from ssl_vit.train.guard import run_job
+from ssl_vit.train.guard import run_and_exit
 
 def main(argv):
     p = multiprocessing.Process(target=time.sleep, args=(60,), daemon=True)
@@ -376,7 +376,7 @@ def main(argv):
     os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped
     raise ConnectionResetError(104, "Connection reset by peer")
 
-run_job(main)
+run_and_exit(main)
 """
 
 

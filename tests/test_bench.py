@@ -99,6 +99,27 @@ def test_bench_quick_tiny_writes_every_figure(tmp_path):
     assert "ratio ours/timm same precision" in proc.stdout
 
 
+def test_loader_suite_tiny_writes_every_figure(tmp_path):
+    """`--suite loader` on a few photos at 32 px: both make-shards runs wrote the same bytes,
+    every loader answered (the figures themselves are the lead's measurement, not a test)."""
+    pytest.importorskip("skimage")
+    out = tmp_path / "loader.json"
+    cmd = [sys.executable, str(ROOT / "scripts/bench.py"), "--suite", "loader", "--quick"]
+    cmd += ["--num-images", "24", "--rounds", "1", "--batch-size", "4", "--image-size", "32"]
+    cmd += ["--pipeline-steps", "4"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([*cmd, "--json", str(out)], capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["images"] == 24 and res["make_shards_identical_output"] is True
+    rates = res["loader_images_per_s_1_worker"]
+    assert set(rates) == {"ours", "imagefolder", "ours_max_size", "imagefolder_max_size"}
+    assert all(v > 0 for v in rates.values()) and res["ours_vs_imagefolder"] > 0
+    runs = res["pipeline_tiny_model_1_worker"]
+    assert len(runs) == 2 and all(r["img_per_s"] > 0 for r in runs.values())
+
+
 def test_gpu_suite_tiny_on_cpu_writes_every_row(tmp_path):
     """`--suite gpu --tiny` on the CPU: every section answers, CUDA-only rows say so. The time
     budget is unlimited: how fast this machine is decides no row (the budget's own test is

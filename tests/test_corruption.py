@@ -4,7 +4,14 @@ import pytest
 import torch
 
 from ssl_vit import corrupt_patches
-from ssl_vit.objectives.corruption import KEPT, MASKED, RANDOM, UNTOUCHED, draw_corruption
+from ssl_vit.objectives.corruption import (
+    KEPT,
+    MASKED,
+    RANDOM,
+    UNTOUCHED,
+    CorruptionDraws,
+    draw_corruption,
+)
 
 
 def make_batch(B=8, N=64, D=16, seed=0):
@@ -57,17 +64,32 @@ def test_fractions_and_replacements_over_many_draws():
     assert (freq - 1 / N).abs().max() < 0.2 / N
 
 
-def test_random_sources_cover_other_images():
-    # With B=2, N=2 a random replacement must come from one of the 3 other patches.
-    emb = torch.arange(4.0).view(2, 2, 1).expand(2, 2, 3).contiguous()
+def test_random_sources_are_the_other_patches_of_the_same_image():
+    # B=2, N=3: a random replacement comes from one of the 2 other patches of its own image
+    # (never another image's: which images share a process's batch depends on the layout).
+    emb = torch.arange(6.0).view(2, 3, 1).expand(2, 3, 3).contiguous()
     g = torch.Generator().manual_seed(0)
-    seen = {i: set() for i in range(4)}
+    seen = {i: set() for i in range(6)}
     for _ in range(400):
         out, kind = corrupt(emb, torch.full((3,), -1.0), g, 1.0, (0, 1, 0))
         assert (kind == RANDOM).all()
         for i, v in enumerate(out[..., 0].flatten().tolist()):
             seen[i].add(int(v))
-    assert seen == {i: {0, 1, 2, 3} - {i} for i in range(4)}
+    image = {0: {0, 1, 2}, 1: {3, 4, 5}}
+    assert seen == {i: image[i // 3] - {i} for i in range(6)}
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_corruption_draws_of_ranks_are_slices_of_the_global_draws(world_size):
+    """What world_size processes draw for micro-batch u, stacked in rank order, is what one
+    process draws for the global micro-batch; another u draws otherwise."""
+    one = CorruptionDraws(7, 5, 0, 1, torch.device("cpu"))
+    ranks = [CorruptionDraws(7, 5, r, world_size, torch.device("cpu")) for r in range(world_size)]
+    for u in (0, 1, 13):
+        whole = one(u, 4 * world_size)
+        assert torch.equal(torch.cat([d(u, 4) for d in ranks], dim=1), whole)
+        assert torch.equal(one(u, 4 * world_size), whole)  # a function of u: nothing to save
+    assert not torch.equal(one(0, 4), one(1, 4))
 
 
 def test_ratio_and_probs_are_respected_and_gradients_flow():
@@ -89,17 +111,17 @@ def test_generator_makes_it_deterministic():
 
 def test_draws_are_those_of_the_generator_in_the_old_order():
     # The corruption drawn before the draws moved out of corrupt_patches (three rand((B, N))
-    # calls inside it): same seed, same kinds and replacements, so runs and resumes are
-    # unchanged. Values recorded from that version.
+    # calls inside it): same seed, same kinds. Kinds recorded from that version (the CPU
+    # generator's sequence is the same on every machine); a random replacement is the patch
+    # 1 + floor(u * (N - 1)) places further in its own image (u: the third draw).
     emb = torch.arange(2 * 8 * 3, dtype=torch.float32).view(2, 8, 3)
     g = torch.Generator().manual_seed(5)
     out, kind = corrupt(emb, torch.full((3,), -1.0), g, 0.5, (0.5, 0.25, 0.25))
     assert kind.tolist() == [[0, 2, 0, 0, 0, 1, 1, 3], [3, 0, 0, 2, 1, 0, 0, 1]]
-    assert out[..., 0].tolist() == [
-        [0.0, 27.0, 6.0, 9.0, 12.0, -1.0, -1.0, 21.0],
-        [24.0, 27.0, 30.0, 18.0, -1.0, 39.0, 42.0, -1.0],
-    ]
     noise = draw_corruption(2, 8, torch.Generator().manual_seed(5))
+    for b, n in ((0, 1), (1, 3)):  # the two RANDOM patches
+        source = (n + 1 + int(noise[2, b, n] * 7)) % 8
+        assert source != n and out[b, n, 0] == emb[b, source, 0]
     g = torch.Generator().manual_seed(5)
     assert noise.shape == (3, 2, 8)
     assert torch.equal(noise, torch.stack([torch.rand((2, 8), generator=g) for _ in range(3)]))

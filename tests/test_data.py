@@ -4,6 +4,7 @@ import io
 import json
 import logging
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -115,7 +116,8 @@ def test_unlabelled_folder(tmp_path):
     assert labels.tolist() == [-1, -1, -1]
 
 
-def test_hf_dataset_round_trip(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_hf_dataset_round_trip(tmp_path, workers):
     datasets = pytest.importorskip("datasets")
     images = [_image_bytes(i) for i in range(5)]
     features = datasets.Features(
@@ -135,7 +137,8 @@ def test_hf_dataset_round_trip(tmp_path):
     )
     datasets.DatasetDict({"train": ds, "test": ds.select([0, 1])}).save_to_disk(tmp_path / "hf")
 
-    index = make_shards(tmp_path / "hf", tmp_path / "out", split="train", progress=False)
+    out = tmp_path / "out"
+    index = make_shards(tmp_path / "hf", out, split="train", progress=False, workers=workers)
     assert index["label_names"] == ["no", "yes"] and index["num_samples"] == 5
     got = {(s["png"], int(s["cls"])) for s in _read_shards(tmp_path / "out").values()}
     assert got == set(zip(images, [1, 0, 1, 1, 0], strict=True))
@@ -313,7 +316,7 @@ def test_train_loader_from_folder(tmp_path):
     _write_files(tmp_path / "src", [f"{c}/{i}.png" for c in ("a", "b") for i in range(5)])
     it = iter(
         train_loader(
-            FinetuneDataConfig(train=str(tmp_path / "src"), num_workers=0),
+            FinetuneDataConfig(train=str(tmp_path / "src"), num_workers=0, lanes=1),
             batch_size=4,
             image_size=8,
             seed=3,
@@ -453,14 +456,14 @@ def test_training_epoch_sees_every_sample_once(synthetic_shards, world_size):
     keys = []
     for rank in range(world_size):
         loader = pretrain_loader(
-            _data(str(synthetic_shards), num_workers=0),
+            _data(str(synthetic_shards), num_workers=0, lanes=2 * world_size),
             batch_size=8,
             image_size=16,
             rank=rank,
             world_size=world_size,
         )
-        # Epoch 0 of this rank: its shard (96 // 2 = 48 samples) or its share of a shared one.
-        share = 96 if world_size == 1 else 48 // len(range(rank % 2, world_size, 2))
+        # 2 lanes (a shard each), or 6 sharing the 2 shards (3 each): epoch 0 ends together.
+        share = 96 // world_size
         keys += [k for b in _take(loader, share // 8) for k in b.keys]
     assert sorted(keys) == sorted(k for k, _, _ in synthetic_shapes(96))
 
@@ -471,13 +474,28 @@ def test_training_stream_resumes_exactly(synthetic_shards, resampled):
 
     data = _data(str(synthetic_shards), num_workers=2, shuffle_buffer=10, resampled=resampled)
     kw = dict(batch_size=8, image_size=16, seed=4)
-    full = _take(pretrain_loader(data, **kw), 9)
-    tracker = StreamTracker(1, 2)
-    for b in full[:5]:  # batch 5 came from worker 0: worker 1 is next
+    loader = pretrain_loader(data, **kw)
+    full = _take(loader, 9)
+    tracker = StreamTracker(loader.tracker.identity, loader.tracker.lanes)
+    for b in full[:5]:
         tracker.update(b)
-    resumed = _take(pretrain_loader(data, resume=tracker.state_dict(), **kw), 4)
+    # Resumed with 1 worker, or as 2 processes of 4: the same batches.
+    resumed = _take(
+        pretrain_loader(replace(data, num_workers=1), resume=tracker.state_dict(), **kw), 4
+    )
     for a, b in zip(full[5:], resumed, strict=True):
         assert a.keys == b.keys and torch.equal(a.images, b.images)
+    halves = [
+        _take(
+            pretrain_loader(
+                data, resume=tracker.state_dict(), **{**kw, "batch_size": 4}, rank=r, world_size=2
+            ),
+            4,
+        )
+        for r in range(2)
+    ]
+    for a, b, c in zip(full[5:], *halves, strict=True):
+        assert a.keys == b.keys + c.keys and torch.equal(a.images, torch.cat([b.images, c.images]))
 
 
 def test_training_stream_counts_bad_samples_and_shards(tmp_path, synthetic_shards):
@@ -500,7 +518,13 @@ def test_training_stream_counts_bad_samples_and_shards(tmp_path, synthetic_shard
     ]
     batches = _take(
         pretrain_loader(
-            _data(num_workers=0, shuffle_buffer=0), batch_size=6, image_size=16, urls=urls
+            _data(num_workers=0, shuffle_buffer=0, lanes=1),  # one lane: epochs in order
+            batch_size=6,
+            image_size=16,
+            urls=urls,
+            # Epoch 0 visits the unreadable shards first (a shard's error is reported with the
+            # batch that follows it: a last one would be reported in epoch 1's first batch).
+            seed=1,
         ),
         9,
     )
@@ -510,3 +534,62 @@ def test_training_stream_counts_bad_samples_and_shards(tmp_path, synthetic_shard
     )
     assert sum(b.skipped for b in batches) == 4  # the 4 bad samples
     assert sum(b.skipped_shards for b in batches) == 2  # missing and unreadable
+
+
+def test_lanes_resolve_and_split_in_order():
+    from ssl_vit.data.stream_state import lane_range, resolve_lanes
+
+    assert resolve_lanes(0, 4096, 8, None) == 64  # auto: the largest divisor up to 64
+    assert resolve_lanes(0, 100, 1, None) == 50
+    assert resolve_lanes(0, 128, 1, None, shards=10) == 8  # a lane per shard at most
+    assert resolve_lanes(0, 32, 2, 16) == 16  # resuming: the checkpoint's count
+    assert resolve_lanes(8, 32, 2, 16) == 8  # asked for (the stream check refuses a change)
+    with pytest.raises(ValueError, match="data.lanes: 50 .auto. lanes do not split over 8"):
+        resolve_lanes(0, 1000, 8, None)
+    with pytest.raises(ValueError, match="data.lanes: 16 does not divide the global micro"):
+        resolve_lanes(16, 24, 1, None)
+    for lanes, world in ((16, 1), (16, 2), (12, 3), (64, 8)):
+        for workers in range(1, lanes // world + 1):
+            order = [
+                lane
+                for rank in range(world)
+                for w in range(workers)
+                for lane in lane_range(lanes, rank, world, w, workers)
+            ]
+            assert order == list(range(lanes))  # rank-major, worker-major, contiguous
+            sizes = [len(lane_range(lanes, 0, world, w, workers)) for w in range(workers)]
+            assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+
+
+def test_a_stream_saved_per_worker_is_refused():
+    from ssl_vit.data.stream_state import start_positions
+
+    old = {"layout": [1, 2], "positions": {0: [0, 8]}, "next_role": 1}  # an older checkpoint's
+    with pytest.raises(ValueError, match="older version"):
+        start_positions(old, {"source": "x", "seed": 0}, 8, {"source": "data.train_shards"})
+
+
+def test_a_resumed_lane_rereads_at_most_its_shard_up_to_its_position(synthetic_shards, monkeypatch):
+    """Resuming costs reading each lane's current shard up to its position (to the end of the
+    shuffle block holding it), never the samples of earlier shards."""
+    from ssl_vit.data import train_stream
+
+    data = _data(str(synthetic_shards), num_workers=0, shuffle_buffer=16)  # 2 lanes, blocks of 8
+    kw = dict(batch_size=8, image_size=16, seed=2)
+    loader = pretrain_loader(data, **kw)
+    it = iter(loader)
+    for _ in range(15):  # 60 samples per lane: past its first shard (48), 12 into its second
+        loader.tracker.update(next(it))
+    state = loader.tracker.state_dict()
+    assert sorted(tuple(p) for p in state["positions"].values()) == [(1, 12), (1, 12)]
+    read = []
+    real = train_stream.shard_samples
+
+    def counted(*args, **kwargs):
+        for sample in real(*args, **kwargs):
+            read.append(sample["__key__"])
+            yield sample
+
+    monkeypatch.setattr(train_stream, "shard_samples", counted)
+    next(iter(pretrain_loader(data, resume=state, **kw)))
+    assert len(read) == 2 * 16  # per lane: blocks 0 and 1 of its shard (12 consumed, 4 next)

@@ -14,6 +14,7 @@ from test_pipelines import ROOT, finetune_args, pipeline, pretrain_args, rows
 
 from ssl_vit.objectives import masked_patch
 from ssl_vit.train.checkpoint import latest_valid_checkpoint
+from ssl_vit.train.loop import TooManyBadStepsError
 
 STEPS = 16
 # log every step (per-step losses to compare), 2 DataLoader workers (roles rotate on resume).
@@ -119,7 +120,7 @@ def test_non_finite_steps_are_skipped(synthetic_shards, tmp_path, monkeypatch):
 def test_too_many_bad_steps_stop_with_last_good_checkpoint(synthetic_shards, tmp_path, monkeypatch):
     _poison(monkeypatch, set(range(5, 100)))
     args = ["train.steps=20", "train.checkpoint_every=2", "train.max_bad_steps=3"]
-    with pytest.raises(SystemExit, match="3 steps in a row with a non-finite.*step_00000004"):
+    with pytest.raises(TooManyBadStepsError, match="3 steps in a row with a non-finite.*_00000004"):
         pipeline("pretrain")(pretrain_args(synthetic_shards, tmp_path, *args))
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["step_00000002", "step_00000004"]  # none written during the bad run

@@ -227,3 +227,14 @@ def test_finetune_init_checkpoint_must_exist(value, synthetic_shards, tmp_path):
     with pytest.raises(SystemExit, match=r"^error: init\.checkpoint"):
         pipeline("finetune")(_finetune_args(synthetic_shards, out, f"init.checkpoint={value}"))
     assert not (out / "metrics.jsonl").exists()
+
+
+def test_a_library_stop_is_the_jobs_one_error_line_and_exit_1(capsys):
+    """Library code raises (TooManyBadStepsError), it does not exit: the guard maps it."""
+    from ssl_vit.train import guard
+    from ssl_vit.train.loop import TooManyBadStepsError
+
+    e = TooManyBadStepsError("at least 3 steps in a row ...; Last good checkpoint: ck/step_4")
+    assert guard._report(e) == guard.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err == "error: at least 3 steps in a row ...; Last good checkpoint: ck/step_4\n"

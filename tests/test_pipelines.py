@@ -45,6 +45,18 @@ def finetune_args(shards, out, *extra):
     ]
 
 
+def init_args(ckpt, shards, out) -> list[str]:
+    """The smoke fine-tune from `ckpt`, trained and evaluated on `shards`."""
+    return [
+        "--config",
+        str(ROOT / "configs/finetune/smoke.yaml"),
+        f"init.checkpoint={ckpt}",
+        f"data.train={shards}",
+        f"data.eval={shards}",
+        f"output_dir={out}",
+    ]
+
+
 @pytest.fixture(scope="module")
 def pretrained(synthetic_shards, tmp_path_factory):
     out = tmp_path_factory.mktemp("pretrain")
@@ -117,12 +129,7 @@ def test_finetune_at_higher_resolution_improves(pretrained, synthetic_shards, tm
     ckpt = pretrained[0]  # a run directory: its newest valid checkpoint, recorded as such
     results = pipeline("finetune")(
         [
-            "--config",
-            str(ROOT / "configs/finetune/smoke.yaml"),
-            f"init.checkpoint={ckpt}",
-            f"data.train={synthetic_shards}",
-            f"data.eval={synthetic_shards}",
-            f"output_dir={tmp_path}",
+            *init_args(ckpt, synthetic_shards, tmp_path),
             "model.patch_size=null",
             "model.width=null",
             "model.depth=null",
@@ -146,17 +153,7 @@ def test_finetune_at_higher_resolution_improves(pretrained, synthetic_shards, tm
 def test_finetune_rejects_other_architecture(pretrained, synthetic_shards, tmp_path):
     ckpt = pretrained[0] / "checkpoints" / "step_00000060"
     with pytest.raises(SystemExit, match="another architecture.*width"):
-        pipeline("finetune")(
-            [
-                "--config",
-                str(ROOT / "configs/finetune/smoke.yaml"),
-                f"init.checkpoint={ckpt}",
-                f"data.train={synthetic_shards}",
-                f"data.eval={synthetic_shards}",
-                f"output_dir={tmp_path}",
-                "model.width=64",
-            ]
-        )
+        pipeline("finetune")([*init_args(ckpt, synthetic_shards, tmp_path), "model.width=64"])
 
 
 def test_fewshot_pipeline_random_and_pretrained(pretrained, synthetic_shards, tmp_path):

@@ -15,6 +15,7 @@ from ssl_vit.config.optim import FinetuneOptimConfig, OptimConfig
 from ssl_vit.train import loop
 from ssl_vit.train.ema import EMA
 from ssl_vit.train.optim import apply_step, build_adam, build_sgd
+from ssl_vit.train.runner import Schedule
 
 
 def test_the_counter_sees_syncs_and_python_tensors():
@@ -100,10 +101,10 @@ def test_a_non_finite_step_leaves_weights_and_optimizer_state_bit_identical(buil
     opt = build(model, FinetuneOptimConfig(lr=0.1, weight_decay=0.01))  # momentum for SGD
     model, opt = acc.prepare(model, opt)
     counters = loop.new_counters()
-    bad = loop.BadSteps(OptimConfig(log_every=3, max_bad_steps=2), tmp_path, counters, acc.device)
+    bad = loop.BadSteps(2, tmp_path, counters, acc.device)
     x = torch.randn(4, 6)
     _backward(model, x)
-    bad.update(apply_step(acc, model, opt, 1.0), 1)
+    bad.update(apply_step(acc, model, opt, 1.0))
     opt.zero_grad()
     before = copy.deepcopy((model.state_dict(), opt.state_dict()))
 
@@ -116,9 +117,10 @@ def test_a_non_finite_step_leaves_weights_and_optimizer_state_bit_identical(buil
     for i, s in before[1]["state"].items():  # Adam: moments and step; SGD: momentum buffers
         assert s.keys() == state["state"][i].keys()
         assert all(torch.equal(v, state["state"][i][k]) for k, v in s.items())
-    bad.update(applied, 2)
+    bad.update(applied)
     assert counters["skipped_steps"] == 0  # on the device until a log step
-    bad.update(apply_step(acc, model, opt, 1.0), 3)  # no gradient: norm 0, applied; logs
+    bad.update(apply_step(acc, model, opt, 1.0))  # no gradient: norm 0, applied
+    bad.check(3)  # a log step reads the counts
     assert counters["skipped_steps"] == 1 and bad.in_a_row == 0
 
 
@@ -165,14 +167,21 @@ def test_fused_sgd_is_torchs_update():
 
 def test_too_many_bad_steps_stop_at_the_next_log_step(tmp_path):
     counters = loop.new_counters()
-    bad = loop.BadSteps(OptimConfig(log_every=5, max_bad_steps=3), tmp_path, counters, "cpu")
+    bad = loop.BadSteps(3, tmp_path, counters, "cpu")
     ok, skip = torch.tensor(True), torch.tensor(False)
-    for step, applied in enumerate([ok, skip, skip, skip, ok], start=1):  # 3 bad, then good
-        if step < 5:
-            bad.update(applied, step)
-    with pytest.raises(SystemExit, match="at least 3 steps in a row with a non-finite"):
-        bad.update(ok, 5)  # the run ended before the log step: still seen there
+    for applied in [ok, skip, skip, skip, ok]:  # 3 bad, then good
+        bad.update(applied)
+    with pytest.raises(loop.TooManyBadStepsError, match="at least 3 steps in a row with a non-"):
+        bad.check(5)  # the run ended before the log step: still seen there
     assert counters["skipped_steps"] == 3
+
+
+def test_the_schedule_reads_the_bad_step_counts_at_every_log_and_checkpoint_step():
+    sched = Schedule(steps=10, log_every=4, checkpoint_every=3)
+    assert [s for s in range(1, 11) if sched.logs(s)] == [4, 8, 10]
+    assert [s for s in range(1, 11) if sched.checkpoints(s)] == [3, 6, 9]  # the 10th: after
+    assert [s for s in range(1, 11) if sched.reads_counts(s)] == [3, 4, 6, 8, 9, 10]
+    assert not any(Schedule(10, 4, 0).checkpoints(s) for s in range(1, 11))
 
 
 def test_ema_on_the_device_matches_averaged_model():
@@ -191,3 +200,50 @@ def test_ema_on_the_device_matches_averaged_model():
     for k, v in ref.state_dict().items():
         torch.testing.assert_close(ours.state_dict()[k], v, rtol=0, atol=1e-6)
     assert int(ours.n_averaged) == 3
+
+
+TINY = {"image_size": 16, "patch_size": 4, "width": 32, "depth": 2, "heads": 2, "batch": 8}
+
+
+def test_the_benchmarks_host_sync_counter_times_a_step_free_of_host_syncs():
+    """The GPU suite's counted row runs the pipelines' TrainStep (bench/host_sync.py)."""
+    from ssl_vit.bench.host_sync import sync_count_row
+
+    row = sync_count_row(TINY, torch.device("cpu"), "no")
+    assert row == {"steps": 3, "host_syncs_per_step": 0.0}
+
+
+def test_the_benchmarks_step_is_the_pipelines_step():
+    """scripts/bench.py times `TrainStep` without an Accelerator (one precision per process
+    is all Accelerate allows); with the pipelines' Accelerator the same 3 steps give
+    bit-identical weights, and a non-finite step is skipped on the device in both."""
+    from ssl_vit.bench.timing import make_train_step
+    from ssl_vit.config.schema import ModelConfig, ObjectiveConfig
+    from ssl_vit.model import build_vit
+    from ssl_vit.objectives import MaskedPatchPrediction
+    from ssl_vit.train.step import TrainStep
+
+    def model_and_opt():
+        torch.manual_seed(0)
+        cfg = ModelConfig(**{k: v for k, v in TINY.items() if k != "batch"})
+        model = MaskedPatchPrediction(build_vit(cfg), ObjectiveConfig())
+        return model, build_adam(model, OptimConfig(lr=1e-3))
+
+    images = torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8)
+    bench_model, opt = model_and_opt()
+    bench = make_train_step(bench_model, opt, images, torch.Generator().manual_seed(1))
+    acc = Accelerator(cpu=True)
+    model, opt = acc.prepare(*model_and_opt())
+    step, gen = TrainStep(model, opt, model, 1.0, acc=acc), torch.Generator().manual_seed(1)
+    for _ in range(3):
+        bench()
+        step(images, acc.unwrap_model(model).draw_noise(8, gen))
+        assert step.applied.dtype == torch.bool and step.applied
+    ours = acc.unwrap_model(model).state_dict()
+    assert all(torch.equal(v, ours[k]) for k, v in bench_model.state_dict().items())
+
+    before = copy.deepcopy(ours)
+    poisoned = TrainStep(model, opt, lambda *a: model(*a).loss * float("nan"), 1.0, acc=acc)
+    poisoned(images, acc.unwrap_model(model).draw_noise(8, gen))
+    assert not poisoned.applied
+    assert all(torch.equal(v, before[k]) for k, v in acc.unwrap_model(model).state_dict().items())

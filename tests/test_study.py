@@ -198,7 +198,7 @@ def test_a_stop_during_a_job_is_a_stop_not_a_failure(tmp_path, capsys, stage):
 
     threading.Thread(target=stop_once_forwarding, daemon=True).start()
     with pytest.raises(SystemExit) as stop:
-        study.run_job(job, tmp_path, dry_run=False)
+        study.run_study_job(job, tmp_path, dry_run=False)
     assert signal.getsignal(signal.SIGTERM) is original  # restored
     assert study.STOPPED == ["SIGTERM"]
     if stage == "fewshot":
@@ -307,6 +307,8 @@ def test_the_running_job_shows_its_own_progress(tmp_path, monkeypatch):
             (out / f"seen{line.split('step ')[1].split('/')[0]}").touch()
 
     job = study.Job("pretrain", "x", out, lambda: [sys.executable, str(script), str(out)])
-    assert study.run_job(job, tmp_path, dry_run=False, say=say).startswith("[done] pretrain/x")
+    assert study.run_study_job(job, tmp_path, dry_run=False, say=say).startswith(
+        "[done] pretrain/x"
+    )
     shown = [line.strip() for line in said if "step " in line]
     assert shown == [f"pretrain/x: step {s}/4, 8 img/s, eta {4 - s}s" for s in range(1, 5)]

@@ -121,19 +121,51 @@ def test_stopwatch_leaves_pauses_out_of_the_lap(monkeypatch):
 def test_batches_start_the_loader_workers_only_inside_the_with_block():
     """The pipelines enter the stop handler before `Batches`: workers must not start earlier,
     or a stop signal during their start-up would kill the job and orphan them."""
-    from ssl_vit.train.loop import Batches, Resumed
+    from ssl_vit.train.loop import Batches, new_counters
     from ssl_vit.train.metrics import Stopwatch
 
     started = []
 
     class Loader:
         num_workers = 0
+        tracker = None
 
         def __iter__(self):
             started.append(True)
             return iter([])
 
-    batches = Batches(Loader(), Resumed(), 1, Stopwatch())
+    batches = Batches(Loader(), None, new_counters(), 1, Stopwatch())
     assert not started
     with batches:
         assert started == [True]
+
+
+def test_resume_reads_each_checkpoint_file_once(tmp_path, monkeypatch):
+    """--resume checks the newest checkpoint's SHA-256s (to fall back past a corrupt one) and
+    loads it without checking them a second time; the weights and RNG state come back."""
+    from accelerate import Accelerator
+
+    from ssl_vit.train import checkpoint
+    from ssl_vit.train.runner import load_resume_point
+    from ssl_vit.train.runtime import RunContext
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = RunContext(Accelerator(cpu=True), 4, tmp_path, tmp_path / "checkpoints")
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+    checkpoint.save_checkpoint(
+        run.ckpt_dir,
+        7,
+        encoder=ViT(16, 4, 32, 1, 2),
+        model_config={},
+        state=state,
+        rng={**checkpoint.rng_state(), "stream": {"at": 1}},
+    )
+    hashed = []
+    sha256 = checkpoint._sha256
+    monkeypatch.setattr(checkpoint, "_sha256", lambda p: hashed.append(p.name) or sha256(p))
+    fresh = torch.nn.Linear(3, 2)
+    start = load_resume_point(run, True, fresh, torch.optim.SGD(fresh.parameters(), lr=0.1))
+    assert sorted(hashed) == sorted(set(hashed)) and "state.pt" in hashed
+    assert start.step == 7 and start.rng["stream"] == {"at": 1}
+    assert torch.equal(fresh.weight, model.weight)

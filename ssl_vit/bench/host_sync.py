@@ -69,14 +69,15 @@ def _one_line(e: BaseException) -> str:
 
 def training_step(shape: dict, device: torch.device, precision: str) -> Callable[[], None]:
     """The pretraining step as pipelines/pretrain.py runs it (device augmentation, the model
-    under Accelerate, backward, clip + step, the on-device statistics)."""
+    under Accelerate, its `TrainStep`, the on-device statistics)."""
     from accelerate import Accelerator
 
     from ssl_vit.data.device_augment import DeviceAugment
     from ssl_vit.model import build_vit
     from ssl_vit.objectives import MaskedPatchPrediction, draw_corruption
     from ssl_vit.train.loop import StepStats
-    from ssl_vit.train.optim import apply_step, build_adam
+    from ssl_vit.train.optim import build_adam
+    from ssl_vit.train.step import TrainStep
 
     dev = device  # (short: it is on every line below)
     acc = Accelerator(mixed_precision=precision, cpu=device.type != "cuda")
@@ -85,6 +86,7 @@ def training_step(shape: dict, device: torch.device, precision: str) -> Callable
     model = MaskedPatchPrediction(build_vit(mcfg), ObjectiveConfig()).to(dev)
     optimizer = build_adam(model, OptimConfig())
     model, optimizer = acc.prepare(model, optimizer)
+    train_step = TrainStep(model, optimizer, model, OptimConfig().grad_clip, acc=acc)
     augment = DeviceAugment(shape["image_size"], torch.Generator(dev).manual_seed(0))
     gen = torch.Generator(dev).manual_seed(1)
     stats = StepStats({"loss": 1, "micro": 1, "kinds": 4}, dev)
@@ -95,13 +97,9 @@ def training_step(shape: dict, device: torch.device, precision: str) -> Callable
     def step() -> None:
         images = augment(loaded)
         noise = draw_corruption(batch, num_patches, gen, dev)  # outside the compiled region
-        with acc.accumulate(model):
-            out = model(images, noise)
-            acc.backward(out.loss)
-            applied = apply_step(acc, model, optimizer, 1.0)
-            optimizer.zero_grad(set_to_none=True)
+        out = train_step(images, noise)
         stats.add(loss=out.loss, micro=1, kinds=out.kind_counts())
-        stats.end_step(applied)
+        stats.end_step(train_step.applied)
 
     return step
 

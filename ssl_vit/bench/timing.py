@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from ssl_vit.train.step import TrainStep
+
 __all__ = [
     "PeakRSS",
     "autocast_dtype",
@@ -24,6 +26,7 @@ __all__ = [
     "make_train_step",
     "matmul_step",
     "median",
+    "plain_train_step",
     "step_flops",
     "sync",
     "time_interleaved",
@@ -63,19 +66,36 @@ def make_train_step(
     precision: str = "no",
     grad_clip: float = 1.0,
 ) -> Callable[[], torch.Tensor]:
-    """One pretraining step as pipelines/pretrain.py runs it: forward under autocast (as
-    Accelerate applies it), backward, global-norm clipping, optimizer step, zero grads.
-    `model(images, model.draw_noise(B, generator))` returns the loss (or an object with
-    `.loss`)."""
-    dtype = autocast_dtype(precision)
-    device_type = images.device.type
-    params = [p for p in model.parameters() if p.requires_grad]
+    """One pretraining step as the pipelines run it: `ssl_vit.train.step.TrainStep` (forward
+    under autocast, backward, global-norm clip, the optimizer step skipped on the device when
+    the norm is not finite, zero grads). `model(images, model.draw_noise(B, generator))`
+    returns the loss (or an object with `.loss`); the optimizer must be a fused one (it skips
+    a step on the device: `build_adam`). Without an Accelerator: Accelerate allows one
+    precision per process, and the benchmark times several in alternating rounds."""
+    train_step = TrainStep(model, optimizer, model, grad_clip, autocast=autocast_dtype(precision))
 
     def step() -> torch.Tensor:
         noise = model.draw_noise(len(images), generator)  # outside the compiled forward
-        with torch.autocast(device_type, dtype=dtype, enabled=dtype is not None):
-            out = model(images, noise)
-        loss = getattr(out, "loss", out)
+        out = train_step(images, noise)
+        return getattr(out, "loss", out).detach()
+
+    return step
+
+
+def plain_train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    images: torch.Tensor,
+    generator: torch.Generator,
+    grad_clip: float = 1.0,
+) -> Callable[[], torch.Tensor]:
+    """What a timm user's loop does by default (the `timm_default` contender): fp32, backward,
+    `clip_grad_norm_`, a plain `optimizer.step()` (timm's AdamW: no on-device skip)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step() -> torch.Tensor:
+        loss = model(images, model.draw_noise(len(images), generator))
+        loss = getattr(loss, "loss", loss)
         loss.backward()
         if grad_clip > 0:
             nn.utils.clip_grad_norm_(params, grad_clip)

@@ -128,6 +128,6 @@ def check_layers(layers: str | list[int], concat_last: int, prefix: str = "") ->
 
 
 def check_seed(seed: int) -> None:
-    # Each process seeds with seed + its rank, and NumPy takes seeds below 2**32.
+    # Every stream's seed is derived from it (ssl_vit.seeds); kept below 2**31 for old tools.
     if not 0 <= seed < 2**31:
         raise ConfigError(f"seed: must be in [0, 2**31), got {seed}")

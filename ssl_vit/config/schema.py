@@ -157,6 +157,10 @@ class PretrainDataConfig:
 
     train_shards: str = ""  # shard directory, index JSON or brace pattern
     num_workers: int = -1  # -1: auto, min(8, CPUs // processes per node), resolved at load
+    # Sequential lanes every global micro-batch draws from equally (fixed for a run; the sample
+    # order depends on it, not on processes or workers): 0 auto, the largest divisor of the
+    # micro-batch up to 64 and up to the shard count (resuming: the checkpoint's). docs/scaling.md
+    lanes: int = 0
     shuffle_buffer: int = 2000  # samples shuffled together in memory (a block of one shard)
     resampled: bool = False  # draw shards with replacement instead of epochs
     record_keys: bool = False  # append each rank's consumed sample keys to keys_rank{R}.txt
@@ -171,7 +175,7 @@ class PretrainDataConfig:
     std: tuple[float, float, float] = (0.5, 0.5, 0.5)
 
     def validate(self) -> None:
-        check_min("data.", self, ("shuffle_buffer",), 0)
+        check_min("data.", self, ("shuffle_buffer", "lanes"), 0)
         check_pixels_norm("data.", self.std, self.crop_scale)
         self.num_workers = check_data_loading(self.num_workers, self.load_size)
 
@@ -181,7 +185,7 @@ class PretrainConfig:
     """Masked patch prediction pretraining."""
 
     output_dir: str = "runs/pretrain"  # the run directory
-    seed: int = 0  # each process seeds with seed + its rank
+    seed: int = 0  # every random stream's seed derives from it (ssl_vit.seeds)
     model: ModelConfig = field(default_factory=ModelConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     data: PretrainDataConfig = field(default_factory=PretrainDataConfig)
@@ -221,6 +225,7 @@ class FinetuneDataConfig:
     train: str = ""
     eval: str = ""
     num_workers: int = -1  # -1: auto, as PretrainDataConfig
+    lanes: int = 0  # as PretrainDataConfig
     shuffle_buffer: int = 1000  # shards: samples shuffled together in memory
     resampled: bool = False  # shards: draw with replacement instead of epochs
     crop_scale: tuple[float, float] = (0.08, 1.0)
@@ -237,7 +242,7 @@ class FinetuneDataConfig:
     record_keys: bool = False  # append each rank's consumed sample keys to keys_rank{R}.txt
 
     def validate(self) -> None:
-        check_min("data.", self, ("shuffle_buffer", "max_eval", "labels_per_class"), 0)
+        check_min("data.", self, ("shuffle_buffer", "lanes", "max_eval", "labels_per_class"), 0)
         check_pixels_norm("data.", self.std, self.crop_scale)
         self.num_workers = check_data_loading(self.num_workers, self.load_size)
 

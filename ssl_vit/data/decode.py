@@ -28,6 +28,8 @@ __all__ = [
     "MAX_PIXELS",
     "check_pixels",
     "decode_image",
+    "jpeg_size",
+    "open_jpeg_reduced",
     "pil_to_rgb8",
     "read_image_file",
 ]
@@ -166,3 +168,25 @@ def decode_image(data: bytes) -> torch.Tensor:
         check_pixels(im.size)
         pixels = pil_to_rgb8(im)
     return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
+
+
+def jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) of JPEG bytes from the header (no decoding), None if not a JPEG."""
+    return _header_size(data) if data[:2] == b"\xff\xd8" else None
+
+
+def open_jpeg_reduced(data: bytes, scale: int) -> Image.Image | None:
+    """JPEG bytes opened to decode at 1/`scale` (2, 4 or 8) of each side by libjpeg's scaled
+    IDCT (PIL `draft`): pixel j of the result covers pixels [j*scale, (j+1)*scale) of the full
+    image. Nothing is decoded yet (the caller's first pixel op does it). None if this JPEG
+    cannot be read so (CMYK, whose colours torchvision converts otherwise; a size unlike its
+    header's; a scale libjpeg would not give): the caller decodes it in full, still once."""
+    im = Image.open(io.BytesIO(data))
+    width, height = im.size
+    if im.format != "JPEG" or im.mode not in ("RGB", "L") or im.size != jpeg_size(data):
+        return None  # (a size unlike the header's, which drew the crop: the full path says so)
+    check_pixels(im.size)
+    im.draft(im.mode, (width // scale, height // scale))
+    if im.size != (-(-width // scale), -(-height // scale)):
+        return None
+    return im

@@ -6,8 +6,10 @@ once it is on the accelerator, before the model (outside any compiled region). T
 drawn as torchvision's `RandomResizedCrop.get_params` draws them (area fraction uniform in
 `scale`, log aspect uniform in log(ratio), 10 tries, then the central crop of the nearest
 allowed ratio), the 10 tries of every sample at once; one bilinear `grid_sample` then resizes
-every box to S x S, flipped where drawn. Every draw comes from one `torch.Generator` on the
-device, seeded per rank and saved with the checkpoint, so a resumed run sees the same batches.
+every box to S x S, flipped where drawn. In training, the draws of micro-batch u are made for
+the whole global micro-batch from a generator on the device seeded by (seed, u) (`ssl_vit.seeds`),
+and each process keeps its slice: a sample's crop depends on its place in the global stream, not
+on the number of processes, and a resumed run sees the same batches with nothing saved.
 No host sync: no `.item()`, no data-dependent shape.
 
 Differences from the per-sample path (`images.RandomResizedCropFlip`): the crop is taken from
@@ -26,15 +28,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ssl_vit import seeds
 from ssl_vit.config.schema import FinetuneDataConfig, PretrainDataConfig
-from ssl_vit.data.stages import seed_of
 
 __all__ = ["DeviceAugment", "build_device_augment", "load_size", "resolve_augment"]
 
 log = logging.getLogger(__name__)
 TRIES = 10  # torchvision's RandomResizedCrop.get_params
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
-_AUGMENT_STREAM = 6  # mixed into the generator's seed (train_stream uses 1-5)
 
 
 def resolve_augment(augment: str, device: torch.device | str) -> str:
@@ -57,7 +58,11 @@ def load_size(requested: int, image_size: int) -> int:
 
 class DeviceAugment:
     """uint8 [B,3,L,L] -> uint8 [B,3,S,S] on the images' device: per-sample random resized
-    crop (torchvision's box distribution) and horizontal flip with probability 1/2."""
+    crop (torchvision's box distribution) and horizontal flip with probability 1/2.
+
+    `stream` (seed, rank, world_size): `__call__(images, u)` draws micro-batch u's boxes for
+    the global micro-batch of world_size x B images from (seed, u) and uses this rank's slice;
+    without it (or without u) the draws continue `generator`'s sequence."""
 
     def __init__(
         self,
@@ -67,20 +72,32 @@ class DeviceAugment:
         ratio: Sequence[float] = RATIO,
         hflip: bool = True,
         load_size: int | None = None,
+        stream: tuple[int, int, int] | None = None,
     ) -> None:
         self.size, self.generator, self.hflip = size, generator, hflip
+        self.stream = stream
         self.load_size = load_size  # the square size the loader delivers (None: any)
         self.scale, self.ratio = (float(scale[0]), float(scale[1])), tuple(ratio)
         # As torchvision computes them: float32 bounds of the log ratio.
         self.log_ratio = [float(v) for v in torch.log(torch.tensor(ratio))]
 
+    def uniforms(self, batch: int, device: torch.device, index: int | None = None) -> torch.Tensor:
+        """[B, 2T + 3] uniforms of a batch: the generator's next ones, or (with `stream` and
+        micro-batch `index`) this rank's rows of the global micro-batch's draws."""
+        shape = (batch, 2 * TRIES + 3)
+        if index is None or self.stream is None:
+            return torch.rand(shape, generator=self.generator, device=device)
+        seed, rank, world_size = self.stream
+        self.generator.manual_seed(seeds.derive(seed, seeds.DEVICE_AUGMENT, index))
+        full = torch.rand((world_size * batch, shape[1]), generator=self.generator, device=device)
+        return full[rank * batch : (rank + 1) * batch]
+
     def boxes(
-        self, batch: int, height: int, width: int, device: torch.device
+        self, batch: int, height: int, width: int, device: torch.device, index: int | None = None
     ) -> tuple[torch.Tensor, ...]:
         """(top_B, left_B, h_B, w_B, flip_B): float64 pixel boxes and bool flips of `batch`
         images of height x width, all tries drawn at once (5 + 2T uniforms per sample)."""
-        u = torch.rand(batch, 2 * TRIES + 3, generator=self.generator, device=device)
-        u = u.to(torch.float64)
+        u = self.uniforms(batch, device, index).to(torch.float64)
         lo, hi = self.scale
         area_BT = height * width * (lo + (hi - lo) * u[:, :TRIES])
         lr0, lr1 = self.log_ratio
@@ -102,9 +119,10 @@ class DeviceAugment:
         flip_B = (u[:, -1] < 0.5) & self.hflip
         return top_B, left_B, h_B, w_B, flip_B
 
-    def __call__(self, images_B3LL: torch.Tensor) -> torch.Tensor:
+    def __call__(self, images_B3LL: torch.Tensor, index: int | None = None) -> torch.Tensor:
+        """`index`: the micro-batch's index in the run (step x grad_accum + micro-step)."""
         B, _, H, W = images_B3LL.shape
-        top, left, h, w, flip = self.boxes(B, H, W, images_B3LL.device)
+        top, left, h, w, flip = self.boxes(B, H, W, images_B3LL.device, index)
         S = self.size
         # Output pixel j samples box coordinate (j + 0.5) * w / S (pixel centres, as
         # torchvision's resize); in grid_sample's [-1, 1] units (align_corners=False) that is
@@ -148,16 +166,21 @@ def build_device_augment(
     device: torch.device,
     seed: int,
     rank: int,
+    world_size: int = 1,
     workers_only: bool = False,
 ) -> DeviceAugment | None:
     """The job's device augmentation (None under `data.augment` workers, or auto off CUDA),
-    drawing from its own generator on `device`, seeded by (seed, rank); its `load_size` is
-    what the loader must deliver. `workers_only`: a per-sample stage after the crop
-    (RandAugment) needs the workers' augmentation (FinetuneConfig refuses `device` with it)."""
+    drawing from its own generator on `device`, reseeded per micro-batch from (seed, index);
+    its `load_size` is what the loader must deliver. `workers_only`: a per-sample stage after
+    the crop (RandAugment) needs the workers' augmentation (FinetuneConfig refuses `device`
+    with it)."""
     if workers_only or resolve_augment(data.augment, device) != "device":
         log.info("augmentation: per sample in the loader workers")
         return None
-    gen = torch.Generator(device).manual_seed(seed_of(seed, rank, _AUGMENT_STREAM))
+    gen = torch.Generator(device).manual_seed(seeds.derive(seed, seeds.DEVICE_AUGMENT))
     load = load_size(data.load_size, image_size)
     log.info("augmentation: on %s, batched; workers decode and load at %d px", device, load)
-    return DeviceAugment(image_size, gen, data.crop_scale, hflip=data.hflip, load_size=load)
+    return DeviceAugment(
+        image_size, gen, data.crop_scale, hflip=data.hflip, load_size=load,
+        stream=(seed, rank, world_size),
+    )  # fmt: skip

@@ -13,9 +13,17 @@ from PIL import Image, ImageOps
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
+from ssl_vit.data.decode import (  # decode_image re-exported: the one decoding path
+    check_pixels,
+    decode_image,
+    jpeg_size,
+    open_jpeg_reduced,
+)
+
 __all__ = [
     "RandAugment",
     "RandomResizedCropFlip",
+    "decode_image",
     "SquareLoad",
     "eval_transform",
     "torchvision_train_transform",
@@ -66,9 +74,37 @@ class RandomResizedCropFlip:
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         top, left, h, w = self.crop_box(*image.shape[-2:])
         out = TF.resized_crop_image(image, top, left, h, w, self.size, antialias=True)
+        return self._flip(out)
+
+    def _flip(self, out: torch.Tensor) -> torch.Tensor:
         if self.hflip and torch.rand(1) < 0.5:
             out = TF.horizontal_flip_image(out)
         return out
+
+    def from_bytes(self, data: bytes) -> torch.Tensor:
+        """Encoded image -> uint8 [3,S,S]: `self(decode_image(data))` with the same random draws
+        and the same crop box, decoding only what the crop needs. A JPEG crop at least 2S on its
+        shorter side is decoded at 1/2, 1/4 or 1/8 scale (the largest that leaves the crop >= S
+        a side, so the resize to S still only shrinks: nothing is lost), then cropped and
+        resized in one antialiased op; any other image is decoded in full, once, as before."""
+        size = jpeg_size(data)
+        if size is None:
+            return self(decode_image(data))
+        check_pixels(size)  # before any draw, as decode_image would raise
+        top, left, h, w = self.crop_box(size[1], size[0])
+        scale = next((s for s in (8, 4, 2) if min(h, w) >= s * self.size[0]), 1)
+        reduced = open_jpeg_reduced(data, scale) if scale > 1 else None
+        if reduced is not None:
+            box = (left / scale, top / scale, (left + w) / scale, (top + h) / scale)
+            out_wh = (self.size[1], self.size[0])  # PIL's (width, height)
+            out = reduced.resize(out_wh, Image.Resampling.BILINEAR, box, reducing_gap=None)
+            pixels = np.array(out.convert("RGB") if out.mode != "RGB" else out)
+            return self._flip(torch.from_numpy(pixels).permute(2, 0, 1).contiguous())
+        image = decode_image(data)
+        if tuple(image.shape[-2:]) != (size[1], size[0]):
+            raise ValueError(f"JPEG header says {size[0]}x{size[1]}, decoded {image.shape}")
+        out = TF.resized_crop_image(image, top, left, h, w, self.size, antialias=True)
+        return self._flip(out)
 
 
 class RandAugment:
@@ -122,6 +158,10 @@ class _Then:
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         return self.second(self.first(image))
+
+    def from_bytes(self, data: bytes) -> torch.Tensor:
+        """Encoded image -> `second(first(...))`, decoded by `first.from_bytes`."""
+        return self.second(self.first.from_bytes(data))
 
 
 def train_transform(

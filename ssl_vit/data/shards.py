@@ -3,13 +3,15 @@
 (`ssl_vit.data.convert.make_shards` fills a `ShardWriter` from an image folder or HF dataset.)
 
 Shard format ("ssl-vit-shards/1"): `shard-000000.tar`, `shard-000001.tar`, ... in one directory,
-each a plain tar holding per sample `{key}.{ext}` (the ORIGINAL encoded image bytes, never
-re-encoded) and, for labelled sources, `{key}.cls` (the integer label as ASCII text). Keys are
-unique and contain no dots: WebDataset groups tar members into samples by the part of the name
-before the first dot. `index.json`, written last, holds
-`{"format", "num_samples", "num_skipped", "label_names", "shards": [{"name", "num_samples"}],
-"source"}`.
-"""
+each a plain tar holding per sample `{key}.{ext}` (the ORIGINAL encoded image bytes, re-encoded
+only when `make-shards --max-size` shrinks the image) and, for labelled sources, `{key}.cls`
+(the integer label as ASCII text). Keys are unique and contain no dots: WebDataset groups tar
+members into samples by the part of the name before the first dot. `index.json`, written last,
+holds `{"format", "num_samples", "num_skipped", "label_names", "shards": [{"name",
+"num_samples"}], "source"}`; with `--max-size` also `"resize"` (the setting, how many images
+were resized and copied) and per shard `"original_sizes"` ("WxH WxH ..." in sample order); a
+part of a dataset written in parts (`ssl_vit.data.parts`) also `"part": [I, N]` and
+`"source_samples"`."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import webdataset as wds
 from webdataset.gopen import Pipe
 
 from ssl_vit.atomic import staged_dir
+from ssl_vit.data.parts import complete_parts, holds_parts
 from ssl_vit.watchdog import track_pipe
 
 __all__ = [
@@ -113,6 +116,12 @@ class ShardWriter:
         self._tar.write(sample)
         self._keys.add(key)
         self._count += 1
+        self._shards[-1]["num_samples"] = self._count
+
+    @property
+    def shards(self) -> list[dict[str, Any]]:
+        """The index's shard entries so far (live: a caller may add fields before `close`)."""
+        return self._shards
 
     def close(
         self, *, label_names: list[str], source: str, num_skipped: int = 0, **extra: Any
@@ -192,25 +201,35 @@ def _shards_from_index(index_path: str) -> list[str]:
     return paths
 
 
+def _resolve_dir(path: str, part: str) -> list[str]:
+    """The shards of a directory: its index.json, its parts (`ssl_vit.data.parts`, all of
+    them, each by its index), else its sorted *.tar."""
+    if os.path.isfile(os.path.join(path, INDEX_NAME)):
+        return _shards_from_index(os.path.join(path, INDEX_NAME))
+    parts = complete_parts(path)
+    if parts is not None:
+        return [url for d in parts for url in _shards_from_index(str(d / INDEX_NAME))]
+    paths = sorted(glob.glob(os.path.join(path, "*.tar")))
+    if not paths:
+        raise FileNotFoundError(f"no shards (*.tar) in directory {part}")
+    return paths
+
+
 def _resolve_one(part: str) -> list[str]:
     if _REMOTE.match(part):
         return list(braceexpand.braceexpand(part))
     path = os.path.expanduser(part)
     if "{" in path or any(c in path for c in "*?["):
         paths = [p for q in braceexpand.braceexpand(path) for p in sorted(glob.glob(q)) or [q]]
-        missing = [p for p in paths if not os.path.isfile(p)]
+        missing = [p for p in paths if not os.path.exists(p)]
         if missing:
             raise FileNotFoundError(
                 f"{len(missing)} of {len(paths)} shards in {part} do not exist, e.g. {missing[0]}"
             )
-        return paths
+        # A pattern of directories (the parts of a dataset): each read as a directory.
+        return [u for p in paths for u in (_resolve_dir(p, p) if os.path.isdir(p) else [p])]
     if os.path.isdir(path):
-        if os.path.isfile(os.path.join(path, INDEX_NAME)):
-            return _shards_from_index(os.path.join(path, INDEX_NAME))
-        paths = sorted(glob.glob(os.path.join(path, "*.tar")))
-        if not paths:
-            raise FileNotFoundError(f"no shards (*.tar) in directory {part}")
-        return paths
+        return _resolve_dir(path, part)
     if os.path.isfile(path):
         return _shards_from_index(path) if path.endswith(".json") else [path]
     raise FileNotFoundError(f"shards not found: {part} does not exist")
@@ -219,10 +238,12 @@ def _resolve_one(part: str) -> list[str]:
 def resolve_shards(spec: str) -> list[str]:
     """Shard spec -> list of shard paths/URLs for WebDataset.
 
-    `spec` is a shard directory (its index.json, else its sorted *.tar), an index JSON, a brace
-    pattern or glob (`dir/shard-{000000..000009}.tar`), one tar path, or a `pipe:` command / URL
-    (passed through, braces expanded); several can be joined with '::' or ','. Local paths must
-    exist: FileNotFoundError with a one-line message otherwise.
+    `spec` is a shard directory (its index.json, else all its parts `part-IIIII-of-NNNNN` as one
+    dataset, else its sorted *.tar), an index JSON, a brace pattern or glob
+    (`dir/shard-{000000..000009}.tar`, or of directories: `dir/part-{00000..00003}-of-00016`),
+    one tar path, or a `pipe:` command / URL (passed through, braces expanded); several can be
+    joined with '::' or ','. Local paths must exist: FileNotFoundError with a one-line message
+    otherwise; a dataset in parts with a part missing: ValueError.
     """
     urls = [url for part in _split_spec(str(spec)) for url in _resolve_one(part)]
     if not urls:
@@ -248,6 +269,9 @@ def read_index(spec: str) -> dict[str, Any] | None:
     if not parts or _REMOTE.match(parts[0]):
         return None
     path = os.path.expanduser(next(iter(braceexpand.braceexpand(parts[0]))))
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, INDEX_NAME)):
+        first = complete_parts(path)  # a dataset in parts: the first part's index
+        path = str(first[0]) if first else path
     if os.path.isdir(path):
         path = os.path.join(path, INDEX_NAME)
     elif not path.endswith(".json"):
@@ -264,8 +288,10 @@ def is_shard_spec(spec: str) -> bool:
     if path.endswith((".tar", ".tar.gz", ".tgz", ".json")) or "{" in path:
         return True
     if os.path.isdir(path):
-        return os.path.isfile(os.path.join(path, INDEX_NAME)) or bool(
-            glob.glob(os.path.join(path, "*.tar"))
+        return (
+            os.path.isfile(os.path.join(path, INDEX_NAME))
+            or bool(glob.glob(os.path.join(path, "*.tar")))
+            or holds_parts(path)
         )
     return False
 

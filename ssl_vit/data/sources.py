@@ -325,10 +325,13 @@ class ShardSource(ImageSource):
         self.urls = resolve_shards(spec)
         index = read_index(spec)
         self.label_names = list(index["label_names"]) if index else []
-        # Counts from the index of the first shard's directory, if it covers every shard.
-        folder = os.path.dirname(self.urls[0])
-        shards = index["shards"] if index else []
-        counts = {os.path.join(folder, s["name"]): s["num_samples"] for s in shards}
+        # Counts from the indexes of the shards' directories (several for a dataset in parts),
+        # if they cover every shard; else from reading the tars.
+        counts = {}
+        for folder in dict.fromkeys(os.path.dirname(u) for u in self.urls):
+            folder_index = read_index(folder) if os.path.isdir(folder) else None
+            for s in folder_index["shards"] if folder_index else []:
+                counts[os.path.join(folder, s["name"])] = s["num_samples"]
         known = all(u in counts for u in self.urls)
         self._counts = [counts[u] for u in self.urls] if known else None
         self._labels: np.ndarray | None = None

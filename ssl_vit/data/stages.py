@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 from webdataset.tariterators import group_by_keys, tar_file_expander
 
-from ssl_vit.data.decode import decode_image
+from ssl_vit import seeds
+from ssl_vit.data.images import decode_image
 from ssl_vit.data.shards import open_url, sample_fields
 
 __all__ = [
@@ -36,7 +36,6 @@ __all__ = [
     "decode_stage",
     "make_loader",
     "rate_limited",
-    "seed_of",
     "shard_samples",
     "to_sample",
 ]
@@ -53,9 +52,9 @@ class Batch(NamedTuple):
         batches (from all workers) gives the total.
     skipped_shards: tar-level errors (missing, unreadable or truncated shard), counted alike.
     keys: the samples' keys.
-    worker: the stream role that made it (training streams; see `train_stream.StreamTracker`).
-    position: that stream's position after the batch's last sample (training streams).
-    B is 0 only in a batch that reports the skips of a worker whose whole share failed.
+    position: training streams: {lane: its position after the batch} (`train_stream`).
+    B is 0 only in an evaluation batch that reports the skips of a worker whose whole share
+    failed.
     """
 
     images: torch.Tensor
@@ -63,12 +62,7 @@ class Batch(NamedTuple):
     skipped: int = 0
     skipped_shards: int = 0
     keys: list[str] | None = None
-    worker: int = 0
-    position: tuple[int, int] | None = None
-
-
-def seed_of(*parts: int) -> int:
-    return int(np.random.SeedSequence([p % 2**32 for p in parts]).generate_state(1)[0])
+    position: dict[int, tuple[int, int]] | None = None
 
 
 def rate_limited(count: int) -> bool:
@@ -108,6 +102,15 @@ def _seeded(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, seed: i
         return fn(x)
     finally:
         torch.set_rng_state(outer)
+
+
+def _decoded(transform: Callable, data: bytes, seed: int | None) -> torch.Tensor:
+    """`transform(decode_image(data))` under `_seeded`; a transform with `from_bytes` (the
+    training crop) decodes the bytes itself, only as much of them as its crop needs."""
+    from_bytes = getattr(transform, "from_bytes", None)
+    if from_bytes is not None:
+        return _seeded(from_bytes, data, seed)
+    return _seeded(transform, decode_image(data), seed)
 
 
 class ShardErrorHandler:
@@ -176,7 +179,7 @@ def decode_stage(
                 raise ValueError("no valid .cls label")
             if num_classes and not 0 <= s.label < num_classes:
                 raise ValueError(f"label {s.label} out of range [0, {num_classes})")
-            image = _seeded(transform, decode_image(s.data), aug_seed)
+            image = _decoded(transform, s.data, aug_seed)
         except Exception as e:  # any bad sample is skipped, whatever the decoder raised
             stats.skipped += 1
             stats.total_skipped += 1
@@ -245,7 +248,7 @@ def make_loader(
     return DataLoader(
         dataset,
         batch_size=None,
-        generator=torch.Generator().manual_seed(seed_of(dataset.seed, dataset.rank)),
+        generator=torch.Generator().manual_seed(seeds.derive(dataset.seed, seeds.LOADER)),
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=persistent and num_workers > 0,

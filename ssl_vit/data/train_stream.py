@@ -1,34 +1,34 @@
-"""Endless training streams that resume exactly from a small position.
+"""Endless training streams that resume exactly, on any number of processes and workers.
 
-Each DataLoader worker of each rank plays one stream *role*; role r of rank R is reader unit
-`R * num_workers + r` of `world_size * num_workers`. A unit's stream is a sequence of *visits*
-(one shard, or one epoch of a random-access source), and its position is `(visit, n)`: the
-first n samples of visit `visit` are consumed. Every random choice (which shard, the shuffle
-of a block, each sample's augmentation) is seeded by (seed, unit, visit, place), never by a
-running generator, so a stream restarted at a position yields exactly what the uninterrupted
-stream would have yielded, at the cost of re-reading at most one shard.
+The stream is `L` *lanes* (`data.lanes`, fixed for a run; auto: the largest divisor of the global
+micro-batch up to 64 and up to the number of shards). Each global micro-batch takes
+`micro_batch / L` consecutive samples from every lane, in lane order; process R takes its
+contiguous share of the lanes (its slice of the global micro-batch) and its loader workers split
+that share again (`stream_state.lane_range`).
+The main process concatenates its workers' chunks in worker order. So which sample sits where in
+a global micro-batch is a function of the seed and the lanes only, never of the number of
+processes or workers: a job continues exactly when resumed on another cluster shape.
 
-Shards, non-resampled (default): epoch e visits the shards in a permutation seeded by (seed, e),
-split over the units: with at least as many shards as units each unit reads its own shards
-(`perm[unit::units]`); with fewer, each shard is shared by k units, each keeping every k-th
-sample (k x the reading; a warning says so). Either way every sample is seen exactly once per
-epoch across all ranks and workers. Resampled: each visit draws a shard with replacement.
+A lane's stream is a sequence of *visits* (one shard, or one epoch of a random-access source),
+and its position is `(visit, n)`: the first n samples of visit `visit` are consumed. Every random
+choice is seeded from the job's seed and the place in the stream (`ssl_vit.seeds`), never by a
+running generator: which shard (epoch e: a permutation seeded by (seed, e), lane l reading
+`perm[l::L]`; fewer shards than lanes: each shard is shared by k lanes, each keeping every k-th
+sample, k x the reading; resampled: a draw per (lane, visit)), the shuffle of a block, and each
+sample's augmentation, seeded by the sample's identity (epoch, shard, index in the shard). A
+restarted lane yields exactly what the uninterrupted one would have, at the cost of re-reading at
+most one shard per lane. A sample that fails to decode is skipped within its lane (the lane's
+next sample takes its place), so skips change nothing on another cluster shape either.
 
-Shuffling: within a visit, blocks of `shuffle_buffer` consecutive samples are permuted in
-memory. Across shards, the epoch's shard permutation mixes; `make_shards` also writes samples in
-a seeded random order, so a shard is already a random subset. The trade-off against a sliding
-shuffle buffer: samples of one block share a shard, and resuming costs O(one shard), not O(all
-samples seen).
-
-The main process records, with `StreamTracker`, the position of each role's last *consumed*
-batch (prefetched batches do not count) and which role comes next (DataLoader visits its workers
-round-robin from worker 0); on resume, worker i plays role `(next + i) % num_workers`, so the
-batch order continues as if never interrupted.
+Shuffling: within a lane's visit, blocks of `shuffle_buffer / L` consecutive samples are
+permuted in memory (the buffer is the stream's, shared by its lanes); a micro-batch mixes L
+lanes (L shards); `make_shards` writes samples in a seeded random order, so a shard is already
+a random subset. Auto lanes are at most one per shard (no shard read twice); with a shard count
+that is a multiple of L, every lane's epoch holds as many shards, and epochs end together.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import random
@@ -37,8 +37,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, get_worker_info
 
+from ssl_vit import seeds
 from ssl_vit.config.checks import auto_num_workers
 from ssl_vit.config.schema import FinetuneDataConfig, PretrainDataConfig
 from ssl_vit.data.images import SquareLoad, train_transform
@@ -52,19 +54,22 @@ from ssl_vit.data.stages import (
     collate,
     decode_stage,
     make_loader,
-    seed_of,
     shard_samples,
     to_sample,
 )
+from ssl_vit.data.stream_state import (
+    StreamTracker,
+    lane_range,
+    resolve_lanes,
+    source_id,
+    start_positions,
+)
 
-__all__ = ["StreamTracker", "pretrain_loader", "train_loader"]
+__all__ = ["StreamTracker", "TrainLoader", "pretrain_loader", "train_loader"]
 
 log = logging.getLogger(__name__)
-# Batches each worker prepares ahead (DataLoader prefetch_factor): enough to hide a slow decode.
-PREFETCH = 2
 
-# Stream ids mixed into seeds so shard choice, shuffling and augmentation draw independently.
-_SHARDS, _SHUFFLE, _AUGMENT, _EPOCH, _RESEED = 1, 2, 3, 4, 5
+SampleId = tuple[int, ...]  # a sample's place in the global stream (seeds its augmentation)
 
 
 def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
@@ -75,172 +80,178 @@ def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
 
 
 @dataclass(eq=False)
-class _ResumableStream(StreamDataset):
-    """Base of the training streams: visits -> samples -> decode + augment -> full batches."""
+class _LaneStream(StreamDataset):
+    """Base of the training streams: lanes of visits -> samples -> decode + augment -> chunks.
+    `batch_size` is the global micro-batch; a worker yields its lanes' share of each."""
 
+    lanes: int = 1
     shuffle_buffer: int = 0
-    start: dict[int, tuple[int, int]] = field(default_factory=dict)  # role -> position
-    role_offset: int = 0  # worker i plays role (role_offset + i) % num_workers
+    start: dict[int, tuple[int, int]] = field(default_factory=dict)  # lane -> position
     seeded: bool = True  # False: a deterministic transform, no per-sample RNG seeding
 
-    def _visit(self, unit: int, units: int, v: int, stats: Stats) -> Iterator[Sample]:
-        """The samples of visit `v` in stored order (shuffling happens in `_positions`)."""
+    def _visit(self, lane: int, v: int, stats: Stats) -> Iterator[tuple[Sample, SampleId]]:
+        """The samples of lane `lane`'s visit `v` in stored order, with their identities."""
         raise NotImplementedError
 
     def _positions(
-        self, unit: int, units: int, first: int, skip: int, stats: Stats
+        self, lane: int, first: int, skip: int, stats: Stats
     ) -> Iterator[tuple[Sample, int | None, tuple[int, int]]]:
         """(sample, augmentation seed, position after it), from position (first, skip) on.
 
         Raises after `max_consecutive_failures` visits in a row without a sample (all shards
         missing or empty), which would otherwise spin silently."""
-        block, empty = max(self.shuffle_buffer, 1), 0
+        # The buffer is the stream's: each lane holds its share in memory.
+        block, empty = max(self.shuffle_buffer // self.lanes, 1), 0
         for v in itertools.count(first):
             n = 0
-            samples = self._visit(unit, units, v, stats)
+            samples = self._visit(lane, v, stats)
             for b, chunk in enumerate(_chunks(samples, block)):
                 n += len(chunk)
                 if n <= skip:  # read past whole blocks consumed before the resume point
                     continue
                 order = list(range(len(chunk)))
-                random.Random(seed_of(self.seed, unit, v, b, _SHUFFLE)).shuffle(order)
+                random.Random(seeds.derive(self.seed, seeds.SHUFFLE, lane, v, b)).shuffle(order)
                 for j, i in enumerate(order):
                     place = b * block + j + 1
                     if place > skip:
-                        aug = seed_of(self.seed, unit, v, place, _AUGMENT)
-                        yield chunk[i], aug, (v, place)
+                        sample, sid = chunk[i]
+                        aug = seeds.derive(self.seed, seeds.AUGMENT, *sid) if self.seeded else None
+                        yield sample, aug, (v, place)
             skip, empty = 0, 0 if n else empty + 1
             if empty >= self.max_consecutive_failures:
                 raise RuntimeError(
                     f"no samples from the last {empty} shards (missing, unreadable or empty)"
                 )
 
-    def __iter__(self) -> Iterator[Batch]:
-        info = get_worker_info()
-        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        role = (self.role_offset + worker) % num_workers
-        unit, units = self.rank * num_workers + role, self.world_size * num_workers
-        stats = Stats()
-        v, skip = self.start.get(role, (0, 0))
-        samples = self._positions(unit, units, v, skip, stats)
-        if not self.seeded:
-            samples = ((s, None, position) for s, _, position in samples)
-        items = decode_stage(
+    def _lane(self, lane: int, stats: Stats) -> Iterator[tuple[torch.Tensor, int, str, Any]]:
+        v, skip = self.start.get(lane, (0, 0))
+        samples = self._positions(lane, v, skip, stats)
+        return decode_stage(
             samples, self.transform, stats, self.max_consecutive_failures, self.num_classes
         )
-        # Each batch is sent as soon as it is full: its position then covers exactly the samples
-        # it holds and the skips it reports, so nothing is counted twice after a resume.
-        for chunk in _chunks(items, self.batch_size):
-            batch = collate(chunk, self.image_size)
-            yield batch._replace(
-                skipped=stats.skipped,
-                skipped_shards=stats.skipped_shards,
-                worker=role,
-                position=chunk[-1][3],
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        mine = lane_range(self.lanes, self.rank, self.world_size, worker, workers)
+        stats = {lane: Stats() for lane in mine}
+        streams = {lane: self._lane(lane, stats[lane]) for lane in mine}
+        per_lane = self.batch_size // self.lanes
+        while True:  # one chunk per micro-batch: per_lane samples of each lane, in lane order
+            items, position = [], {}
+            for lane in mine:
+                got = list(itertools.islice(streams[lane], per_lane))
+                items += got
+                position[lane] = got[-1][3]
+            yield collate(items, self.image_size)._replace(
+                skipped=sum(s.skipped for s in stats.values()),
+                skipped_shards=sum(s.skipped_shards for s in stats.values()),
+                position=position,
             )
-            stats.skipped = stats.skipped_shards = 0
+            for s in stats.values():
+                s.skipped = s.skipped_shards = 0
 
 
 @dataclass(eq=False)
-class _ShardTrainStream(_ResumableStream):
-    """Tar shards: epochs of seeded shard permutations split over units, or resampled."""
+class _ShardTrainStream(_LaneStream):
+    """Tar shards: epochs of seeded shard permutations split over lanes, or resampled."""
 
     urls: list[str] = field(default_factory=list)
     resampled: bool = False
 
-    def _visit(self, unit: int, units: int, v: int, stats: Stats) -> Iterator[Sample]:
-        n = len(self.urls)
+    def _visit(self, lane: int, v: int, stats: Stats) -> Iterator[tuple[Sample, SampleId]]:
+        n, lanes = len(self.urls), self.lanes
         keep, of = 0, 1  # keep the samples i with i % of == keep
         if self.resampled:
-            url = self.urls[random.Random(seed_of(self.seed, unit, v, _SHARDS)).randrange(n)]
+            j = random.Random(seeds.derive(self.seed, seeds.SHARDS, lane, v)).randrange(n)
+            url, sid = self.urls[j], (lane, v)
         else:
-            per_epoch = len(range(unit, n, units)) if n >= units else 1
+            per_epoch = len(range(lane, n, lanes)) if n >= lanes else 1
             epoch, k = divmod(v, per_epoch)
-            perm = np.random.default_rng(seed_of(self.seed, epoch, _EPOCH)).permutation(n)
-            if n >= units:
-                url = self.urls[perm[unit + k * units]]
-            else:  # shard j is shared by units j, j + n, j + 2n, ...
-                j = unit % n
-                url, keep, of = self.urls[perm[j]], unit // n, len(range(j, units, n))
-        # A shard shared by several units reports its errors once (from the unit keeping 0).
+            perm = np.random.default_rng(seeds.derive(self.seed, seeds.EPOCH, epoch)).permutation(n)
+            j = lane + k * lanes if n >= lanes else lane % n  # shard j: lanes j, j + n, ...
+            if n < lanes:
+                keep, of = lane // n, len(range(j, lanes, n))
+            url, sid = self.urls[perm[j]], (epoch, int(perm[j]))
+        # A shard shared by several lanes reports its errors once (from the lane keeping 0).
         for i, sample in enumerate(shard_samples(url, stats, count=keep == 0)):
             if i % of == keep:
-                yield to_sample(sample, self.require_labels)
+                yield to_sample(sample, self.require_labels), (*sid, i)
 
 
 @dataclass(eq=False)
-class _IndexedTrainStream(_ResumableStream):
+class _IndexedTrainStream(_LaneStream):
     """A random-access source (image folder, HF dataset): visit v is epoch v, a permutation
-    seeded by (seed, v) split over units."""
+    seeded by (seed, v) split over lanes."""
 
     spec: str = ""
 
-    def _visit(self, unit: int, units: int, v: int, stats: Stats) -> Iterator[Sample]:
+    def _visit(self, lane: int, v: int, stats: Stats) -> Iterator[tuple[Sample, SampleId]]:
         source = open_source(self.spec)  # opened per worker: pickles as a path
-        order = np.random.default_rng(seed_of(self.seed, v, _EPOCH)).permutation(len(source))
-        for i in order[unit::units].tolist():  # (iter_records would read them in sorted order)
+        perm = np.random.default_rng(seeds.derive(self.seed, seeds.EPOCH, v)).permutation
+        for i in perm(len(source))[lane :: self.lanes].tolist():  # (not iter_records: sorted)
             rec = source[i]
             label = None if self.require_labels and rec.label < 0 else rec.label
-            yield Sample(rec.key, source.describe(i), rec.data or None, label)  # logs: the file
+            sample = Sample(rec.key, source.describe(i), rec.data or None, label)
+            yield sample, (v, i)  # logs name the file
 
 
-class StreamTracker:
-    """Main-process record of a rank's training stream: per role, the position after the last
-    consumed batch, and which role's batch comes next. `state_dict()` goes into the checkpoint;
-    the loaders take it back as `resume=`."""
+class _Assembled:
+    """Iterator of a rank's batches: the chunks of its `workers` DataLoader workers (which
+    DataLoader hands out round-robin from worker 0), concatenated in worker order."""
 
-    def __init__(self, world_size: int, num_workers: int, resume: dict | None = None) -> None:
-        self.layout = [world_size, max(num_workers, 1)]
-        self.positions: dict[int, tuple[int, int]] = {}
-        self.next_role = 0
-        if resume is not None and resume.get("layout") == self.layout:
-            # Roles rotate on resume (worker i plays role next + i): keep recording by role.
-            self.positions = {int(r): tuple(p) for r, p in resume["positions"].items()}
-            self.next_role = resume["next_role"]
+    def __init__(self, it: Iterator[Batch], workers: int) -> None:
+        self.it, self.workers = it, workers
 
-    def update(self, batch: Batch) -> None:
-        if batch.position is not None:
-            self.positions[batch.worker] = tuple(batch.position)
-            self.next_role = (batch.worker + 1) % self.layout[1]
+    def __iter__(self) -> _Assembled:
+        return self
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "layout": list(self.layout),
-            "positions": {r: list(p) for r, p in self.positions.items()},
-            "next_role": self.next_role,
-        }
-
-
-def _resume_fields(resume: dict | None, world_size: int, num_workers: int) -> dict[str, Any]:
-    """The dataset fields that restart a stream at a tracker's saved state."""
-    if resume is None:
-        return {}
-    layout = [world_size, max(num_workers, 1)]
-    if resume.get("layout") != layout:
-        # Positions belong to reader units; with another layout they mean other samples.
-        log.warning(
-            "data stream saved with %s ranks x workers, resumed with %s: it restarts with a new "
-            "seed (samples of the interrupted epoch may repeat or be missed)",
-            resume.get("layout"),
-            layout,
+    def __next__(self) -> Batch:
+        chunks = [next(self.it) for _ in range(self.workers)]
+        if len(chunks) == 1:
+            return chunks[0]
+        keys = [k for c in chunks for k in c.keys]
+        return Batch(
+            torch.cat([c.images for c in chunks]),
+            torch.cat([c.labels for c in chunks]),
+            skipped=sum(c.skipped for c in chunks),
+            skipped_shards=sum(c.skipped_shards for c in chunks),
+            keys=keys,
+            position={lane: p for c in chunks for lane, p in c.position.items()},
         )
-        return {"reseed": True}
-    start = {int(r): (int(p[0]), int(p[1])) for r, p in resume["positions"].items()}
-    return {"start": start, "role_offset": int(resume["next_role"])}
+
+    @property
+    def _workers(self) -> list[Any]:  # the watchdog names a dead worker (watchdog.dead_workers)
+        return getattr(self.it, "_workers", [])
+
+    def _shutdown_workers(self) -> None:
+        shutdown = getattr(self.it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+
+class TrainLoader:
+    """A rank's endless training batches (iterate it), and the `tracker` of its lanes'
+    positions for checkpoints."""
+
+    def __init__(self, loader: DataLoader, tracker: StreamTracker) -> None:
+        self.loader, self.tracker = loader, tracker
+        self.dataset, self.num_workers = loader.dataset, loader.num_workers
+        self.prefetch_factor = loader.prefetch_factor
+
+    def __iter__(self) -> _Assembled:
+        return _Assembled(iter(self.loader), max(self.num_workers, 1))
 
 
 # The fields of the data configs the loaders read (both job configs name them alike).
 DataConfig = PretrainDataConfig | FinetuneDataConfig
 
 
-def _resolved(data: DataConfig) -> DataConfig:
-    """`data` with num_workers=-1 (auto) resolved (a loaded config is already; one built in
-    code may not be)."""
-    return dataclasses.replace(data, num_workers=auto_num_workers(data.num_workers))
-
-
-def _train_fields(
+def _build(
+    make: Any,
     data: DataConfig,
+    identity: dict[str, Any],
+    key: str,
     *,
     batch_size: int,
     image_size: int,
@@ -248,54 +259,60 @@ def _train_fields(
     rank: int,
     world_size: int,
     resume: dict | None,
-    require_labels: bool,
-    max_consecutive_failures: int,
     load_size: int | None,
-    num_classes: int = 0,
     randaugment: str = "",
-) -> dict[str, Any]:
-    """The `_ResumableStream` fields shared by the training streams; `load_size`: workers
-    only decode and resize to it (the batch is augmented on the device), None: they augment."""
-    fields = _resume_fields(resume, world_size, data.num_workers)
-    if fields.pop("reseed", False):  # a stream unlike the one before (same seed: same order)
-        seed = seed_of(seed, sum(p[0] for p in resume["positions"].values()), _RESEED)
+    **fields: Any,
+) -> TrainLoader:
+    """The `TrainLoader` of dataset class `make` (the per-process `batch_size`); `identity`:
+    what the saved stream must match to be continued, `key`: the config key naming the data."""
+    micro = batch_size * world_size
+    saved = resume.get("lanes") if resume else None
+    lanes = resolve_lanes(data.lanes, micro, world_size, saved, len(fields.get("urls", ())))
+    identity = {**identity, "seed": seed}
+    names = {"source": key, "seed": "seed", "lanes": "data.lanes"}
+    names.update({k: f"data.{k}" for k in identity if k not in names})
+    start = start_positions(resume, identity, lanes, names)
+    workers = auto_num_workers(data.num_workers)
+    per_rank = lanes // world_size
+    if workers > per_rank:
+        log.info("data: %d lanes per process, so %d loader workers", per_rank, per_rank)
+        workers = per_rank
     if load_size is None:
         transform = train_transform(image_size, data.crop_scale, data.hflip, randaugment, data.mean)
     else:
         image_size, transform = load_size, SquareLoad(load_size)
-    return dict(
-        batch_size=batch_size,
+    dataset = make(
+        batch_size=micro,
         image_size=image_size,
         transform=transform,
         seeded=load_size is None,
         seed=seed,
         rank=rank,
         world_size=world_size,
-        require_labels=require_labels,
-        max_consecutive_failures=max_consecutive_failures,
-        num_classes=num_classes,
+        lanes=lanes,
+        shuffle_buffer=data.shuffle_buffer,
+        start=start,
         **fields,
     )
+    mine = lane_range(lanes, rank, world_size, 0, 1)
+    tracker = StreamTracker(identity, lanes, {k: p for k, p in start.items() if k in mine})
+    return TrainLoader(make_loader(dataset, workers, persistent=True, prefetch=2), tracker)
 
 
-def _shard_loader(urls: list[str], data: DataConfig, **stream: Any) -> DataLoader:
-    """The resumable stream over `urls`; `stream`: the `_train_fields` arguments."""
-    units = stream["world_size"] * max(data.num_workers, 1)
-    if not data.resampled and len(urls) < units:
+def _shard_loader(urls: list[str], data: DataConfig, key: str, **stream: Any) -> TrainLoader:
+    if 0 < data.lanes and len(urls) < data.lanes and not data.resampled:
         log.warning(
-            "%d shards < %d ranks x workers: each shard is read by up to %d of them, each "
-            "keeping its share of the samples (more reading); more, smaller shards avoid this",
-            len(urls),
-            units,
-            -(-units // len(urls)),
+            "%d shards < data.lanes=%d: each shard is read by up to %d lanes, each keeping its "
+            "share of the samples (more reading); more, smaller shards avoid this",
+            *(len(urls), data.lanes, -(-data.lanes // len(urls))),
         )
-    dataset = _ShardTrainStream(
-        urls=urls,
-        resampled=data.resampled,
-        shuffle_buffer=data.shuffle_buffer,
-        **_train_fields(data, **stream),
-    )
-    return make_loader(dataset, data.num_workers, persistent=True, prefetch=PREFETCH)
+    identity = {
+        "source": source_id(urls),
+        "resampled": data.resampled,
+        "shuffle_buffer": data.shuffle_buffer,
+    }
+    fields = dict(urls=urls, resampled=data.resampled)
+    return _build(_ShardTrainStream, data, identity, key, **fields, **stream)
 
 
 def pretrain_loader(
@@ -310,21 +327,22 @@ def pretrain_loader(
     urls: Sequence[str] | None = None,
     max_consecutive_failures: int = 1000,
     load_size: int | None = None,
-) -> DataLoader:
+) -> TrainLoader:
     """Endless augmented batches of `batch_size` (per process) from the shards of
-    `data.train_shards` (or `urls`, shards already resolved), with `data`'s workers, shuffle
-    buffer, crop scale, flip and resampling.
+    `data.train_shards` (or `urls`, shards already resolved), with `data`'s lanes, workers,
+    shuffle buffer, crop scale, flip and resampling.
 
-    Non-resampled: epochs, each sample once per epoch across all ranks and workers; resampled:
-    shards drawn with replacement. Labels come from `.cls` when present (-1 otherwise).
-    `resume`: a `StreamTracker.state_dict()`.
+    Non-resampled: epochs, each sample once per epoch (per lane: lanes of equal shares end
+    their epochs together); resampled: shards drawn with replacement. Labels come from `.cls`
+    when present (-1 otherwise).
+    `resume`: a `StreamTracker.state_dict()` (any number of processes and workers).
     `load_size`: batches of un-augmented uint8 [B,3,L,L] images for `DeviceAugment`.
     """
     urls = resolve_shards(data.train_shards) if urls is None else list(urls)
-    data = _resolved(data)
     return _shard_loader(
         urls,
         data,
+        "data.train_shards",
         batch_size=batch_size,
         image_size=image_size,
         seed=seed,
@@ -350,18 +368,17 @@ def train_loader(
     load_size: int | None = None,
     num_classes: int = 0,
     randaugment: str = "",
-) -> DataLoader:
+) -> TrainLoader:
     """Endless augmented labelled batches of `data.train` for fine-tuning, resumable like
     `pretrain_loader`. `num_classes` K > 0: samples labelled outside [0, K) are skipped and
     counted (a label the classifier head has no output for); `randaugment`: a timm RandAugment
     spec applied after crop and flip (worker-side augmentation only).
 
     Shards: as `pretrain_loader`, a sample without a label skipped. An image folder or HF
-    dataset: per epoch a
-    permutation seeded by (seed, epoch), split by rank and worker (`shuffle_buffer` unused).
+    dataset: per epoch a permutation seeded by (seed, epoch), split over the lanes.
     `load_size`: as `pretrain_loader`.
     """
-    source, data = data.train, _resolved(data)
+    source = data.train
     stream: dict[str, Any] = dict(
         batch_size=batch_size,
         image_size=image_size,
@@ -379,12 +396,17 @@ def train_loader(
         index = read_index(source)
         if index is not None and not index["label_names"]:
             raise ValueError(f"{source}: shards have no labels (index.json label_names is empty)")
-        return _shard_loader(resolve_shards(source), data, **stream)
+        return _shard_loader(resolve_shards(source), data, "data.train", **stream)
     source_obj = open_source(source)
     if not source_obj.label_names:
         raise ValueError(f"{source}: source has no labels")
-    units = world_size * max(data.num_workers, 1)
-    if len(source_obj) < units:
-        raise ValueError(f"{source}: {len(source_obj)} samples < {units} ranks x workers")
-    dataset = _IndexedTrainStream(spec=source, **_train_fields(data, **stream))
-    return make_loader(dataset, data.num_workers, persistent=True, prefetch=PREFETCH)
+    micro = batch_size * world_size
+    lanes = resolve_lanes(data.lanes, micro, world_size, resume.get("lanes") if resume else None)
+    if len(source_obj) < lanes:
+        raise ValueError(f"{source}: {len(source_obj)} samples < {lanes} lanes (data.lanes)")
+    identity = {
+        "source": f"{len(source_obj)} records/{source_id([source])}",
+        "shuffle_buffer": data.shuffle_buffer,
+    }
+    fields = dict(spec=source)
+    return _build(_IndexedTrainStream, data, identity, "data.train", **fields, **stream)

@@ -108,7 +108,7 @@ def frozen_forward(
     dicts); the encoder in eval mode (its mode restored after). `precision` (Accelerate's
     mixed_precision: bf16, fp16 or no): the autocast on a GPU (the CPU runs float32).
 
-    `compile` (`train.compile`: true, false, "auto" = CUDA only) compiles `forward` (see
+    `compile` (`compile.enabled`: true, false, "auto" = CUDA only) compiles `forward` (see
     train.compile); the last, smaller batch is then padded to the first's size so that one
     static-shape graph (one CUDA graph with reduce-overhead) serves every batch."""
     was_training = encoder.training

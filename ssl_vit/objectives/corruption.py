@@ -5,12 +5,21 @@ The random draws are made apart from the corruption (`draw_corruption`) and pass
 tensor, so the corruption itself is a pure function of tensors: it compiles into the step's
 graph (a `torch.Generator` call inside it would break the graph), and a CUDA graph can replay it.
 `kind` convention, used everywhere: 0 untouched, 1 replaced by the [mask] embedding,
-2 replaced by another patch's embedding, 3 chosen for prediction but kept as it is.
+2 replaced by another patch's embedding (of the same image), 3 chosen for prediction but kept
+as it is.
+
+In training the draws of micro-batch u are made for the whole global micro-batch from a
+generator seeded by (seed, u) and each process keeps its slice (`CorruptionDraws`): a patch's
+corruption depends on the seed and the sample's place in the global stream, not on the number
+of processes; a random replacement comes from the same image, which is on the same process
+whatever the layout.
 """
 
 from __future__ import annotations
 
 import torch
+
+from ssl_vit import seeds
 
 __all__ = [
     "UNTOUCHED",
@@ -18,6 +27,7 @@ __all__ = [
     "RANDOM",
     "KEPT",
     "NUM_DRAWS",
+    "CorruptionDraws",
     "num_corrupted",
     "draw_corruption",
     "corrupt_patches",
@@ -51,6 +61,28 @@ def draw_corruption(
     return torch.stack(draws).to(device)
 
 
+class CorruptionDraws:
+    """`draws(u, b)`: this process's [3, b, N] corruption draws of micro-batch `u` (step x
+    grad_accum + micro-step): rows rank*b..(rank+1)*b of the global micro-batch's
+    `draw_corruption(world_size * b, N)` from a generator seeded by (seed, u). A pure function
+    of (seed, u): nothing to save in a checkpoint, and a 1-process run draws what N processes
+    together draw."""
+
+    def __init__(
+        self, seed: int, num_patches: int, rank: int, world_size: int, device: torch.device
+    ) -> None:
+        self.seed, self.num_patches = seed, num_patches
+        self.rank, self.world_size = rank, world_size
+        self.generator = torch.Generator(device)
+
+    def __call__(self, index: int, batch_size: int) -> torch.Tensor:
+        self.generator.manual_seed(seeds.derive(self.seed, seeds.CORRUPTION, index))
+        full = draw_corruption(self.world_size * batch_size, self.num_patches, self.generator)
+        if self.world_size == 1:
+            return full
+        return full[:, self.rank * batch_size : (self.rank + 1) * batch_size].contiguous()
+
+
 def corrupt_patches(
     embeddings: torch.Tensor,
     mask_embedding: torch.Tensor,
@@ -77,8 +109,8 @@ def corrupt_patches(
     B, N, D = emb_BND.shape
     device = emb_BND.device
     n = num_corrupted(N, ratio)
-    if B * N < 2 and probs[1] > 0:
-        raise ValueError("random replacement needs at least two patches in the batch")
+    if N < 2 and probs[1] > 0:
+        raise ValueError("random replacement needs at least two patches per image")
     if noise.shape != (NUM_DRAWS, B, N):
         raise ValueError(f"noise: expected shape {(NUM_DRAWS, B, N)}, got {tuple(noise.shape)}")
     choose_BN, kind_u_BN, source_u_BN = noise.unbind(0)
@@ -95,13 +127,14 @@ def corrupt_patches(
     )
     kind_BN = torch.where(chosen_BN, kind_BN, UNTOUCHED)
 
-    # A random *other* patch of the batch: a uniform offset in [1, B*N) from the patch's own
-    # flat index, so the source is never the patch itself and all others are equally likely.
-    total = B * N
-    offset_BN = 1 + (source_u_BN * (total - 1)).long().clamp_(max=total - 2)
-    own_BN = torch.arange(total, device=device).view(B, N)
-    source_BN = (own_BN + offset_BN) % total
-    random_BND = emb_BND.reshape(total, D)[source_BN]
+    # A random *other* patch of the same image: a uniform offset in [1, N) from the patch's own
+    # index, so the source is never the patch itself and all others are equally likely. (Of
+    # the same image, not of the batch: a process's batch depends on the number of processes.)
+    offset_BN = 1 + (source_u_BN * (N - 1)).long().clamp_(max=max(N - 2, 0))
+    own_BN = torch.arange(N, device=device).expand(B, N)
+    first_B1 = torch.arange(B, device=device).unsqueeze(1) * N
+    source_BN = first_B1 + (own_BN + offset_BN) % N
+    random_BND = emb_BND.reshape(B * N, D)[source_BN]
 
     mask_BND = mask_embedding.to(emb_BND.dtype).expand_as(emb_BND)
     kind_BN1 = kind_BN.unsqueeze(-1)

@@ -269,11 +269,15 @@ def verify_checkpoint(path: Path) -> None:
             raise CheckpointError(f"{path}: {name} is truncated or corrupted (checksum mismatch)")
 
 
-def load_checkpoint(path: str | Path, rank: int = 0, rng: bool = True) -> dict[str, Any]:
+def load_checkpoint(
+    path: str | Path, rank: int = 0, rng: bool = True, verified: bool = False
+) -> dict[str, Any]:
     """Verified training state of checkpoint `path`, with this rank's RNG state under 'rng'
-    (`rng=False`: without it, e.g. to look at the weights only)."""
+    (`rng=False`: without it, e.g. to look at the weights only). `verified`: the caller has
+    just checked it (`latest_valid_checkpoint`): the SHA-256 of every file is not read twice."""
     path = Path(path)
-    verify_checkpoint(path)
+    if not verified:
+        verify_checkpoint(path)
     # weights_only: tensors and plain containers only, nothing unpickled as arbitrary objects.
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     if not rng:

@@ -1,7 +1,7 @@
 """Every way out of a job ends the process, in bounded time, with a status that says how.
 
 A job that hangs burns its allocation and never reports failure, so the entry points run their
-`main` under `run_job`, and the training loops take stop signals through `StopRequest`:
+`main` under `run_and_exit`, and the training loops take stop signals through `StopRequest`:
 
 - An exception, anywhere (a missing source, a dead loader worker, a failed rank, a bug), prints
   one line `error: ...` naming the last good checkpoint, and the process exits 1.
@@ -42,12 +42,13 @@ from ssl_vit.train.checkpoint import CheckpointError, latest_valid_checkpoint
 from ssl_vit.watchdog import dead_workers, exiting, hard_exit, kill_children
 
 __all__ = [
+    "JobError",
     "Preempted",
     "StopRequest",
     "kill_children",
     "note_checkpoints",
     "one_line_errors",
-    "run_job",
+    "run_and_exit",
 ]
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,11 @@ USER_ERRORS = (
 )
 
 _checkpoint_root: Path | None = None
+
+
+class JobError(RuntimeError):
+    """A condition library code detects that ends the job (e.g. too many bad steps in a row):
+    its message, which names what to do, is the job's one error line; exit 1."""
 
 
 class Preempted(BaseException):
@@ -97,7 +103,9 @@ def _exit(code: int) -> NoReturn:
     hard_exit(code)  # (ssl_vit.watchdog: works from any thread)
 
 
-def run_job(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> NoReturn:
+def run_and_exit(
+    main: Callable[[list[str] | None], Any], argv: list[str] | None = None
+) -> NoReturn:
     """Run a job's `main(argv)` and end the process on every path (see the module docstring)."""
     try:
         main(argv)
@@ -125,6 +133,9 @@ def _report(e: BaseException, dead: list[str] = ()) -> int:
     if isinstance(e, Preempted):
         log.warning("%s; the final checkpoint is complete: --resume finishes the job", e)
         return EXIT_OK
+    if isinstance(e, JobError):
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR
     if isinstance(e, KeyboardInterrupt):
         print(f"error: interrupted{_last_good_checkpoint()}", file=sys.stderr)
         return EXIT_ERROR

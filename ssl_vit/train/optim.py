@@ -63,7 +63,8 @@ def fused_sgd(groups: list[dict], cfg: FinetuneOptimConfig) -> torch.optim.Optim
 
 def apply_step(acc, model: nn.Module, optimizer, grad_clip: float) -> torch.Tensor:
     """Clip the gradients and apply the optimizer step unless their norm is not finite.
-    Returns a bool scalar tensor on the device: whether the step was applied.
+    Returns a bool scalar tensor on the device: whether the step was applied. `acc`: the job's
+    Accelerator (its clip and fp16 scaler), or None for one process without a scaler.
 
     No host sync: the norm stays on the device and the fused optimizer kernel reads the skip
     flag there (`found_inf`, the attribute AMP's GradScaler sets for optimizers with
@@ -71,9 +72,10 @@ def apply_step(acc, model: nn.Module, optimizer, grad_clip: float) -> torch.Tens
     counters untouched. The norm is taken after the gradient all-reduce, so every rank sees
     the same value and skips the same steps. With fp16 the scaler sets `found_inf` itself
     (inf/NaN gradients, the same steps) and lowers its scale."""
-    norm = acc.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
+    clip = nn.utils.clip_grad_norm_ if acc is None else acc.clip_grad_norm_
+    norm = clip(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
     finite = torch.isfinite(norm)
-    if acc.scaler is None:
+    if acc is None or acc.scaler is None:
         inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper holds it
         if not getattr(inner, "_step_supports_amp_scaling", False):
             raise TypeError(f"{type(inner).__name__} cannot skip a step on the device: fused=True")

@@ -5,8 +5,9 @@
   second job on the same directory fails at once with one line naming it.
 - `claim_run_dir`: starting over a directory that holds a run needs `--resume` (continue it)
   or `--overwrite` (its run files are removed first); two runs are never mixed in one directory.
-  With `--resume`, a config that changes the model's shape is refused (one line naming the
-  keys) and every other changed key is logged as a warning.
+  With `--resume`, a config that changes the model's shape or the data stream's sample order
+  (`seed`, `data.shuffle_buffer`, `data.resampled`) is refused (one line naming the keys) and
+  every other changed key is logged as a warning.
 - `config.yaml` is written only once all of this passed, so a refused or failed start never
   changes what a later `--resume` reads. A `--resume` into a run of another kind (pretraining,
   fine-tuning, few-shot), or of another model shape than its newest checkpoint when config.yaml
@@ -63,6 +64,9 @@ RUN_FILES = (
 )
 # Keys whose change on --resume would load a checkpoint into another architecture.
 SHAPE_KEYS = ("model.", "objective.target")
+# Keys of the training stream's sample order: a saved position means other samples under
+# another value (the shard list is compared by the loader, by content: a moved dataset resumes).
+STREAM_KEYS = ("seed", "data.shuffle_buffer", "data.resampled")
 # The model keys a checkpoint's encoder records that --resume must keep.
 _CHECKPOINT_SHAPE = ("image_size", "patch_size", "width", "depth", "heads", "mlp_ratio")
 
@@ -172,6 +176,14 @@ def _check_resumed_config(run_dir: Path, cfg: Any) -> None:
         raise ConfigError(
             f"--resume: the run in {run_dir} has another model shape ({diffs}); resume with its "
             f"config, or start a new run in another output_dir"
+        )
+    stream = [k for k in changed if k in STREAM_KEYS]
+    if stream:
+        diffs = ", ".join(f"{k} {saved[k]!r} -> {new[k]!r}" for k in stream)
+        raise ConfigError(
+            f"--resume: the data stream of the run in {run_dir} cannot continue with {diffs} "
+            "(another sample order); resume with its settings, or start a new run in another "
+            "output_dir"
         )
     for k in changed:
         log.warning("--resume with a changed %s: %r -> %r", k, saved[k], new[k])

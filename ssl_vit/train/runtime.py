@@ -14,13 +14,14 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, broadcast_object_list, set_seed
 
+from ssl_vit import seeds
 from ssl_vit.config import ConfigError
 from ssl_vit.train.guard import StopRequest
 from ssl_vit.train.rundir import RunLock, claim_run_dir
 from ssl_vit.watchdog import set_data_timeout
 
 __all__ = [
-    "Run",
+    "RunContext",
     "StopRequest",
     "replica_checksum",
     "make_accelerator",
@@ -96,7 +97,7 @@ def setup_logging(is_main: bool) -> None:
 
 
 @dataclass
-class Run:
+class RunContext:
     """What a training job's start-up decides: the Accelerator, the per-process micro-batch,
     and where outputs go."""
 
@@ -107,7 +108,7 @@ class Run:
     lock: RunLock | None = None  # the run directory's lock (main process), held while alive
 
 
-def start_run(cfg: Any, resume: bool = False, overwrite: bool = False) -> Run:
+def start_run(cfg: Any, resume: bool = False, overwrite: bool = False) -> RunContext:
     """Accelerator + logging + global-batch split + run directory (locked, then config.yaml;
     see `rundir.claim_run_dir`) + seeds.
 
@@ -125,8 +126,8 @@ def start_run(cfg: Any, resume: bool = False, overwrite: bool = False) -> Run:
         )
     run_dir = Path(cfg.output_dir)
     lock = _claim_on_main(acc, run_dir, cfg, resume, overwrite)
-    set_seed(cfg.seed + acc.process_index)  # Python, NumPy, torch (CPU and every GPU)
-    return Run(acc, tc.batch_size // per_step, run_dir, run_dir / "checkpoints", lock)
+    set_seed(seeds.process(cfg.seed, acc.process_index))  # Python, NumPy, torch (all devices)
+    return RunContext(acc, tc.batch_size // per_step, run_dir, run_dir / "checkpoints", lock)
 
 
 def _claim_on_main(

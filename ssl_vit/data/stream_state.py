@@ -1,0 +1,143 @@
+"""What a training stream is and where it stands: lanes, the stream's identity, its position.
+
+The stream is `lanes` sequential lanes (see `train_stream`); every micro-batch takes the same
+number of samples from each lane, in lane order. The number of lanes is fixed for a run; the
+ranks and loader workers that read them are not, so a position saved by one cluster shape is
+continued by any other. `StreamTracker` records the position of every lane after the last
+*consumed* batch (prefetched ones do not count) and gathers all ranks' lanes into the state a
+checkpoint holds; `start_positions` checks a saved state against the stream about to start and
+refuses, in one line, a stream it cannot continue (other shards, seed, shuffle or lanes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch.distributed as dist
+
+__all__ = [
+    "MAX_AUTO_LANES",
+    "StreamTracker",
+    "lane_range",
+    "resolve_lanes",
+    "source_id",
+    "start_positions",
+]
+
+log = logging.getLogger(__name__)
+MAX_AUTO_LANES = 64  # enough readers for 8 workers on each of 8 GPUs
+VERSION = 2  # 1: positions per (rank, worker) reader, which only the same shape could continue
+
+Position = tuple[int, int]  # (visit, samples of that visit consumed)
+
+
+def source_id(names: Sequence[str]) -> str:
+    """A short identity of the shard list (or a source): a local file by its name and size,
+    not its directory, so a dataset moved or mounted elsewhere still continues; anything else
+    (a `pipe:` command, a URL, a folder) by its text."""
+    parts = [
+        f"{os.path.basename(n)}:{os.path.getsize(n)}" if os.path.isfile(n) else n for n in names
+    ]
+    digest = hashlib.sha256("\n".join(parts).encode())
+    return f"{len(names)} shards/{digest.hexdigest()[:12]}"
+
+
+def resolve_lanes(
+    requested: int, micro_batch: int, world_size: int, saved: int | None, shards: int = 0
+) -> int:
+    """`data.lanes` (0: auto) -> the stream's lane count, checked against the global
+    micro-batch (each lane gives micro_batch / lanes samples) and the processes (each takes
+    lanes / world_size whole lanes). Auto: the saved count when resuming, otherwise the largest
+    divisor of the micro-batch up to 64 and up to `shards` (> 0: a lane per shard at most, so
+    that no shard is read by several lanes). Never the number of processes or workers: the
+    sample order depends on the lanes."""
+    cap = min(MAX_AUTO_LANES, shards) if shards else MAX_AUTO_LANES
+    lanes = requested or saved or _largest_divisor(micro_batch, cap)
+    how = "" if requested else " (auto)"
+    if micro_batch % lanes:
+        raise ValueError(
+            f"data.lanes: {lanes}{how} does not divide the global micro-batch {micro_batch} "
+            "(train.batch_size / train.grad_accum); set data.lanes to a divisor of it"
+        )
+    if lanes % world_size:
+        raise ValueError(
+            f"data.lanes: {lanes}{how} lanes do not split over {world_size} processes; set "
+            f"data.lanes to a multiple of {world_size} that divides {micro_batch} (more lanes "
+            "than shards: shards are shared, each lane keeping its share)"
+        )
+    return lanes
+
+
+def _largest_divisor(n: int, cap: int) -> int:
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
+def lane_range(lanes: int, rank: int, world_size: int, worker: int, workers: int) -> range:
+    """The lanes that loader worker `worker` of `workers` on process `rank` reads: a contiguous
+    share of the rank's contiguous share, so concatenating the workers' chunks in worker order
+    and the ranks' in rank order gives the global micro-batch in lane order."""
+    per_rank = lanes // world_size
+    first = rank * per_rank
+    return range(first + worker * per_rank // workers, first + (worker + 1) * per_rank // workers)
+
+
+def start_positions(
+    resume: dict | None, identity: dict[str, Any], lanes: int, keys: dict[str, str]
+) -> dict[int, Position]:
+    """Each lane's saved position (empty: from the start), after checking that `resume` (a
+    `StreamTracker.state_dict()`) belongs to this stream: a saved stream that cannot be
+    continued exactly is one error line naming the config key (`keys`: identity field -> key),
+    never a silently different run."""
+    if resume is None:
+        return {}
+    if resume.get("version") != VERSION:
+        raise ValueError(
+            "--resume: the checkpoint's data position was saved per loader worker by an older "
+            "version and cannot be continued exactly; start a new run (another output_dir)"
+        )
+    saved = {**resume["identity"], "lanes": resume["lanes"]}
+    now = {**identity, "lanes": lanes}
+    changed = [f"{keys[k]} {saved[k]} -> {now[k]}" for k in keys if saved.get(k) != now[k]]
+    if changed:
+        raise ValueError(
+            f"--resume: the checkpoint's data stream cannot continue with {', '.join(changed)} "
+            "(another sample order); restore the setting or start a new run (another output_dir)"
+        )
+    return {int(lane): (int(p[0]), int(p[1])) for lane, p in resume["positions"].items()}
+
+
+class StreamTracker:
+    """Main-process record of the stream: every lane's position after the last consumed batch.
+    `state_dict()` (every rank at once: it gathers the ranks' lanes) goes into the checkpoint;
+    the loaders take it back as `resume=`."""
+
+    def __init__(
+        self, identity: dict[str, Any], lanes: int, positions: dict[int, Position] | None = None
+    ) -> None:
+        self.identity, self.lanes = identity, lanes
+        self.positions: dict[int, Position] = dict(positions or {})
+
+    def update(self, batch: Any) -> None:
+        """Record a consumed batch's lane positions (`Batch.position`: {lane: position})."""
+        if batch.position:
+            self.positions.update(batch.position)
+
+    def state_dict(self) -> dict[str, Any]:
+        positions = dict(self.positions)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # Each rank reads its own lanes; a checkpoint resumed by fewer or more ranks needs
+            # all of them (rank files are loaded per rank).
+            parts: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, positions)
+            for part in parts:
+                positions.update(part)
+        return {
+            "version": VERSION,
+            "lanes": self.lanes,
+            "identity": dict(self.identity),
+            "positions": {lane: list(p) for lane, p in sorted(positions.items())},
+        }

@@ -1,0 +1,346 @@
+"""The training loop, written once: resume, the step's schedule (learning rate, log, checkpoint,
+bad-step reads), the stop handler, checkpoints and the final save; what a job does each
+micro-batch, at each log step, at its periodic evaluation and at the end is passed in.
+
+    loop = TrainLoop(run, cfg, model, optimizer, resume=args.resume, ...)  # loads the checkpoint
+    step = loop.train_step(forward)                                      # the one TrainStep
+    loader = ...(resume=loop.stream)                                     # where the stream was
+    results = loop.run(loader, micro, log_row, finish=..., ...)
+
+One small class, no hierarchy and no callback registry (as torchtitan's and big_vision's loops).
+The checkpoint's resume-state keys are defined here and nowhere else: per rank (`rng_rank*.pt`)
+the RNG states, "stream" (`StreamTracker`) and "augment" (the device augmentation's generator);
+in the training state (main process) "target_hist" (pretraining's colour histogram, summed over
+ranks) and "ema" (fine-tuning's Polyak average), each the `state_dict()` of the object passed in.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from ssl_vit.config import to_dict
+from ssl_vit.train import checkpoint as ckpt
+from ssl_vit.train.guard import StopRequest, note_checkpoints
+from ssl_vit.train.loop import BadSteps, Batches, StepStats, lap_row, new_counters
+from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
+from ssl_vit.train.runtime import RunContext, replica_checksum
+from ssl_vit.train.schedules import set_lr, warmup_cosine
+from ssl_vit.train.step import TrainStep
+
+__all__ = ["Resumed", "Schedule", "TrainLoop", "load_resume_point"]
+
+log = logging.getLogger(__name__)
+
+STATE_PARTS = ("target_hist", "ema")  # main process's training state, restored on resume
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> Any: ...
+    def load_state_dict(self, state: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When a step (1-based, counted after it ran) logs, checkpoints, or reads the bad-step
+    counts (at both: a run of skipped steps stops the job by the next of them at the latest)."""
+
+    steps: int
+    log_every: int
+    checkpoint_every: int  # 0: only the final checkpoint
+
+    def logs(self, step: int) -> bool:
+        return step % self.log_every == 0 or step == self.steps
+
+    def checkpoints(self, step: int) -> bool:
+        """The periodic checkpoint (the last step's is always written, after the loop)."""
+        every = self.checkpoint_every
+        return bool(every) and step % every == 0 and step != self.steps
+
+    def reads_counts(self, step: int) -> bool:
+        return self.logs(step) or self.checkpoints(step)
+
+
+@dataclass
+class Resumed:
+    """Where a job starts: step 0 with fresh counters, or a checkpoint's step, counters, this
+    rank's random state (with "stream" and "augment") and the training state."""
+
+    step: int = 0
+    counters: dict[str, int] = field(default_factory=new_counters)
+    rng: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+    path: str | None = None  # the checkpoint's
+
+
+def load_resume_point(
+    run: RunContext,
+    enabled: bool,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+) -> Resumed:
+    """With --resume, load the newest valid checkpoint into `model`, `optimizer` and the global
+    random states, and say where the job continues."""
+    note_checkpoints(run.ckpt_dir)
+    path = ckpt.latest_valid_checkpoint(run.ckpt_dir) if enabled else None
+    if path is None:
+        if enabled:
+            log.info("--resume: no valid checkpoint in %s, starting from scratch", run.ckpt_dir)
+        return Resumed()
+    # latest_valid_checkpoint has just checked every file's SHA-256: not a second time.
+    state = ckpt.load_checkpoint(path, rank=run.acc.process_index, verified=True)
+    model.load_state_dict(state.pop("model"))
+    optimizer.load_state_dict(state.pop("optimizer"))
+    rng = state.pop("rng")
+    ckpt.set_rng_state(rng)
+    counters = {**new_counters(), **state.pop("counters", {})}  # (older checkpoints: none)
+    log.info("resumed from %s at step %d", path, state["step"])
+    return Resumed(state["step"], counters, rng, state, str(path))
+
+
+class TrainLoop:
+    """A training job's loop: built after the model and optimizer (it resumes them, then hands
+    them to Accelerate: `model`, `optimizer`, `raw` the unwrapped model), run once.
+
+    augment: the device augmentation (None: crop + flip in the loader workers).
+    target_hist, ema: the training state's parts (`STATE_PARTS`), or None.
+    record: further entries of every checkpoint's training state (e.g. label names)."""
+
+    def __init__(
+        self,
+        run: RunContext,
+        cfg: Any,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        resume: bool,
+        augment: Stateful | None = None,
+        *,
+        target_hist: Stateful | None = None,
+        ema: Stateful | None = None,
+        record: dict[str, Any] | None = None,
+    ) -> None:
+        self.ctx, self.cfg, self.acc = run, cfg, run.acc
+        tc = cfg.train
+        self.schedule = Schedule(tc.steps, tc.log_every, tc.checkpoint_every)
+        self.augment, self.record = augment, record or {}
+        self.parts = dict(zip(STATE_PARTS, (target_hist, ema), strict=True))
+        self.start = load_resume_point(run, resume, model, optimizer)
+        self.counters = self.start.counters
+        self._load_parts()
+        main = self.acc.is_main_process
+        self.metrics = MetricsWriter(
+            run.run_dir, enabled=main, log_with=cfg.trackers, config=to_dict(cfg)
+        )
+        self.metrics.truncate_after(self.start.step)
+        self.model, self.optimizer = self.acc.prepare(model, optimizer)
+        self.raw = self.acc.unwrap_model(self.model)
+        self.step: TrainStep | None = None
+        self.batches: Batches | None = None
+
+    @property
+    def stream(self) -> dict[str, Any] | None:
+        """The training stream's position in the checkpoint (the loaders' `resume=`)."""
+        return self.start.rng.get("stream")
+
+    def stream_args(self) -> dict[str, Any]:
+        """The training loader's arguments the loop decides: this rank's share of the global
+        batch and place in the stream, and where a resumed stream continues."""
+        return {
+            "batch_size": self.ctx.local_batch,
+            "image_size": self.cfg.model.image_size,
+            "seed": self.cfg.seed,
+            "rank": self.acc.process_index,
+            "world_size": self.acc.num_processes,
+            "resume": self.stream,  # exactly where the consumed batches ended
+        }
+
+    def _load_parts(self) -> None:
+        if self.augment is not None:
+            self.augment.load_state_dict(self.start.rng.get("augment"))
+        if not self.start.state:
+            return
+        for key, part in self.parts.items():
+            if part is None:
+                continue
+            if self.start.state.get(key) is None:
+                raise ckpt.CheckpointError(
+                    f"{self.start.path}: no {key!r} state to resume (the run was started "
+                    "without it)"
+                )
+            part.load_state_dict(self.start.state[key])
+
+    def train_step(self, forward: Callable[..., Any]) -> TrainStep:
+        """The job's `TrainStep` around `forward` (forward+loss; `compile.enabled` applies)."""
+        tc = self.cfg.train
+        self.step = TrainStep(
+            self.model,
+            self.optimizer,
+            forward,
+            tc.grad_clip,
+            acc=self.acc,
+            compile=self.cfg.compile.enabled,
+            compile_mode=self.cfg.compile.mode,
+        )
+        return self.step
+
+    def log(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Write a metrics row (main process) and show it on the progress bar."""
+        row = self.metrics.log(row)
+        self.bar.write(format_metrics(row, self.shown))
+        return row
+
+    def paused(self):
+        """A `with` block left out of the throughput figures (an evaluation)."""
+        return self.watch.paused()
+
+    def run(
+        self,
+        loader: Any,
+        micro: Callable[[Any, int], dict[str, torch.Tensor | float]],
+        log_row: Callable[[dict[str, Any], dict[str, Any], int], dict[str, Any]],
+        finish: Callable[[dict[str, Any]], dict[str, Any]],
+        shown: tuple[str, ...],
+        *,
+        after_step: Callable[[torch.Tensor | bool], None] | None = None,
+        evaluate: tuple[int, Callable[[int], None]] | None = None,
+        hold_last_row: bool = False,
+    ) -> dict[str, Any]:
+        """Train from the resumed step to `train.steps`; returns the job's results.
+
+        micro(batch, index): one micro-batch through the `TrainStep` (index: its place in the
+            run, step x grad_accum + micro-step, which seeds its draws); returns the named
+            statistics to sum (`StepStats`: tensors on the device or numbers; a skipped step
+            counts in none).
+        log_row(sums, lap, step): the metrics row at a log step, from the lap's sums over ranks
+            and `lap` (lr, throughput, data wait, the run's counters).
+        after_step(applied): after each optimizer step (applied: the device flag).
+        evaluate: (every, fn(step)) a periodic evaluation, not at the last step (fn logs).
+        finish(row): after the final checkpoint, the final evaluation and save -> results.
+        shown: the keys of a row the progress bar prints.
+        hold_last_row: the last step's row goes to `finish` unlogged (it adds evaluations).
+        Preempted (a stop signal): the checkpoint of the step reached, `{"preempted": True}`."""
+        self._start(loader, shown)
+        done, row, last = self.start.step, {}, self.schedule.steps
+        with (  # the stop handler first: a signal while the loader workers start is a preemption
+            StopRequest(self.acc.num_processes, self.cfg.timeouts.stop_s) as stop,
+            self.batches,
+        ):
+            last_log = done
+            for done in range(self.start.step + 1, last + 1):
+                lr = self._one_step(done, micro, after_step)
+                self.bar.update(1)
+                if self.schedule.logs(done):
+                    lap = {"lr": lr, **self._lap(done - last_log)}
+                    row, last_log = log_row(self.stats.reduce(self.acc), lap, done), done
+                    if not (hold_last_row and done == last):
+                        row = self.log(row)
+                if evaluate and evaluate[0] and done % evaluate[0] == 0 and done != last:
+                    with self.paused():
+                        evaluate[1](done)
+                if stop.agreed():  # preemption: every rank stops after the same step
+                    break
+                if self.schedule.checkpoints(done) and not self.bad.in_a_row:
+                    with self.paused():  # never during a run of skipped steps: the last good
+                        self.save(done)  # one stays the resume point
+            self.bar.close()
+            self.bad.sync(done)  # (the last step may not have been a log step: a preemption)
+            self.save(done)
+            if done < last:
+                return self._end_preempted(done)
+            stop.finish_loop()  # a signal from here on ends the job at once (checkpoint complete)
+            results = finish(row)
+        self.metrics.write_results(results)
+        self.acc.end_training()
+        return results
+
+    def _start(self, loader: Any, shown: tuple[str, ...]) -> None:
+        """The loop's own objects: the batch stream, statistics, bad-step guard, progress bar."""
+        acc, tc = self.acc, self.cfg.train
+        log.info(
+            "training %s for %d steps, global batch %d (%d per process x %d processes x %d "
+            "accumulation) on %s",
+            *(self.cfg.output_dir, tc.steps, tc.batch_size, self.ctx.local_batch),
+            *(acc.num_processes, tc.grad_accum, acc.device),
+        )
+        keys_file = None
+        if self.cfg.data.record_keys:
+            keys_file = self.ctx.run_dir / f"keys_rank{acc.process_index}.txt"
+        self.watch = Stopwatch()  # the first lap starts here, with the loader built
+        self.batches = Batches(loader, self.counters, acc.num_processes, self.watch, keys_file)
+        self.bad = BadSteps(tc.max_bad_steps, self.ctx.ckpt_dir, self.counters, acc.device)
+        self.stats: StepStats | None = None  # sized by the first micro-batch's figures
+        self.bar = progress_bar(self.schedule.steps, self.start.step, acc.is_main_process)
+        self.shown = shown
+        self.model.train()
+
+    def _one_step(self, done: int, micro: Callable, after_step: Callable | None) -> float:
+        """Optimizer step `done` (1-based): its learning rate, `grad_accum` micro-batches, the
+        statistics and bad-step counts (on the device). Returns the learning rate."""
+        tc = self.cfg.train
+        lr = warmup_cosine(done - 1, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr)
+        set_lr(self.optimizer, lr)
+        self.step.applied = True
+        for m in range(tc.grad_accum):
+            values = micro(self.batches.next(), (done - 1) * tc.grad_accum + m)
+            if self.stats is None:  # named slots, sized by what the job reports
+                sizes = {k: v.numel() if torch.is_tensor(v) else 1 for k, v in values.items()}
+                self.stats = StepStats(sizes, self.acc.device)
+            self.stats.add(**values)
+        applied = self.step.applied
+        self.stats.end_step(applied)  # a skipped step counts in no logged mean
+        self.bad.update(applied)
+        if after_step is not None:
+            after_step(applied)
+        if self.schedule.reads_counts(done):
+            self.bad.check(done)
+        return lr
+
+    def _lap(self, steps: int) -> dict[str, Any]:
+        return lap_row(self.watch, steps, self.cfg.train.batch_size, self.counters)
+
+    def save(self, step: int) -> None:
+        """Checkpoint `step`: every rank, at the same step (the training state's entries are
+        gathered on every rank: replica checksums and the colour histogram are collectives)."""
+        acc, t0 = self.acc, time.perf_counter()
+        state = {
+            "model": self.raw.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "counters": self.counters,
+            "config": to_dict(self.cfg),
+            **self.record,
+            **{k: p.state_dict() for k, p in self.parts.items() if p is not None},
+            "replica_checksums": replica_checksum(self.model, acc),  # raises if they diverged
+        }
+        rng = {
+            **ckpt.rng_state(),
+            "stream": self.batches.tracker.state_dict(),
+            "augment": self.augment.state_dict() if self.augment is not None else None,
+        }
+        path = ckpt.save_checkpoint(
+            self.ctx.ckpt_dir,
+            step,
+            encoder=self.raw.encoder,
+            model_config=to_dict(self.cfg.model),
+            state=state,
+            rng=rng,
+            rank=acc.process_index,
+            is_main=acc.is_main_process,
+            barrier=acc.wait_for_everyone,
+            keep=self.cfg.train.keep_checkpoints,
+        )
+        log.info("checkpoint step %d written in %.1fs: %s", step, time.perf_counter() - t0, path)
+
+    def _end_preempted(self, step: int) -> dict[str, Any]:
+        """A stop signal ended the loop and the checkpoint of `step` is written: say so (in
+        results.json too, so nothing takes the run for finished)."""
+        log.info(
+            "stopped by a signal after step %d; checkpoint written, resume with --resume", step
+        )
+        self.metrics.write_results({"step": step, "preempted": True})
+        self.acc.end_training()
+        return {"step": step, "preempted": True}
