@@ -107,7 +107,7 @@ def test_stream_of_jpegs_resumes_exactly_through_the_reduced_decode(tmp_path):
     """Through the loader workers, with most crops decoded at reduced scale: a stream stopped
     and resumed from its tracker state yields the same keys and the same pixels."""
     from ssl_vit.config import PretrainDataConfig
-    from ssl_vit.data import StreamTracker, make_shards, pretrain_loader
+    from ssl_vit.data import make_shards, pretrain_loader
 
     for i in range(24):
         (tmp_path / "src").mkdir(exist_ok=True)
@@ -122,8 +122,8 @@ def test_stream_of_jpegs_resumes_exactly_through_the_reduced_decode(tmp_path):
         it = iter(loader)
         return [next(it) for _ in range(n)]
 
-    full = take(pretrain_loader(data, **kw), 7)
-    tracker = StreamTracker(1, 2)
+    loader = pretrain_loader(data, **kw)
+    full, tracker = take(loader, 7), loader.tracker  # the loop records consumed batches
     for b in full[:4]:
         tracker.update(b)
     resumed = take(pretrain_loader(data, resume=tracker.state_dict(), **kw), 3)
