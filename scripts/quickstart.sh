@@ -3,7 +3,7 @@
 # the train and test splits as shards, then the quick-start study (configs/study/quickstart.yaml):
 # pretrain, few-shot of the pretrained and of a random encoder, fine-tune at a higher resolution
 # from the pretrained encoder and from scratch, report. Ends with the table and report.html's
-# path. Extra args are study overrides, e.g. `bash scripts/quickstart.sh quick.output_dir=runs/x`.
+# path. Extra args are study overrides, e.g. `bash scripts/quickstart.sh full.output_dir=runs/x`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
