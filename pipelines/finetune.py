@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
     pixels = PixelNorm(cfg.data.mean, cfg.data.std)  # the model takes the loaders' uint8
     model = Classifier(encoder, num_classes, cfg.pool, pixels).to(acc.device)
     optimizer = build_finetune_optimizer(model, cfg.parts, cfg.train)
-    mixer = BatchMixer(cfg.parts, num_classes) if cfg.parts.mixes else None
+    mixer = BatchMixer(cfg.parts, num_classes, cfg.seed) if cfg.parts.mixes else None
     ema = EMA(model, cfg.ema) if cfg.ema else None  # updated on the device, no sync
     augment = device_augment(cfg, acc)
     record = {"label_names": label_names}  # in every checkpoint
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
         y = batch.labels.to(acc.device, non_blocking=True)
         target = y
         if mixer is not None:  # mixed [0, 1] images, soft targets [B, K]
-            x, target = mixer(x.float() / 255.0, y)
+            x, target = mixer(x.float() / 255.0, y, index)
         loss, logits = step(x, target)
         return {"loss": loss, "micro": 1, "correct": (logits.argmax(-1) == y).sum(), "seen": len(y)}
 

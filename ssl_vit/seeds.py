@@ -7,7 +7,7 @@ so neighbouring places give unrelated seeds; a few microseconds (NumPy's `SeedSe
 ~25 us, paid for every sample of the stream). No stream is seeded by a rank or a loader
 worker: what a sample looks like depends on the seed and on its place in the stream, never on
 how many processes or workers read it (see docs/scaling.md). The one exception is `process`,
-the seed of a process's global RNGs (timm's Mixup, dropout): per rank by nature.
+the seed of a process's global RNGs (dropout): per rank by nature.
 
 Importable from every layer (it imports nothing).
 """
@@ -19,7 +19,10 @@ __all__ = [
     "CORRUPTION",
     "DEVICE_AUGMENT",
     "EPOCH",
+    "LABELS",
+    "LABELS_ORDER",
     "LOADER",
+    "MIXUP",
     "PROCESS",
     "SHARDS",
     "SHUFFLE",
@@ -36,6 +39,9 @@ DEVICE_AUGMENT = 6  # crop and flip of a micro-batch on the device (data.augment
 CORRUPTION = 7  # the corruption draws of a micro-batch (objectives.corruption)
 LOADER = 8  # DataLoader's own base seed (unused by the streams, drawn once)
 PROCESS = 9  # a process's global RNGs (Python, NumPy, torch)
+MIXUP = 10  # mixup / cutmix of a micro-batch: its lam, mode and box (train.recipe)
+LABELS = 11  # which K images of a class form the labelled subset (data.labelled)
+LABELS_ORDER = 12  # the order of the labelled subset's copy in its shards
 
 
 _MASK = 2**64 - 1

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from test_faults import stop_after_step
 from test_pipelines import finetune_args, pipeline, rows
 
+from ssl_vit import seeds
 from ssl_vit.config import ConfigError, FinetuneConfig, from_dict, load_config
 from ssl_vit.config.recipe import RecipeParts
 from ssl_vit.data.images import RandAugment, train_transform
@@ -106,15 +107,17 @@ def _smooth_onehot(y: torch.Tensor, k: int, eps: float) -> torch.Tensor:
 
 def test_mixup_targets_are_the_hand_computed_mixture():
     k, eps, parts = 10, 0.1, RecipeParts(mixup=0.8, label_smoothing=0.1)
-    mixer = BatchMixer(parts, k)
-    for seed in range(20):
+    mixer = BatchMixer(parts, k, seed=3)
+    for index in range(20):
         x = torch.randn(8, 3, 4, 4)
         y = torch.randint(0, k, (8,))
-        np.random.seed(seed)
+        np.random.seed(seeds.derive(3, seeds.MIXUP, index))
         np.random.rand()  # timm: whether to mix at all (prob 1), then lam ~ Beta(0.8, 0.8)
         lam = float(np.random.beta(0.8, 0.8))
-        np.random.seed(seed)
-        x_mixed, target = mixer(x.clone(), y)
+        np.random.seed(index)  # the caller's state: the mixer must leave it as it was
+        before = np.random.get_state()[1].copy()
+        x_mixed, target = mixer(x.clone(), y, index)
+        assert np.array_equal(np.random.get_state()[1], before)
         expected = lam * _smooth_onehot(y, k, eps) + (1 - lam) * _smooth_onehot(y.flip(0), k, eps)
         torch.testing.assert_close(target, expected)
         torch.testing.assert_close(target.sum(-1), torch.ones(8))
@@ -126,10 +129,9 @@ def test_cutmix_targets_weigh_the_pasted_area():
     k, b = 10, 6
     mixer = BatchMixer(RecipeParts(cutmix=1.0), k)
     y = torch.arange(b)
-    np.random.seed(0)
-    for _ in range(50):
+    for index in range(50):
         x = torch.arange(b, dtype=torch.float32).view(b, 1, 1, 1).expand(b, 3, 8, 8).clone()
-        x_mixed, target = mixer(x, y)
+        x_mixed, target = mixer(x, y, index)
         torch.testing.assert_close(target.sum(-1), torch.ones(b))
         own = (x_mixed == y.view(b, 1, 1, 1)).float().mean(dim=(1, 2, 3))
         torch.testing.assert_close(target[torch.arange(b), y], own)
@@ -248,3 +250,23 @@ def test_modern_recipe_preempted_and_resumed_is_exact(synthetic_shards, tmp_path
     assert all(torch.equal(a[k], b[k]) for k in a)
     config = yaml.safe_load((tmp_path / "run/config.yaml").read_text())  # resolved values
     assert config["parts"]["mixup"] == 0.8 and config["train"]["weight_decay"] == 0.05
+
+
+def test_a_micro_batchs_mix_depends_on_the_seed_and_its_index_only():
+    """Two mixers (two processes, or a resumed run) mix micro-batch u alike whatever ran
+    before; another u or another seed mixes otherwise."""
+    parts, k = RecipeParts(mixup=0.8, cutmix=1.0, switch_prob=0.5), 10
+    x = torch.arange(4 * 3 * 8 * 8, dtype=torch.float32).view(4, 3, 8, 8)
+    y = torch.arange(4)
+
+    def mix(mixer, index):
+        return mixer(x.clone(), y, index)[1]
+
+    a, b = BatchMixer(parts, k, seed=1), BatchMixer(parts, k, seed=1)
+    ran_a = [mix(a, u) for u in range(30)]
+    for u in (29, 3, 17, 0):  # b in another order, with unrelated global draws between
+        np.random.rand(u + 1)
+        torch.testing.assert_close(mix(b, u), ran_a[u])
+    assert len({round(t[0, 0].item(), 6) for t in ran_a}) > 10  # lam varies with u
+    other = BatchMixer(parts, k, seed=2)
+    assert any(not torch.equal(mix(other, u), ran_a[u]) for u in range(30))

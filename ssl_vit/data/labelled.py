@@ -3,7 +3,8 @@
 The semi-supervised protocol (SimCLR, BYOL, MSN, Semi-ViT: fine-tune on 1% or 10% of the
 labels, class-balanced, a fixed subset) is where self-supervised pretraining pays. The subset
 is a function of the source and `data.labels_seed` only: per class, the samples' keys are
-sorted and permuted by a generator seeded by (seed, class index), and the first K are taken.
+sorted and permuted by a generator seeded by `seeds.derive(labels_seed, LABELS, class index)`,
+and the first K are taken.
 So every init, training seed, process count and worker count trains on the same images, and a
 smaller budget is inside a larger one (10 per class are the first 10 of the 50).
 
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ssl_vit import seeds
 from ssl_vit.atomic import write_text
 from ssl_vit.config import ConfigError
 from ssl_vit.data.shards import ShardWriter, read_index
@@ -90,7 +92,8 @@ def choose_labelled(spec: str, labels_per_class: int, seed: int = 0) -> Labelled
     for c, name in enumerate(names):
         members = np.flatnonzero(labels == c)
         members = members[np.argsort([keys[i] for i in members], kind="stable")]  # sorted keys
-        order = np.random.default_rng([seed, c]).permutation(len(members))[:labels_per_class]
+        rng = np.random.default_rng(seeds.derive(seed, seeds.LABELS, c))
+        order = rng.permutation(len(members))[:labels_per_class]
         chosen[name] = [keys[i] for i in members[order]]
         indices += members[order].tolist()
     return LabelledSubset(spec, labels_per_class, seed, names, available, chosen, sorted(indices))
@@ -132,7 +135,8 @@ def _write_shards(subset: LabelledSubset, out: Path) -> None:
     t0 = time.time()
     source: ImageSource = open_source(subset.source)
     records = list(source.iter_records(subset.indices))  # one pass, chosen samples only
-    order = np.random.default_rng([subset.labels_seed, len(records)]).permutation(len(records))
+    rng = np.random.default_rng(seeds.derive(subset.labels_seed, seeds.LABELS_ORDER, len(records)))
+    order = rng.permutation(len(records))
     per_shard = min(_MAX_SHARD, max(1, math.ceil(len(records) / _SHARDS)))
     with ShardWriter(out, per_shard) as writer:
         for i in order.tolist():

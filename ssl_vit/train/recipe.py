@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ssl_vit import seeds
 from ssl_vit.config.optim import FinetuneOptimConfig
 from ssl_vit.config.recipe import RecipeParts
 from ssl_vit.train.optim import build_sgd, decay_exempt, fused_sgd, param_groups
@@ -55,12 +57,16 @@ class BatchMixer:
     """Mixup / CutMix of a device batch (timm `Mixup`, batch mode: one lam per batch, each image
     paired with the batch in reverse order), label smoothing inside the soft targets.
 
-    `lam` and the cutmix box are drawn from NumPy's global RNG on the host (no device sync);
-    it is seeded per process and saved in checkpoints (train.checkpoint.rng_state), so a resumed
-    run draws what the uninterrupted one would have."""
+    `lam`, mixup-or-cutmix and the box of micro-batch `index` are drawn on the host (no device
+    sync) from `seeds.derive(seed, MIXUP, index)`: the same on every process, worker count and
+    resume. timm draws from NumPy's global RNG, so it is seeded for the call and restored after
+    (the caller's draws are untouched). Each image is mixed with its process's batch reversed,
+    so N processes pair other images than 1 does (docs/scaling.md)."""
 
-    def __init__(self, parts: RecipeParts, num_classes: int) -> None:
+    def __init__(self, parts: RecipeParts, num_classes: int, seed: int = 0) -> None:
         from timm.data import Mixup
+
+        self.seed = seed
 
         self.mix = Mixup(
             mixup_alpha=parts.mixup,
@@ -73,10 +79,16 @@ class BatchMixer:
         )
 
     def __call__(
-        self, x_BCHW: torch.Tensor, y_B: torch.Tensor
+        self, x_BCHW: torch.Tensor, y_B: torch.Tensor, index: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Images (mixed in place) and soft targets [B, K] (each row sums to 1)."""
-        return self.mix(x_BCHW, y_B)
+        """Images (mixed in place) and soft targets [B, K] (each row sums to 1) of micro-batch
+        `index` (step x grad_accum + micro-step)."""
+        outer = np.random.get_state()
+        np.random.seed(seeds.derive(self.seed, seeds.MIXUP, index))
+        try:
+            return self.mix(x_BCHW, y_B)
+        finally:
+            np.random.set_state(outer)
 
 
 def recipe_loss(parts: RecipeParts) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
