@@ -16,8 +16,9 @@ from ssl_vit.config import PretrainConfig, load_config
 from ssl_vit.config.checks import auto_num_workers
 from ssl_vit.config.schema import PretrainDataConfig
 from ssl_vit.data import pretrain_loader, resolve_shards
+from ssl_vit.data.decode import decode_image
 from ssl_vit.data.device_augment import DeviceAugment, load_size, resolve_augment
-from ssl_vit.data.images import SquareLoad, decode_image
+from ssl_vit.data.images import SquareLoad
 from ssl_vit.data.stages import Stats, shard_samples
 
 ROOT = Path(__file__).resolve().parents[1]

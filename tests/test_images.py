@@ -52,7 +52,8 @@ def test_reduced_jpeg_decode_keeps_the_crop_and_the_image(monkeypatch, mode, siz
     torchvision's antialiased bilinear)."""
     from ssl_vit.data import decode as decode_mod
     from ssl_vit.data import images
-    from ssl_vit.data.images import RandomResizedCropFlip, decode_image
+    from ssl_vit.data.decode import decode_image
+    from ssl_vit.data.images import RandomResizedCropFlip
 
     crop = RandomResizedCropFlip(size)
     boxes, scales = [], []
@@ -87,7 +88,8 @@ def test_reduced_decode_only_when_nothing_is_lost():
 
     from PIL import Image
 
-    from ssl_vit.data.images import RandomResizedCropFlip, decode_image
+    from ssl_vit.data.decode import decode_image
+    from ssl_vit.data.images import RandomResizedCropFlip
 
     buf = io.BytesIO()
     Image.frombytes("CMYK", (64, 48), bytes(range(256)) * 48).save(buf, format="JPEG")

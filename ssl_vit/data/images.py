@@ -13,7 +13,7 @@ from PIL import Image, ImageOps
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from ssl_vit.data.decode import (  # decode_image re-exported: the one decoding path
+from ssl_vit.data.decode import (
     check_pixels,
     decode_image,
     jpeg_size,
@@ -23,7 +23,6 @@ from ssl_vit.data.decode import (  # decode_image re-exported: the one decoding 
 __all__ = [
     "RandAugment",
     "RandomResizedCropFlip",
-    "decode_image",
     "SquareLoad",
     "eval_transform",
     "torchvision_train_transform",

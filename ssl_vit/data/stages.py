@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from webdataset.tariterators import group_by_keys, tar_file_expander
 
 from ssl_vit import seeds
-from ssl_vit.data.images import decode_image
+from ssl_vit.data.decode import decode_image
 from ssl_vit.data.shards import open_url, sample_fields
 
 __all__ = [
