@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from test_atomic_writes import STALLED_READ  # make-shards whose read of zzz.png never returns
 
 from ssl_vit.cli import main as cli
 from ssl_vit.data import eval_loader, make_shards, open_source, resolve_shards
@@ -150,21 +151,6 @@ def test_a_part_written_twice_or_of_another_split_is_refused(folder, tmp_path, c
     assert cli([*args, "--part", "3/3"]) == 1 and "0 <= I < N" in capsys.readouterr().err
     with pytest.raises(ValueError, match="2 of 3 parts not written yet"):
         resolve_shards(str(root))  # never a silent two thirds of the data
-
-
-# `ssl-vit make-shards` whose read of zzz.png never returns (a stalled network file system),
-# in whichever worker process reads it.
-STALLED_READ = """import sys, threading
-from ssl_vit.cli import main
-from ssl_vit.data import sources
-read = sources.FolderSource.__getitem__
-def stalled(self, i):
-    if self.files[i].endswith("zzz.png"):
-        threading.Event().wait()
-    return read(self, i)
-sources.FolderSource.__getitem__ = stalled
-sys.exit(main(sys.argv[1:]))
-"""
 
 
 def _children(pid: int) -> list[int]:
