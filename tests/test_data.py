@@ -312,6 +312,23 @@ def test_pretrain_loader_batches(synthetic_shards):
     assert all(b.images.shape == (16, 3, 32, 32) for b in batches)
 
 
+@pytest.mark.parametrize("workers", [2, 3])
+def test_workers_assemble_the_batches_of_the_serial_stream(synthetic_shards, workers):
+    """5 lanes split unevenly over 2 or 3 workers (3 + 2, 2 + 2 + 1), each sending its share of
+    `workers` batches at once: the same batches, positions and labels as the stream read in
+    the main process, in order."""
+
+    def batches(num_workers):
+        data = _data(str(synthetic_shards), num_workers=num_workers, shuffle_buffer=10, lanes=5)
+        it = iter(pretrain_loader(data, batch_size=10, image_size=16, seed=3))
+        return [next(it) for _ in range(7)]  # not a multiple of the workers
+
+    for a, b in zip(batches(0), batches(workers), strict=True):
+        assert a.keys == b.keys and a.position == b.position
+        assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
+        assert b.images.is_contiguous() and b.images.shape == (10, 3, 16, 16)
+
+
 def test_train_loader_from_folder(tmp_path):
     _write_files(tmp_path / "src", [f"{c}/{i}.png" for c in ("a", "b") for i in range(5)])
     it = iter(

@@ -240,9 +240,10 @@ def _ignore_stop_signals(_: int) -> None:
 
 
 def make_loader(
-    dataset: StreamDataset, num_workers: int, persistent: bool, prefetch: int
+    dataset: StreamDataset, num_workers: int, persistent: bool, prefetch: int, pin: bool = True
 ) -> DataLoader:
-    """A DataLoader that only moves the workers' ready `Batch`es (batch_size=None)."""
+    """A DataLoader that only moves the workers' ready `Batch`es (batch_size=None), pinned with
+    CUDA when `pin` (False: the caller copies them into pinned memory itself)."""
     # Its own generator: DataLoader draws a base seed per iterator, which would consume the
     # global RNG.
     return DataLoader(
@@ -250,7 +251,7 @@ def make_loader(
         batch_size=None,
         generator=torch.Generator().manual_seed(seeds.derive(dataset.seed, seeds.LOADER)),
         num_workers=num_workers,
-        pin_memory=torch.cuda.is_available(),
+        pin_memory=pin and torch.cuda.is_available(),
         persistent_workers=persistent and num_workers > 0,
         prefetch_factor=prefetch if num_workers > 0 else None,
         worker_init_fn=_ignore_stop_signals if num_workers > 0 else None,
