@@ -121,7 +121,6 @@ def main(argv: list[str] | None = None) -> dict:
     pixels = PixelNorm(cfg.data.mean, cfg.data.std)  # the model takes the loaders' uint8
     model = Classifier(encoder, num_classes, cfg.pool, pixels).to(acc.device)
     optimizer = build_finetune_optimizer(model, cfg.parts, cfg.train)
-    mixer = BatchMixer(cfg.parts, num_classes, cfg.seed) if cfg.parts.mixes else None
     ema = EMA(model, cfg.ema) if cfg.ema else None  # updated on the device, no sync
     augment = device_augment(cfg, acc)
     record = {"label_names": label_names}  # in every checkpoint
@@ -135,7 +134,10 @@ def main(argv: list[str] | None = None) -> dict:
         load_size=augment.load_size if augment else None,  # device: only decode + resize
         num_classes=num_classes,  # a label outside [0, K): a counted skip, not a crash
         randaugment=cfg.parts.randaugment,
+        paired=cfg.parts.mixes,
     )
+    group = loader.lane_share  # mixup / cutmix pair images within a lane's share (any layout)
+    mixer = BatchMixer(cfg.parts, num_classes, cfg.seed, group) if cfg.parts.mixes else None
 
     # --- Loop: one micro-batch, a log row (with the periodic evaluation), the results ----
     def micro(batch, index: int) -> dict:  # index: the micro-batch's place in the run

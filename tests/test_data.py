@@ -561,6 +561,12 @@ def test_lanes_resolve_and_split_in_order():
     assert resolve_lanes(0, 128, 1, None, shards=10) == 8  # a lane per shard at most
     assert resolve_lanes(0, 32, 2, 16) == 16  # resuming: the checkpoint's count
     assert resolve_lanes(8, 32, 2, 16) == 8  # asked for (the stream check refuses a change)
+    assert resolve_lanes(0, 128, 1, None, paired=True) == 64  # mixup: an even share (2)
+    assert resolve_lanes(0, 96, 1, None, paired=True) == 48  # not 32: 3 a lane
+    with pytest.raises(ValueError, match="^data.lanes: 32 lanes give 3 images each"):
+        resolve_lanes(32, 96, 1, None, paired=True)
+    with pytest.raises(ValueError, match="global micro-batch 7 .* must be even"):
+        resolve_lanes(0, 7, 1, None, paired=True)
     with pytest.raises(ValueError, match="data.lanes: 50 .auto. lanes do not split over 8"):
         resolve_lanes(0, 1000, 8, None)
     with pytest.raises(ValueError, match="data.lanes: 16 does not divide the global micro"):

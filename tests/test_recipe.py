@@ -137,6 +137,46 @@ def test_cutmix_targets_weigh_the_pasted_area():
         torch.testing.assert_close(target[torch.arange(b), y], own)
 
 
+def test_images_are_paired_within_their_group():
+    """Image i is constant i; groups of 4: each image mixes with its group reversed (timm's
+    pairing inside each group), the targets alike."""
+    k, n = 8, 8
+    mixer = BatchMixer(RecipeParts(mixup=0.8), k, seed=5, group=4)
+    partner = torch.tensor([3, 2, 1, 0, 7, 6, 5, 4])
+    y = torch.arange(n)
+    for index in range(20):
+        x = torch.arange(n, dtype=torch.float32).view(n, 1, 1, 1).expand(n, 3, 2, 2).clone()
+        x_mixed, target = mixer(x, y, index)
+        lam = target[0, 0].item()  # image 0's own share
+        own = lam * torch.arange(n) + (1 - lam) * partner
+        torch.testing.assert_close(x_mixed[:, 0, 0, 0], own.float())
+        expected = lam * _smooth_onehot(y, k, 0) + (1 - lam) * _smooth_onehot(partner, k, 0)
+        torch.testing.assert_close(target, expected)
+
+
+@pytest.mark.parametrize("parts", [RecipeParts(mixup=0.8), RecipeParts(cutmix=1.0)])
+def test_a_process_mixes_its_slice_as_the_whole_batch_does(parts):
+    """Ranks hold whole groups (lanes): mixing each rank's slice of a micro-batch gives that
+    slice of the whole micro-batch mixed in one process, for every index."""
+    k, n, group = 10, 12, 2
+    x = torch.randn(n, 3, 8, 8)
+    y = torch.randint(0, k, (n,))
+    whole, part = (
+        BatchMixer(parts, k, seed=7, group=group),
+        BatchMixer(parts, k, seed=7, group=group),
+    )
+    for index in range(30):
+        xw, tw = whole(x.clone(), y, index)
+        for ranks in (2, 3):
+            b = n // ranks
+            slices = [
+                part(x[r * b : (r + 1) * b].clone(), y[r * b : (r + 1) * b], index)
+                for r in range(ranks)
+            ]
+            assert torch.equal(torch.cat([s[0] for s in slices]), xw)
+            assert torch.equal(torch.cat([s[1] for s in slices]), tw)
+
+
 def test_drop_path_drops_whole_samples_in_training_only():
     torch.manual_seed(0)
     vit = ViT(16, 4, width=8, depth=3, heads=2)

@@ -312,7 +312,7 @@ class FinetuneConfig:
             )
         micro = self.train.batch_size // self.train.grad_accum
         if self.parts.mixes and micro % 2:
-            # Mixing pairs each image with the batch's reversed order (timm Mixup).
+            # Mixing pairs images (BatchMixer: within a lane's share of the micro-batch).
             raise ConfigError(
                 f"parts.mixup/cutmix: need an even batch per step and process, got "
                 f"train.batch_size / train.grad_accum = {micro}"

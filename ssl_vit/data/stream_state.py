@@ -47,17 +47,35 @@ def source_id(names: Sequence[str]) -> str:
 
 
 def resolve_lanes(
-    requested: int, micro_batch: int, world_size: int, saved: int | None, shards: int = 0
+    requested: int,
+    micro_batch: int,
+    world_size: int,
+    saved: int | None,
+    shards: int = 0,
+    paired: bool = False,
 ) -> int:
     """`data.lanes` (0: auto) -> the stream's lane count, checked against the global
     micro-batch (each lane gives micro_batch / lanes samples) and the processes (each takes
     lanes / world_size whole lanes). Auto: the saved count when resuming, otherwise the largest
     divisor of the micro-batch up to 64 and up to `shards` (> 0: a lane per shard at most, so
     that no shard is read by several lanes). Never the number of processes or workers: the
-    sample order depends on the lanes."""
+    sample order depends on the lanes. `paired` (mixup / cutmix pair images within a lane's
+    share, `BatchMixer`): the share must be even."""
     cap = min(MAX_AUTO_LANES, shards) if shards else MAX_AUTO_LANES
-    lanes = requested or saved or _largest_divisor(micro_batch, cap)
+    if paired and micro_batch % 2:
+        raise ValueError(
+            f"mixup / cutmix pair the images of a micro-batch: the global micro-batch "
+            f"{micro_batch} (train.batch_size / train.grad_accum) must be even"
+        )
+    lanes = requested or saved or _largest_divisor(micro_batch // 2 if paired else micro_batch, cap)
     how = "" if requested else " (auto)"
+    if paired and micro_batch % lanes == 0 and (micro_batch // lanes) % 2:
+        raise ValueError(
+            f"data.lanes: {lanes}{how} lanes give {micro_batch // lanes} images each to a "
+            f"micro-batch of {micro_batch}; mixup / cutmix pair images within a lane's share (the "
+            "same pairs on any number of processes), so it must be even: set data.lanes to a "
+            f"divisor of {micro_batch // 2}"
+        )
     if micro_batch % lanes:
         raise ValueError(
             f"data.lanes: {lanes}{how} does not divide the global micro-batch {micro_batch} "

@@ -273,6 +273,11 @@ class TrainLoader:
         self.dataset, self.num_workers = loader.dataset, loader.num_workers
         self.prefetch_factor = loader.prefetch_factor
 
+    @property
+    def lane_share(self) -> int:
+        """Images a lane gives each micro-batch (consecutive in every process's batch)."""
+        return self.dataset.batch_size // self.dataset.lanes
+
     def __iter__(self) -> _Assembled:
         return _Assembled(iter(self.loader), max(self.num_workers, 1))
 
@@ -295,13 +300,15 @@ def _build(
     resume: dict | None,
     load_size: int | None,
     randaugment: str = "",
+    paired: bool = False,
     **fields: Any,
 ) -> TrainLoader:
     """The `TrainLoader` of dataset class `make` (the per-process `batch_size`); `identity`:
     what the saved stream must match to be continued, `key`: the config key naming the data."""
     micro = batch_size * world_size
     saved = resume.get("lanes") if resume else None
-    lanes = resolve_lanes(data.lanes, micro, world_size, saved, len(fields.get("urls", ())))
+    shards = len(fields.get("urls", ()))
+    lanes = resolve_lanes(data.lanes, micro, world_size, saved, shards, paired)
     identity = {**identity, "seed": seed}
     names = {"source": key, "seed": "seed", "lanes": "data.lanes"}
     names.update({k: f"data.{k}" for k in identity if k not in names})
@@ -403,11 +410,13 @@ def train_loader(
     load_size: int | None = None,
     num_classes: int = 0,
     randaugment: str = "",
+    paired: bool = False,
 ) -> TrainLoader:
     """Endless augmented labelled batches of `data.train` for fine-tuning, resumable like
     `pretrain_loader`. `num_classes` K > 0: samples labelled outside [0, K) are skipped and
     counted (a label the classifier head has no output for); `randaugment`: a timm RandAugment
-    spec applied after crop and flip (worker-side augmentation only).
+    spec applied after crop and flip (worker-side augmentation only); `paired`: mixup / cutmix
+    pair images within a lane's share of the micro-batch (`lane_share`), which must be even.
 
     Shards: as `pretrain_loader`, a sample without a label skipped. An image folder or HF
     dataset: per epoch a permutation seeded by (seed, epoch), split over the lanes.
@@ -426,6 +435,7 @@ def train_loader(
         load_size=load_size,
         num_classes=num_classes,
         randaugment=randaugment,
+        paired=paired,
     )
     if is_shard_spec(source):
         index = read_index(source)
@@ -436,7 +446,8 @@ def train_loader(
     if not source_obj.label_names:
         raise ValueError(f"{source}: source has no labels")
     micro = batch_size * world_size
-    lanes = resolve_lanes(data.lanes, micro, world_size, resume.get("lanes") if resume else None)
+    saved = resume.get("lanes") if resume else None
+    lanes = resolve_lanes(data.lanes, micro, world_size, saved, paired=paired)
     if len(source_obj) < lanes:
         raise ValueError(f"{source}: {len(source_obj)} samples < {lanes} lanes (data.lanes)")
     identity = {

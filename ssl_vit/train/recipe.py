@@ -54,20 +54,26 @@ def build_finetune_optimizer(
 
 
 class BatchMixer:
-    """Mixup / CutMix of a device batch (timm `Mixup`, batch mode: one lam per batch, each image
-    paired with the batch in reverse order), label smoothing inside the soft targets.
+    """Mixup / CutMix of a device batch (timm `Mixup`, batch mode: one lam per batch, label
+    smoothing inside the soft targets), each image paired within its `group` of consecutive
+    images: image i of a group with image group - 1 - i (timm pairs image i with B - 1 - i,
+    which is the case of one group, `group` 0).
 
-    `lam`, mixup-or-cutmix and the box of micro-batch `index` are drawn on the host (no device
-    sync) from `seeds.derive(seed, MIXUP, index)`: the same on every process, worker count and
-    resume. timm draws from NumPy's global RNG, so it is seeded for the call and restored after
-    (the caller's draws are untouched). Each image is mixed with its process's batch reversed,
-    so N processes pair other images than 1 does (docs/scaling.md)."""
+    The training stream gives each process whole lanes, so with `group` = a lane's share of the
+    micro-batch (`TrainLoader.lane_share`) every pair lies on one process and the mix of a
+    micro-batch is the same on 1 or N processes. `lam`, mixup-or-cutmix and the box of
+    micro-batch `index` are drawn on the host (no device sync) from
+    `seeds.derive(seed, MIXUP, index)`: the same on every process, worker count and resume.
+    timm draws from NumPy's global RNG, so it is seeded for the call and restored after (the
+    caller's draws are untouched)."""
 
-    def __init__(self, parts: RecipeParts, num_classes: int, seed: int = 0) -> None:
+    def __init__(self, parts: RecipeParts, num_classes: int, seed: int = 0, group: int = 0):
         from timm.data import Mixup
 
-        self.seed = seed
-
+        if group % 2:
+            raise ValueError(f"mixup / cutmix pairs images within groups: {group} is odd")
+        self.seed, self.group = seed, group
+        self._orders: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor] | None] = {}
         self.mix = Mixup(
             mixup_alpha=parts.mixup,
             cutmix_alpha=parts.cutmix,
@@ -78,17 +84,41 @@ class BatchMixer:
             num_classes=num_classes,
         )
 
+    def _order(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A permutation that puts each pair at places j and n - 1 - j, where timm pairs
+        them, and its inverse (None: the identity, one group)."""
+        group = self.group or n
+        if group == n:  # timm's own pairing
+            return None
+        if n % group:
+            raise ValueError(f"a batch of {n} images is not made of groups of {group}")
+        if (n, device) not in self._orders:
+            firsts = [g + i for g in range(0, n, group) for i in range(group // 2)]
+            seconds = [g + group - 1 - i for g in range(0, n, group) for i in range(group // 2)]
+            order = firsts + seconds[::-1]
+            there = torch.tensor(order, device=device)
+            back = torch.empty_like(there)
+            back[there] = torch.arange(n, device=device)
+            self._orders[n, device] = there, back
+        return self._orders[n, device]
+
     def __call__(
         self, x_BCHW: torch.Tensor, y_B: torch.Tensor, index: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Images (mixed in place) and soft targets [B, K] (each row sums to 1) of micro-batch
-        `index` (step x grad_accum + micro-step)."""
+        """Mixed images and soft targets [B, K] (each row sums to 1) of micro-batch `index`
+        (step x grad_accum + micro-step); the images are mixed in place with one group."""
+        order = self._order(len(x_BCHW), x_BCHW.device)
+        if order is not None:
+            x_BCHW, y_B = x_BCHW[order[0]], y_B[order[0]]
         outer = np.random.get_state()
         np.random.seed(seeds.derive(self.seed, seeds.MIXUP, index))
         try:
-            return self.mix(x_BCHW, y_B)
+            x_BCHW, target_BK = self.mix(x_BCHW, y_B)
         finally:
             np.random.set_state(outer)
+        if order is None:
+            return x_BCHW, target_BK
+        return x_BCHW[order[1]], target_BK[order[1]]
 
 
 def recipe_loss(parts: RecipeParts) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
