@@ -43,3 +43,34 @@ def test_cli_make_synthetic_photos_shards_and_folder(tmp_path, capsys):
     assert files == sorted(f"{PHOTO_NAMES[i]}/{i:08d}_{PHOTO_NAMES[i]}.jpg" for i in range(5))
     assert "5 ImageNet-like JPEG photos" in capsys.readouterr().out
     assert cli(["make-synthetic", "--folder", "--output", str(tmp_path / "x")]) == 1
+
+
+def test_decode_benchmark_runs(tmp_path, capsys, monkeypatch):
+    """scripts/bench_decode.py on 4 photos: one JSON line with the per-image milliseconds."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    assert (
+        cli(
+            [
+                "make-synthetic",
+                "--kind",
+                "photos",
+                "--folder",
+                "--output",
+                str(tmp_path),
+                "--num",
+                "4",
+            ]
+        )
+        == 0
+    )
+    script = Path(__file__).resolve().parents[1] / "scripts/bench_decode.py"
+    spec = importlib.util.spec_from_file_location("bench_decode", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(sys, "argv", ["x", "--folder", str(tmp_path), "--repeats", "1"])
+    bench.main()
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["images"] == 4 and out["decode"] > 0 and out["decode + crop"] > 0
