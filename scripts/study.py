@@ -46,6 +46,7 @@ from ssl_vit.report.runs import fewshot_table, read_results
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = "random init"
+BUDGETS = ("full", "quick", "gpu")  # the study config's budget sections
 
 
 @dataclass
@@ -392,7 +393,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--config", required=True, help="study YAML (see configs/study/)")
     p.add_argument("--quick", action="store_true", help="the `quick` budget (a CPU machine)")
-    p.add_argument("--preset", choices=("full", "quick", "gpu"), help="the budget (default full)")
+    p.add_argument("--preset", choices=BUDGETS, help="the budget (default full)")
     p.add_argument("--only", metavar="NAME", help="one variant's chain, or `baseline`")
     p.add_argument("--copy-small", metavar="DIR", help="copy the small artifacts to DIR, then exit")
     p.add_argument("--dry-run", action="store_true", help="print the jobs' commands only")
@@ -410,6 +411,11 @@ def main(argv: list[str] | None = None) -> dict | None:
     except ConfigError as e:
         sys.exit(f"error: {e}")
     preset = args.preset or ("quick" if args.quick else "full")
+    unused = [o for o in args.overrides if o.split(".")[0] in BUDGETS and o.split(".")[0] != preset]
+    if unused:  # e.g. quick.output_dir=... without --quick: it would change nothing
+        sys.exit(
+            f"error: {unused[0].split('=')[0]}: this run uses the `{preset}` budget, not that one"
+        )
     budget = getattr(cfg, preset)
     if not budget.output_dir:
         sys.exit(f"error: {preset}.output_dir: required")

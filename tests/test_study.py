@@ -117,6 +117,23 @@ def test_only_plans_one_chain_of_the_gpu_preset(tmp_path, capsys):
     assert not (tmp_path / "gpu").exists()  # a dry run writes nothing
 
 
+def test_an_override_of_a_budget_the_run_does_not_use_is_refused(tmp_path, capsys):
+    """quick.output_dir=... without --quick would change nothing: one line, naming the key and
+    the budget in use; with --quick the same override plans into that directory."""
+    study = load_study()
+    base = ["--config", str(REPO / "configs/study/quickstart.yaml"), "--dry-run"]
+    out = f"quick.output_dir={tmp_path / 'q'}"
+    with pytest.raises(
+        SystemExit, match="^error: quick.output_dir: this run uses the `full` budget"
+    ):
+        study.main([*base, out])
+    with pytest.raises(SystemExit, match="^error: full.pretrain: this run uses the `gpu` budget"):
+        study.main([*base, "--preset", "gpu", "full.pretrain=[]"])
+    study.main([*base, "--quick", out])
+    assert str(tmp_path / "q") in capsys.readouterr().out
+    assert not (tmp_path / "q").exists()  # a dry run writes nothing
+
+
 def test_copy_small_leaves_the_checkpoints_out(tmp_path):
     out = tmp_path / "study"
     (out / "pretrain/x/checkpoints/step_00000001").mkdir(parents=True)
