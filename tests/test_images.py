@@ -13,6 +13,7 @@ from ssl_vit.data.images import torchvision_train_transform, train_transform
         ((3, 32, 32), 16, (0.35, 1.0), False),
         ((3, 40, 24), 48, (0.5, 1.0), True),
         ((3, 4, 64), 8, (0.9, 1.0), True),  # extreme aspect: mostly the central-crop fallback
+        ((3, 300, 400), 224, (0.08, 1.0), True),  # a photo: downscaled and upscaled crops
     ],
 )
 def test_train_transform_is_bit_identical_to_torchvision(shape, size, scale, hflip):
