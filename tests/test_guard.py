@@ -114,6 +114,7 @@ def test_killed_loader_worker_ends_the_job(job, synthetic_shards, tmp_path):
         f"pid {workers[0]} (SIGKILL)",
     )
     assert any(n in last for n in names_worker), log[-3000:]
+    assert "Traceback" not in log, log[-3000:]  # the cause is named: one line, no trace
     assert not _alive(str(out)), "a process of the run is still alive"
     print(f"{job}: killed worker -> exit {rc} in {seconds:.1f}s")
 

@@ -139,7 +139,7 @@ def _report(e: BaseException, dead: list[str] = ()) -> int:
     if isinstance(e, KeyboardInterrupt):
         print(f"error: interrupted{_last_good_checkpoint()}", file=sys.stderr)
         return EXIT_ERROR
-    if not isinstance(e, USER_ERRORS):
+    if not isinstance(e, USER_ERRORS) and not dead:  # a dead worker is named: no bug to trace
         traceback.print_exception(e)
     message = str(e).splitlines()[0] if str(e) else ""
     if dead:
