@@ -411,11 +411,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     except ConfigError as e:
         sys.exit(f"error: {e}")
     preset = args.preset or ("quick" if args.quick else "full")
-    unused = [o for o in args.overrides if o.split(".")[0] in BUDGETS and o.split(".")[0] != preset]
-    if unused:  # e.g. quick.output_dir=... without --quick: it would change nothing
-        sys.exit(
-            f"error: {unused[0].split('=')[0]}: this run uses the `{preset}` budget, not that one"
-        )
+    others = set(BUDGETS) - {preset}  # e.g. quick.output_dir=... without --quick: no effect
+    for key in (o.split("=")[0] for o in args.overrides if o.split(".")[0] in others):
+        sys.exit(f"error: {key}: this run uses the `{preset}` budget, not that one")
     budget = getattr(cfg, preset)
     if not budget.output_dir:
         sys.exit(f"error: {preset}.output_dir: required")

@@ -69,17 +69,17 @@ def resolve_lanes(
         )
     lanes = requested or saved or _largest_divisor(micro_batch // 2 if paired else micro_batch, cap)
     how = "" if requested else " (auto)"
-    if paired and micro_batch % lanes == 0 and (micro_batch // lanes) % 2:
+    if micro_batch % lanes:
+        raise ValueError(
+            f"data.lanes: {lanes}{how} does not divide the global micro-batch {micro_batch} "
+            "(train.batch_size / train.grad_accum); set data.lanes to a divisor of it"
+        )
+    if paired and (micro_batch // lanes) % 2:
         raise ValueError(
             f"data.lanes: {lanes}{how} lanes give {micro_batch // lanes} images each to a "
             f"micro-batch of {micro_batch}; mixup / cutmix pair images within a lane's share (the "
             "same pairs on any number of processes), so it must be even: set data.lanes to a "
             f"divisor of {micro_batch // 2}"
-        )
-    if micro_batch % lanes:
-        raise ValueError(
-            f"data.lanes: {lanes}{how} does not divide the global micro-batch {micro_batch} "
-            "(train.batch_size / train.grad_accum); set data.lanes to a divisor of it"
         )
     if lanes % world_size:
         raise ValueError(

@@ -207,7 +207,7 @@ class _Assembled:
     """Iterator of a rank's batches. DataLoader hands out its `workers` workers' messages
     round-robin from worker 0; one message from each holds their shares of the next `workers`
     micro-batches, and micro-batch j is the workers' j-th shares side by side, copied into one
-    (pinned, with CUDA) buffer."""
+    (pinned, with CUDA) buffer; one worker's message is the batch itself."""
 
     def __init__(self, it: Iterator[Batch], workers: int) -> None:
         self.it, self.workers = it, workers
@@ -232,7 +232,7 @@ class _Assembled:
 
     def _assemble(self, messages: list[Batch]) -> list[Batch]:
         n, first = self.workers, messages[0].images
-        if n == 1 and not self.pin:  # one worker's message is the batch
+        if n == 1:  # one worker's message is the batch (pinned by the DataLoader's thread)
             return [messages[0]._replace(position=messages[0].position[0])]
         shares = [len(m.labels) // n for m in messages]  # each worker's share of a micro-batch
         batches = []
@@ -337,7 +337,8 @@ def _build(
     )
     mine = lane_range(lanes, rank, world_size, 0, 1)
     tracker = StreamTracker(identity, lanes, {k: p for k, p in start.items() if k in mine})
-    loader = make_loader(dataset, workers, persistent=True, prefetch=2, pin=False)
+    # With several workers `_Assembled` copies their shares into pinned memory itself.
+    loader = make_loader(dataset, workers, persistent=True, prefetch=2, pin=workers <= 1)
     return TrainLoader(loader, tracker)
 
 

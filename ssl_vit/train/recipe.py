@@ -73,7 +73,7 @@ class BatchMixer:
         if group % 2:
             raise ValueError(f"mixup / cutmix pairs images within groups: {group} is odd")
         self.seed, self.group = seed, group
-        self._orders: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor] | None] = {}
+        self._orders: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
         self.mix = Mixup(
             mixup_alpha=parts.mixup,
             cutmix_alpha=parts.cutmix,
