@@ -53,7 +53,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     setup_logging(True)
     with one_line_errors():
-        cfg = load_config(FewshotConfig, args.config, args.overrides)
+        # As init.checkpoint (after the overrides: the flag wins): a checkpoint's shape and
+        # pixel normalisation are its own, a config file's serve random init only.
+        init = "none" if args.checkpoint == "random" else args.checkpoint
+        overrides = [*args.overrides, f"init.checkpoint={json.dumps(init)}"]  # quoted YAML
+        cfg = load_config(FewshotConfig, args.config, overrides)
         train_names = preflight.check_labelled_source("fewshot.train", cfg.fewshot.train)
         eval_names = preflight.check_labelled_source("fewshot.eval", cfg.fewshot.eval)
         preflight.check_same_labels(("fewshot.train", train_names), ("fewshot.eval", eval_names))
@@ -65,6 +69,9 @@ def main(argv: list[str] | None = None) -> dict:
                 "--checkpoint", args.checkpoint, cfg.model, cfg.init.pos_interp, cfg.init.format
             )
         cfg.init.checkpoint = args.checkpoint  # recorded in config.yaml (resolved)
+        if args.checkpoint != "random":
+            pixels_from = preflight.resolve_pixel_norm(cfg.data, args.checkpoint)
+            log.info(preflight.checkpoint_note("--checkpoint", cfg, pixels_from))
         preflight.check_writable("output_dir", cfg.output_dir)
         run_dir = Path(cfg.output_dir)
         # --overwrite never removes the run (or checkpoint) being evaluated.

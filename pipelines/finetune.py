@@ -17,18 +17,20 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
+from ssl_vit.atomic import write_text
 from ssl_vit.config import FinetuneConfig, load_config, to_dict
 from ssl_vit.config.schema import FinetuneDataConfig
 from ssl_vit.data import eval_loader, open_source, train_loader
 from ssl_vit.data.device_augment import build_device_augment
 from ssl_vit.data.labelled import check_recorded, choose_labelled, use_labelled
+from ssl_vit.eval.confusion import add_confusion, confusion_summary
 from ssl_vit.model import Classifier, PixelNorm, build_vit
 from ssl_vit.train import preflight
-from ssl_vit.train.checkpoint import save_classifier
+from ssl_vit.train.classifier_file import CLASSIFIER_FILE, ClassifierSpec, save_classifier
 from ssl_vit.train.ema import EMA
 from ssl_vit.train.guard import one_line_errors, run_and_exit
 from ssl_vit.train.metrics import format_metrics
@@ -52,8 +54,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def check(cfg: FinetuneConfig, resume: bool):
     """Everything the job will touch, before any compute: sources with labels, the init
-    checkpoint (loaded: its shape must fit), the label budget's subset, the output directory.
-    -> (label names, the loaded encoder or None for random init, the subset or None)"""
+    checkpoint (loaded: cfg.model and cfg.data.mean / std become its shape and pixel
+    normalisation, given ones must agree), the label budget's subset, the output directory.
+    -> (label names, the loaded encoder or None for random init, the subset or None, the line
+    to log about the checkpoint or None)"""
     label_names = preflight.check_labelled_source("data.train", cfg.data.train)
     # Drawn on every process (labels only; the same on all): a class too small fails here.
     subset = None
@@ -64,22 +68,26 @@ def check(cfg: FinetuneConfig, resume: bool):
     if cfg.data.eval:
         eval_names = preflight.check_labelled_source("data.eval", cfg.data.eval)
         preflight.check_same_labels(("data.train", label_names), ("data.eval", eval_names))
-    loaded = None
+    loaded = note = None
     if not cfg.init.scratch:
         i = cfg.init
         # A run directory -> its newest valid checkpoint, recorded as such in config.yaml.
         i.checkpoint, loaded = preflight.load_init_encoder(
             "init.checkpoint", i.checkpoint, cfg.model, i.pos_interp, i.format
         )
+        cfg.model = loaded.model_config  # the checkpoint's shape, at this image size
+        pixels_from = preflight.resolve_pixel_norm(cfg.data, i.checkpoint)
+        note = preflight.checkpoint_note("init.checkpoint", cfg, pixels_from)
     preflight.check_writable("output_dir", cfg.output_dir)
-    return label_names, loaded, subset
+    return label_names, loaded, subset, note
 
 
 @torch.no_grad()
-def evaluate(model, source: str, cfg: FinetuneConfig, acc) -> float:
-    """Top-1 accuracy over the whole eval split (each rank a disjoint part, counts summed)."""
+def evaluate(model, source: str, cfg: FinetuneConfig, acc, num_classes: int) -> torch.Tensor:
+    """The confusion matrix [K, K] (rows: true class) over the whole eval split, on the host:
+    each rank counts a disjoint part on its device, the counts are summed."""
     model.eval()
-    counts = torch.zeros(2, device=acc.device)
+    conf = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=acc.device)
     loader = eval_loader(
         source,
         cfg.train.batch_size // acc.num_processes,
@@ -88,17 +96,14 @@ def evaluate(model, source: str, cfg: FinetuneConfig, acc) -> float:
         rank=acc.process_index,
         world_size=acc.num_processes,
         limit=cfg.data.max_eval,
-        num_classes=acc.unwrap_model(model).head.out_features,  # other labels: counted skips
+        num_classes=num_classes,  # other labels: counted skips
     )
     for batch in watched(loader, "data.eval"):  # a stalled source ends the job
         with acc.autocast():
             pred = model(batch.images.to(acc.device)).argmax(dim=-1)
-        labels = batch.labels.to(acc.device)
-        counts[0] += (pred == labels).sum()
-        counts[1] += len(labels)
-    correct, total = acc.reduce(counts, reduction="sum").tolist()
+        add_confusion(conf, batch.labels.to(acc.device), pred)
     model.train()
-    return correct / max(total, 1)
+    return acc.reduce(conf, reduction="sum").cpu()
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -107,11 +112,11 @@ def main(argv: list[str] | None = None) -> dict:
     with one_line_errors():
         cfg = load_config(FinetuneConfig, args.config, args.overrides)
         # Before start_run: a bad init checkpoint or label budget makes no run directory.
-        label_names, loaded, subset = check(cfg, args.resume)
-        if loaded is not None:
-            cfg.model = loaded.model_config  # the checkpoint's shape, at this image size
+        label_names, loaded, subset, note = check(cfg, args.resume)
         run = start_run(cfg, args.resume, args.overwrite)  # Accelerator, locked run dir, seeds
         train_data = labelled_data(cfg, subset, run)
+    if note:
+        log.info(note)
     acc, num_classes = run.acc, len(label_names)
     # Random init is built after the seeds are set, so a from-scratch run is reproducible.
     encoder = build_vit(cfg.model) if loaded is None else loaded.encoder
@@ -156,13 +161,20 @@ def main(argv: list[str] | None = None) -> dict:
         out.update(train_acc=_div(sums["correct"], sums["seen"]), **lap)
         if cfg.eval_every and done % cfg.eval_every == 0 and done != cfg.train.steps:
             with loop.paused():
-                out.update(evaluate_all(loop.model, ema, cfg, acc))
+                scores = evaluate_all(loop.model, ema, cfg, acc, label_names)
+            scores.pop("confusion", None)  # the final evaluation's goes into results.json
+            out.update(scores)
         return out
 
     def finish(last_row: dict) -> dict:  # the final evaluation completes the last row
-        last_row = {**last_row, "step": cfg.train.steps, **evaluate_all(loop.model, ema, cfg, acc)}
-        last_row = loop.log(last_row)
-        results = final_results(cfg, last_row, loop.counters, subset, num_classes)
+        scores = evaluate_all(loop.model, ema, cfg, acc, label_names)
+        confusion = scores.pop("confusion", None)
+        last_row = loop.log({**last_row, "step": cfg.train.steps, **scores})
+        results = final_results(cfg, last_row, loop.counters, subset, label_names)
+        if confusion is not None:  # per-class accuracy and the matrix of the saved model
+            summary = confusion_summary(confusion, label_names)
+            results.update(per_class_top1=summary["per_class_top1"])
+            results.update(confusion_matrix=summary["confusion_matrix"])
         results["wall_time_s"] = time.time() - t_start
         if acc.is_main_process:  # the averaged weights when there are any (what top1_ema scored)
             save_final(ema.module if ema is not None else loop.raw, cfg, label_names)
@@ -210,39 +222,49 @@ def classifier_forward(model, cfg: FinetuneConfig, acc):
     return forward_loss
 
 
-def final_results(cfg: FinetuneConfig, row: dict, counters: dict, subset, num_classes: int):
+def final_results(cfg: FinetuneConfig, row: dict, counters: dict, subset, label_names):
     return {
         "step": cfg.train.steps,
         "top1": row.get("top1"),
         "top1_ema": row.get("top1_ema"),
         "train_loss": row.get("loss"),
         "skipped_steps": counters["skipped_steps"],
+        "scaler_skips": counters["scaler_skips"],  # fp16 overflows the loss scaler handled
         "init": "random" if cfg.init.scratch else cfg.init.checkpoint,
         "image_size": cfg.model.image_size,
         "recipe": cfg.recipe,
         "seed": cfg.seed,
         "labels_per_class": cfg.data.labels_per_class,  # 0: every label of data.train
         "num_labelled": subset.num_labelled if subset else _source_size(cfg.data.train),
-        "num_classes": num_classes,
+        "num_classes": len(label_names),
+        "label_names": list(label_names),
     }
 
 
-def evaluate_all(model, ema, cfg: FinetuneConfig, acc) -> dict[str, float]:
-    """top1 (and top1_ema with Polyak averaging) on data.eval; {} without an eval split."""
+def evaluate_all(model, ema, cfg: FinetuneConfig, acc, label_names) -> dict[str, Any]:
+    """top1 (and top1_ema with Polyak averaging) on data.eval, with `confusion` the summary of
+    the model that is saved (the averaged one when there is one); {} without an eval split."""
     if not cfg.data.eval:
         return {}
-    row = {"top1": evaluate(model, cfg.data.eval, cfg, acc)}
+    K = len(label_names)
+    conf = evaluate(model, cfg.data.eval, cfg, acc, K)
+    row = {"top1": confusion_summary(conf, label_names)["top1"] or 0.0}
     if ema is not None:
-        row["top1_ema"] = evaluate(ema.module, cfg.data.eval, cfg, acc)
+        conf = evaluate(ema.module, cfg.data.eval, cfg, acc, K)
+        row["top1_ema"] = confusion_summary(conf, label_names)["top1"] or 0.0
+    row["confusion"] = conf
     return row
 
 
 def save_final(model, cfg: FinetuneConfig, label_names: list[str]) -> None:
-    """model.safetensors (the classifier, its shape, pooling and labels) and labels.json."""
+    """model.safetensors (the classifier with its shape, pooling, labels and evaluation
+    transform: what predict, distillation and export read) and labels.json, both atomic."""
     out = Path(cfg.output_dir)
-    meta = {"model_config": to_dict(cfg.model), "pool": cfg.pool, "label_names": label_names}
-    save_classifier(model, out / "model.safetensors", **meta)
-    (out / "labels.json").write_text(json.dumps(label_names, indent=1) + "\n")
+    spec = ClassifierSpec(
+        to_dict(cfg.model), cfg.pool, tuple(label_names), tuple(cfg.data.mean), tuple(cfg.data.std)
+    )
+    save_classifier(model, out / CLASSIFIER_FILE, spec)
+    write_text(out / "labels.json", json.dumps(label_names, indent=1) + "\n")
 
 
 def labelled_data(cfg: FinetuneConfig, subset, run) -> FinetuneDataConfig:

@@ -36,7 +36,7 @@ log = logging.getLogger("pretrain")
 SHOWN = ("step", "loss", "color_acc", "lr", "img_per_s", "data_wait")
 RESULT_KEYS = (
     *("loss", "color_acc", "color_acc_majority", "frac_corrupted", "frac_mask", "frac_random"),
-    *("frac_keep", "skipped_samples", "skipped_shards", "skipped_steps"),
+    *("frac_keep", "skipped_samples", "skipped_shards", "skipped_steps", "scaler_skips"),
 )
 
 

@@ -27,6 +27,11 @@ images as given and stored with --max-size:
 
     python scripts/bench.py --suite loader --json loader.json --markdown
 
+--suite predict: `ssl-vit predict` vs a timm model + torchvision ImageFolder DataLoader with
+timm's eval transform, same images, shape, batch and workers (ssl_vit.bench.predict_suite):
+
+    python scripts/bench.py --suite predict --json predict.json --markdown
+
 --suite gpu: the GPU table (ssl_vit.bench.gpu_suite): bf16 matmul peak, ours vs timm eager /
 compiled / reduce-overhead as % of it, host syncs of the step, loader img/s with device
 augmentation, the real pipeline's img/s; each section guarded, all under --budget-s.
@@ -113,7 +118,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="torch.compile both models (LFL)")
     p.add_argument("--no-loader", action="store_true", help="skip the data-loading figures")
     g = p.add_argument_group("--suite gpu")
-    g.add_argument("--suite", choices=["pretrain", "gpu", "loader"], default="pretrain")
+    g.add_argument("--suite", choices=["pretrain", "gpu", "loader", "predict"], default="pretrain")
     g.add_argument("--out", help="write the suite's JSON here (--json works too)")
     g.add_argument("--tiny", action="store_true", help="a tiny model: the suite in seconds on CPU")
     g.add_argument("--markdown", action="store_true", help="print the table as Markdown")
@@ -143,6 +148,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     lg.add_argument("--max-size", type=int, default=256, help="make-shards --max-size compared")
     lg.add_argument("--image-size", type=int, default=224, help="training crop of the loaders")
     lg.add_argument("--pipeline-steps", type=int, help="tiny-model pretrain steps (default 40)")
+    pg = p.add_argument_group("--suite predict (also --photos, --num-images, --image-size)")
+    pg.add_argument("--variant", default="Ti/16", help="the classifier's ViT variant")
     args = p.parse_args(argv)
     args.rounds = args.rounds or (3 if args.quick else 7)
     args.steps = args.steps or 1
@@ -452,6 +459,30 @@ def loader_suite(args) -> dict:
     return result
 
 
+def predict_suite(args) -> dict:
+    """--suite predict: ssl_vit.bench.predict_suite's figures, JSON and a Markdown table."""
+    from ssl_vit.bench.predict_suite import markdown
+    from ssl_vit.bench.predict_suite import predict_suite as run
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run(
+            Path(tmp),
+            photos=args.photos,
+            num_images=args.num_images or (200 if args.quick else 1000),
+            image_size=args.image_size,
+            variant=args.variant,
+            batch_size=args.batch_size or 64,
+            workers=args.workers,
+            rounds=args.rounds,
+        )
+    result["machine"] = machine(torch.device(result["device"]))
+    out = args.out or args.json
+    if out:
+        Path(out).write_text(json.dumps(result, indent=1))
+    print(markdown(result) if args.markdown else json.dumps(result, indent=1))
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     device = torch.device(args.device)
@@ -462,6 +493,8 @@ def main(argv: list[str] | None = None) -> dict:
         return gpu_suite(args, device)
     if args.suite == "loader":
         return loader_suite(args)
+    if args.suite == "predict":
+        return predict_suite(args)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

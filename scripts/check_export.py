@@ -1,7 +1,9 @@
-"""Export a checkpoint to timm and transformers, load it back there, and measure the features.
+"""Export a checkpoint to timm and transformers, load it back there, and measure the features;
+or export a fine-tuned classifier and compare its labels there with ours on image files.
 
     python scripts/check_export.py --checkpoint runs/cifar10-ti6/checkpoints/step_00002000 \
         --data data/cifar10-test [--num 64] [--size 48] [--out runs/check_export]
+    python scripts/check_export.py --classifier runs/finetune-cifar10 --images DIR [--num 64]
 
 On `--num` real images: max |difference| of the [class] token output and of the patch token
 outputs between our encoder and (1) timm `create_model("local-dir:...")`, (2) transformers
@@ -9,6 +11,14 @@ outputs between our encoder and (1) timm `create_model("local-dir:...")`, (2) tr
 position interpolation exported as is, transformers' `interpolate_pos_encoding=True`, and
 timm's own resampling (`img_size=`); (4) the exports imported back with `ssl-vit import`.
 Writes `check_export.json` in `--out`. Needs the `interop` extra (timm, transformers).
+
+With `--classifier` (a fine-tuning run directory or its model.safetensors) and `--images` (a
+folder of image files, searched recursively): on the first `--num` files, how many top-1 labels
+of transformers' `pipeline("image-classification")` and of timm's `create_model` + its own
+`create_transform` agree with ours (`load_classifier` + `eval_transform` on the decoded file),
+and the max |logit difference|, overall and on the files that transformers crops where
+torchvision does (it floors the crop offset, torchvision rounds half to even). Writes
+`check_export_classifier.json` in `--out`.
 """
 
 from __future__ import annotations
@@ -67,17 +77,92 @@ def preprocessing_gaps(png_dir: Path, n: int, size: int, mean, std, out: Path) -
     }
 
 
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+
+
+def same_crop(size_wh: tuple[int, int], s: int) -> bool:
+    """Whether transformers' center crop of an image of `size_wh` resized to shorter side `s`
+    starts where torchvision's does (floored vs rounded half to even offset)."""
+    long = int(s * max(size_wh) / min(size_wh))
+    return (long - s) // 2 == round((long - s) / 2)
+
+
+def agreement(ours: torch.Tensor, theirs: torch.Tensor, exact: torch.Tensor) -> dict:
+    """Top-1 agreement and max |logit difference| of [N, K] logits, all and on `exact` [N]."""
+    diff = (ours - theirs).abs().amax(dim=-1)
+    agree = ours.argmax(-1) == theirs.argmax(-1)
+    return {
+        "top1_agree": f"{int(agree.sum())}/{len(agree)}",
+        "max_logit_diff": diff.max().item(),
+        "same_crop_top1_agree": f"{int(agree[exact].sum())}/{int(exact.sum())}",
+        "same_crop_max_logit_diff": diff[exact].max().item() if exact.any() else None,
+    }
+
+
+@torch.no_grad()
+def check_classifier(source: str, image_dir: str, n: int, out: Path) -> dict:
+    """Export the classifier at `source` to both libraries and compare labels and logits with
+    ours on the first `n` image files of `image_dir`."""
+    from PIL import Image
+    from transformers import pipeline
+
+    from ssl_vit.data.decode import decode_image
+    from ssl_vit.data.images import eval_transform
+    from ssl_vit.publish import export_classifier
+    from ssl_vit.train.classifier_file import load_classifier
+
+    files = sorted(f for f in Path(image_dir).rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)[:n]
+    model, spec = load_classifier(source)
+    t = eval_transform(spec.image_size)
+    ours = torch.cat([model(t(decode_image(f.read_bytes()))[None]) for f in files])
+    pil = [Image.open(f).convert("RGB") for f in files]
+    exact = torch.tensor([same_crop(im.size, spec.image_size) for im in pil])
+    res: dict = {"classifier": str(source), "images": len(files), "pool": spec.pool}
+    export_classifier(source, "timm", out / "timm", overwrite=True)
+    tm = timm.create_model(f"local-dir:{out / 'timm'}", pretrained=True).eval()
+    tt = timm.data.create_transform(**timm.data.resolve_data_config({}, model=tm))
+    res["timm"] = agreement(ours, torch.cat([tm(tt(im)[None]) for im in pil]), exact)
+    if spec.pool == "cls":  # transformers has no mean-of-patches classifier
+        export_classifier(source, "hf", out / "hf", overwrite=True)
+        clf = pipeline("image-classification", model=str(out / "hf"))
+        labels = [r[0]["label"] for r in clf([str(f) for f in files], top_k=1)]
+        x = [clf.image_processor(im, return_tensors="pt") for im in pil]
+        res["hf"] = agreement(ours, torch.cat([clf.model(**b).logits for b in x]), exact)
+        ids = ours.argmax(-1).tolist()
+        agree = sum(lab == spec.label_names[i] for lab, i in zip(labels, ids, strict=True))
+        res["hf"]["pipeline_top1_agree"] = f"{agree}/{len(files)}"
+        res["hf"]["image_processor"] = type(clf.image_processor).__name__
+    res["logit_scale"] = ours.abs().max().item()
+    return res
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--data", required=True, help="labelled eval source (shards, image folder)")
+    p.add_argument("--checkpoint")
+    p.add_argument("--data", help="labelled eval source (shards, image folder)")
     p.add_argument("--num", type=int, default=64)
     p.add_argument("--size", type=int, default=48, help="second resolution (interpolated)")
     p.add_argument("--out", default="runs/check_export")
     p.add_argument("--png-dir", help="image folder to compare the preprocessing configs on")
+    p.add_argument("--classifier", help="a fine-tuning run directory: check its export")
+    p.add_argument("--images", help="with --classifier: a folder of image files")
     args = p.parse_args()
     torch.manual_seed(0)
     out = Path(args.out)
+    if args.classifier:
+        if not args.images:
+            p.error("--classifier needs --images")
+        res = check_classifier(args.classifier, args.images, args.num, out)
+        (out / "check_export_classifier.json").write_text(json.dumps(res, indent=2) + "\n")
+        print(json.dumps(res, indent=2))
+        return
+    if not args.checkpoint or not args.data:
+        p.error("--checkpoint and --data are required (or --classifier and --images)")
+    check_encoder(args, out)
+
+
+def check_encoder(args: argparse.Namespace, out: Path) -> None:
+    """The encoder checks (see the module docstring); writes check_export.json in `out`."""
     data = run_config(Path(args.checkpoint)).get("data", {})
     mean, std = data.get("mean", (0.5,) * 3), data.get("std", (0.5,) * 3)
     _, cfg = load_encoder(args.checkpoint)

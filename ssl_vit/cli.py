@@ -179,30 +179,41 @@ def _add_make_synthetic(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """`ssl-vit export`: checkpoint -> timm or transformers directory with a model card."""
-    from ssl_vit.publish import export_checkpoint
+    """`ssl-vit export`: a checkpoint's encoder, or a fine-tuned classifier, -> timm or
+    transformers directory with a model card."""
+    from ssl_vit.publish import export_checkpoint, export_classifier, is_classifier
     from ssl_vit.train.checkpoint import CheckpointError, resolve_checkpoint
 
-    try:  # a run directory -> its newest valid checkpoint (logged)
-        checkpoint = resolve_checkpoint(args.checkpoint)
-        info = export_checkpoint(
-            checkpoint, args.to, args.outdir, keep_head=args.keep_head, overwrite=args.overwrite
-        )
-    except CheckpointError as e:  # a missing or damaged checkpoint: a user error, one line
-        raise ValueError(str(e)) from None
+    if is_classifier(args.checkpoint):  # a fine-tuning run (or its model.safetensors)
+        if args.keep_head:
+            raise ValueError("--keep-head: a fine-tuned classifier has no masked-prediction head")
+        info = export_classifier(args.checkpoint, args.to, args.outdir, overwrite=args.overwrite)
+        what = f"{info['num_classes']}-class classifier"
+    else:
+        try:  # a run directory -> its newest valid checkpoint (logged)
+            checkpoint = resolve_checkpoint(args.checkpoint)
+            info = export_checkpoint(
+                checkpoint, args.to, args.outdir, keep_head=args.keep_head, overwrite=args.overwrite
+            )
+        except CheckpointError as e:  # a missing or damaged checkpoint: a user error, one line
+            raise ValueError(str(e)) from None
+        what = "model"
     print(
-        f"wrote {info['format']} model ({info['parameters']:,} parameters) with config.json "
+        f"wrote {info['format']} {what} ({info['parameters']:,} parameters) with config.json "
         f"and README.md to {info['outdir']}"
     )
     return 0
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write a checkpoint's encoder for timm or transformers")
+    p = sub.add_parser(
+        "export",
+        help="write a checkpoint's encoder or a fine-tuned classifier for timm or transformers",
+    )
     p.add_argument(
         "checkpoint",
         help="checkpoint directory, encoder.safetensors, or a run directory (its newest valid "
-        "checkpoint)",
+        "checkpoint); a fine-tuning run directory or its model.safetensors: the whole classifier",
     )
     p.add_argument("--to", required=True, choices=["timm", "hf"], help="target library")
     p.add_argument("outdir", help="output directory (model.safetensors, config.json, README.md)")
@@ -286,6 +297,7 @@ JOBS = {
     "pretrain": "masked patch prediction pretraining (pipelines/pretrain.py)",
     "finetune": "fine-tune an encoder as a classifier (pipelines/finetune.py)",
     "fewshot": "few-shot linear evaluation of a frozen encoder (pipelines/fewshot.py)",
+    "predict": "label a source with a fine-tuned classifier (pipelines/predict.py)",
 }
 
 

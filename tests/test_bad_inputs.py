@@ -705,7 +705,7 @@ def test_fewshot_on_a_finetuned_classifier_is_one_line_naming_it(tmp_path):
     """Issue 29 #15: a fine-tune's model.safetensors is not an encoder: one line, not
     KeyError 'pos_embed'."""
     from ssl_vit.model import Classifier, build_vit
-    from ssl_vit.train.checkpoint import save_classifier
+    from ssl_vit.train.classifier_file import ClassifierSpec, save_classifier
 
     cfg = from_dict(PretrainConfig, {"data": {"train_shards": "x"}, "model": {}}).model
     for kv in TINY:
@@ -714,7 +714,8 @@ def test_fewshot_on_a_finetuned_classifier_is_one_line_naming_it(tmp_path):
     weights = tmp_path / "ft" / "model.safetensors"
     weights.parent.mkdir()
     model = Classifier(build_vit(cfg), 2, "cls")
-    save_classifier(model, weights, model_config=to_dict(cfg), pool="cls", label_names=["a", "b"])
+    spec = ClassifierSpec(to_dict(cfg), "cls", ("a", "b"), (0.5,) * 3, (0.5,) * 3)
+    save_classifier(model, weights, spec)
     out = tmp_path / "out"
     proc = _run(
         "fewshot.py", *_fewshot_args(tmp_path, str(weights)), f"output_dir={out}", cwd=tmp_path

@@ -152,6 +152,7 @@ def test_gpu_suite_tiny_on_cpu_writes_every_row(tmp_path):
     pipe = rows["pipelines/pretrain.py eager"]
     assert pipe["status"] == "ok" and pipe["img_per_s"] > 0 and len(pipe["img_per_s_laps"]) == 2
     assert rows["pipelines/pretrain.py compiled"]["status"] == "skipped: no CUDA"
+    assert rows["pipelines/pretrain.py compiled, every GPU (DDP)"]["status"] == "skipped: no CUDA"
     assert "| models | ours tiny_w32_p4_16 eager | ok |" in proc.stdout
     # The objectives of configs/study/classifier.yaml, each with its speed-up over the paper's.
     for name in ("paper_mpp", "mpp_decoder", "visible_75"):

@@ -172,13 +172,13 @@ def test_import_hf_gives_the_same_features_also_interpolated(tmp_path):
     model = perturb(ViTModel(config))
     model.save_pretrained(tmp_path / "hf")
     enc, _, cfg = encoder_from_checkpoint(
-        tmp_path / "hf", ModelConfig(image_size=16, mlp_ratio=2.5)
+        tmp_path / "hf", ModelConfig(image_size=16, mlp_ratio=2.5, norm_eps=None)
     )
     assert cfg["norm_eps"] == 1e-12 and enc.norm.eps == 1e-12 and cfg["mlp_ratio"] == 2.5
     x = images(16)
     assert_same(enc.eval().forward_features(x), model(pixel_values=x).last_hidden_state)
     enc24, _, _ = encoder_from_checkpoint(
-        tmp_path / "hf", ModelConfig(image_size=24, mlp_ratio=2.5)
+        tmp_path / "hf", ModelConfig(image_size=24, mlp_ratio=2.5, norm_eps=None)
     )
     x = images(24)
     theirs = model(pixel_values=x, interpolate_pos_encoding=True).last_hidden_state

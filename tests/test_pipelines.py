@@ -130,10 +130,6 @@ def test_finetune_at_higher_resolution_improves(pretrained, synthetic_shards, tm
     results = pipeline("finetune")(
         [
             *init_args(ckpt, synthetic_shards, tmp_path),
-            "model.patch_size=null",
-            "model.width=null",
-            "model.depth=null",
-            "model.heads=null",
             "train.steps=60",
             "train.log_every=20",
             "eval_every=20",
@@ -152,7 +148,7 @@ def test_finetune_at_higher_resolution_improves(pretrained, synthetic_shards, tm
 
 def test_finetune_rejects_other_architecture(pretrained, synthetic_shards, tmp_path):
     ckpt = pretrained[0] / "checkpoints" / "step_00000060"
-    with pytest.raises(SystemExit, match="another architecture.*width"):
+    with pytest.raises(SystemExit, match=r"model.width=64 disagrees .* \(width 32\)"):
         pipeline("finetune")([*init_args(ckpt, synthetic_shards, tmp_path), "model.width=64"])
 
 
@@ -171,10 +167,6 @@ def test_fewshot_pipeline_random_and_pretrained(pretrained, synthetic_shards, tm
             str(pretrained[0]),  # a run directory: its newest valid checkpoint
             *common,
             f"output_dir={tmp_path / 'p'}",
-            "model.patch_size=null",
-            "model.width=null",
-            "model.depth=null",
-            "model.heads=null",
         ]
     )
     for r in (rand, res):

@@ -19,7 +19,10 @@ from ssl_vit.report.learned import filter_components, position_similarity  # noq
 from ssl_vit.report.runs import link_runs, load_runs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("Summary", "Pretraining", "Few-shot", "Fine-tuning", "What the model learned", "Runs")
+SECTIONS = (
+    *("Summary", "Pretraining", "Few-shot", "Fine-tuning", "Per-class accuracy"),
+    *("What the model learned", "Runs"),
+)
 
 
 def pipeline(name: str):
@@ -99,15 +102,17 @@ def test_report_is_self_contained_with_all_sections(runs, tmp_path):
     page = (tmp_path / "report.html").read_text()
     srcs = re.findall(r"src='([^']*)'", page) + re.findall(r'src="([^"]*)"', page)
     # pretrain curves, few-shot over steps, few-shot vs shots, few-shot vs layer, fine-tune
-    # curves, position similarity, filter components, examples
-    assert len(srcs) == 8 and all(s.startswith("data:image/png;base64,") for s in srcs)
+    # curves, the two fine-tunes' confusion matrices, position similarity, filter components,
+    # examples
+    assert len(srcs) == 10 and all(s.startswith("data:image/png;base64,") for s in srcs)
     assert "href='http" not in page and "<link" not in page and "<script" not in page
     for title in SECTIONS:
         assert f">{title}</h2>" in page
     assert "skipped" not in page  # every figure was drawn
     md = (tmp_path / "report.md").read_text()
     pngs = re.findall(r"!\[[^]]*\]\((figures/[^)]+\.png)\)", md)
-    assert len(pngs) == 8 and "figures/fewshot_vs_layer.png" in pngs
+    assert len(pngs) == 10 and "figures/fewshot_vs_layer.png" in pngs
+    assert {"figures/confusion_ft-pre.png", "figures/confusion_ft-scratch.png"} <= set(pngs)
     for p in pngs:
         assert (tmp_path / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The summary table: one row for the pretraining run, one for random init / scratch.
@@ -356,7 +361,7 @@ def test_report_draws_accuracy_vs_labels(tmp_path):
 def test_no_label_budget_no_section(tmp_path, budgets):
     """Every fine-tune on every label (or none finished): the report is as before."""
     from ssl_vit.report import build_report
-    from ssl_vit.report.budget import budget_section
+    from ssl_vit.report.finetune_section import budget_section
 
     root = _budget_runs(tmp_path / "runs", budgets)
     assert budget_section(load_runs([root])) is None
@@ -366,7 +371,7 @@ def test_no_label_budget_no_section(tmp_path, budgets):
 
 
 def test_accuracy_vs_labels_figure_without_every_label_point():
-    from ssl_vit.report import figures
+    from ssl_vit.report import finetune_figures as figures
 
     fig = figures.accuracy_vs_labels({"a": {1: [0.1, 0.2], 10: [0.5]}}, None, [("a", {5: 0.3})])
     assert fig is not None

@@ -23,6 +23,7 @@ then say `skipped: no CUDA`.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -324,20 +325,26 @@ def loader_rows(suite: Suite) -> dict:
 
 
 # --- pipeline --------------------------------------------------------------------------------
-def pipeline_row(suite: Suite, compile: bool) -> dict:
+def pipeline_row(suite: Suite, compile: bool, processes: int = 1) -> dict:
     """pipelines/pretrain.py with data.augment=device and compile.enabled=`compile`, then the
-    suite's overrides (e.g. compile.mode=reduce-overhead)."""
+    suite's overrides (e.g. compile.mode=reduce-overhead). `processes` > 1: launched as a
+    multi-GPU job is (`accelerate launch --multi_gpu`: DDP, whose wrapped module is what is
+    compiled), the shape's batch per process; img_per_s is then the global rate."""
     if suite.pipeline is None:
         raise ValueError("no pipelines/pretrain.py given")
     _, shape = suite.small_shape()
     steps, every = (4, 2) if suite.tiny else (300, 100)
-    out = suite.tmp / f"pipeline_run_{'compiled' if compile else 'eager'}"
+    out = suite.tmp / f"pipeline_run_{'compiled' if compile else 'eager'}_{processes}"
     model = [
         f"model.{k}={shape[k]}" for k in ("image_size", "patch_size", "width", "depth", "heads")
     ]
+    launch = [sys.executable]
+    if processes > 1:
+        launch += ["-m", "accelerate.commands.launch", "--multi_gpu", "--dynamo_backend", "no"]
+        launch += ["--num_processes", str(processes)]
     cmd = [
-        *(sys.executable, str(suite.pipeline), f"data.train_shards={suite.shards()}"),
-        *(f"output_dir={out}", *model, f"train.batch_size={shape['batch']}"),
+        *(*launch, str(suite.pipeline), f"data.train_shards={suite.shards()}"),
+        *(f"output_dir={out}", *model, f"train.batch_size={shape['batch'] * processes}"),
         *(f"train.steps={steps}", f"train.log_every={every}", "train.warmup_steps=2"),
         *("train.checkpoint_every=0", "data.augment=device"),
         "compile.enabled=" + ("true" if compile else "false"),
@@ -356,7 +363,8 @@ def pipeline_row(suite: Suite, compile: bool) -> dict:
         "img_per_s": statistics.median(steady),
         "img_per_s_laps": [r["img_per_s"] for r in laps],
         "data_wait": [r.get("data_wait") for r in laps],
-        "batch": shape["batch"],
+        "batch": shape["batch"] * processes,
+        "processes": processes,
         "steps": steps,
         "overrides": suite.overrides,
     }
@@ -403,7 +411,21 @@ def _sections(suite: Suite) -> None:
     objective_rows(suite, "compiled")
     pipe = "pipelines/pretrain.py compiled"
     suite.row("pipeline", pipe, 120, lambda: pipeline_row(suite, True), cuda_only=True)
+    ddp_pipeline_row(suite)
     model_rows(suite, ["reduce-overhead"])
+
+
+DDP_PIPELINE = "pipelines/pretrain.py compiled, every GPU (DDP)"
+
+
+def ddp_pipeline_row(suite: Suite) -> None:
+    """The compiled pipeline as a multi-GPU job runs it: one process per GPU (2 or more)."""
+    gpus = torch.cuda.device_count() if suite.cuda else 0
+    if suite.cuda and gpus < 2 and (suite.sections is None or "pipeline" in suite.sections):
+        suite.rows.append({"section": "pipeline", "name": DDP_PIPELINE, "status": "skipped: 1 GPU"})
+        return
+    run = functools.partial(pipeline_row, suite, True, processes=gpus)
+    suite.row("pipeline", DDP_PIPELINE, 150, run, cuda_only=True)
 
 
 COLUMNS = (

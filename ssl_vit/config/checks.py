@@ -69,12 +69,12 @@ def check_fraction(key: str, value: float, low_open: bool = True) -> None:
 
 
 def check_pixels_norm(
-    prefix: str, std: tuple[float, ...], crop_scale: tuple[float, float] | None = None
+    prefix: str, std: tuple[float, ...] | None, crop_scale: tuple[float, float] | None = None
 ) -> None:
-    """Normalization (std > 0: it divides; the mean only needs to be finite, as every float
-    key) and the random-resized-crop area range 0 < low <= high <= 1 (a crop cannot be larger
-    than the image)."""
-    if min(std) <= 0:
+    """Normalization (std > 0: it divides; None: a checkpoint's, checked when read; the mean
+    only needs to be finite, as every float key) and the random-resized-crop area range
+    0 < low <= high <= 1 (a crop cannot be larger than the image)."""
+    if std is not None and min(std) <= 0:
         raise ConfigError(f"{prefix}std: every value must be > 0, got {list(std)}")
     if crop_scale is not None:
         low, high = crop_scale

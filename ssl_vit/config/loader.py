@@ -250,7 +250,53 @@ def load_config(cls: type[T], path: str | Path | None, overrides: list[str] = ()
             raise ConfigError(f"{path}: expected a mapping at the top level")
     # Each part on its own: an override with an old name still wins over the file's new one.
     overrides_data = migrate(cls, parse_overrides(list(overrides)))
-    return from_dict(cls, _merge(migrate(cls, data), overrides_data))
+    data, overrides_data = _checkpoint_keys(cls, migrate(cls, data), overrides_data)
+    return from_dict(cls, _merge(data, overrides_data))
+
+
+def _checkpoint_keys(
+    cls: type, data: dict[str, Any], overrides: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(file data, overrides) for a job that loads a checkpoint (`init.checkpoint` not `none`):
+    the schema's `checkpoint_keys` (the encoder's shape, its pixel normalisation) are the
+    checkpoint's. A config file's are dropped (they serve from-scratch runs); those the
+    overrides do not give are null (read from the checkpoint by the job, which checks the
+    given ones against it)."""
+    keys = getattr(cls, "checkpoint_keys", ())
+    init = _merge(data, overrides).get("init")
+    checkpoint = init.get("checkpoint", "none") if isinstance(init, dict) else "none"
+    if not keys or not isinstance(checkpoint, str) or checkpoint.strip().lower() == "none":
+        return data, overrides
+    data, overrides = copy.deepcopy(data), copy.deepcopy(overrides)
+    for key in keys:
+        *parents, leaf = key.split(".")
+        section = _section(data, parents)
+        if section is not None:
+            section.pop(leaf, None)
+        node = overrides
+        for p in parents:
+            node = node.setdefault(p, {}) if isinstance(node, dict) else None
+        # Left unset: null, unless the default means unset already (model.width, model.variant).
+        if isinstance(node, dict) and leaf not in node:
+            if _field_default(cls, key) not in (None, ""):
+                node[leaf] = None
+    return data, overrides
+
+
+def _section(data: dict[str, Any], path: list[str]) -> dict[str, Any] | None:
+    """The mapping at `path` in the nested dict `data`, or None."""
+    for p in path:
+        data = data.get(p) if isinstance(data, dict) else None
+    return data if isinstance(data, dict) else None
+
+
+def _field_default(cls: type, key: str) -> Any:
+    """The default of the schema field at the dotted `key` (e.g. `model.mlp_ratio`)."""
+    *parents, leaf = key.split(".")
+    for p in parents:
+        cls = typing.get_type_hints(cls)[p]
+    f = next(f for f in dataclasses.fields(cls) if f.name == leaf)
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 def save_config(cfg: Any, path: str | Path) -> None:

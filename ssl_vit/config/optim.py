@@ -29,6 +29,9 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)  # Adam / AdamW
     grad_clip: float = 1.0  # global norm; 0 disables
     mixed_precision: MixedPrecision = "auto"
+    # TF32 for the float32 matmuls / convolutions on a CUDA GPU (Ampere+; all of them with
+    # mixed_precision 'no'). false: true fp32. No effect on the CPU.
+    tf32: bool = True
     # Steps with a non-finite gradient norm are skipped; this many in a row stop the job.
     max_bad_steps: int = 10
     log_every: int = 50  # steps between metrics rows

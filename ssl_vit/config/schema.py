@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
 from ssl_vit.config.checks import (
@@ -35,6 +35,9 @@ from ssl_vit.config.run import (
 from ssl_vit.config.variants import resolve_variant
 
 __all__ = [
+    "CHECKPOINT_KEYS",
+    "SHAPE_KEYS",
+    "complete_pixel_norm",
     "ModelConfig",
     "ObjectiveConfig",
     "PretrainDataConfig",
@@ -58,10 +61,17 @@ __all__ = [
 Augment = Literal["auto", "device", "workers"]
 
 
+# The encoder's architecture: what a checkpoint fixes and records in its metadata. Fine-tuning
+# and few-shot evaluation of a checkpoint take these from it (a set value must agree), and
+# --resume refuses to change them; `image_size` is free (position embeddings are resized).
+SHAPE_KEYS = ("patch_size", "width", "depth", "heads", "mlp_ratio", "norm_eps")
+
+
 @dataclass
 class ModelConfig:
     """ViT shape. `variant` (Ti/S/B/L/H, optionally with '/patch', e.g. 'B/16') fills width,
-    depth and heads; any of them given explicitly overrides the variant."""
+    depth and heads; any of them given explicitly overrides the variant. Fine-tuning or
+    evaluating a checkpoint takes all but `image_size` from it (see init.checkpoint)."""
 
     variant: str = ""  # Ti, S, B, L, H or e.g. B/16 (the patch too); "": give the shape below
     image_size: int = 224  # input side in pixels; a multiple of patch_size
@@ -69,8 +79,15 @@ class ModelConfig:
     width: int | None = None  # token dimension D
     depth: int | None = None  # transformer blocks
     heads: int | None = None  # attention heads (width must divide by them)
-    mlp_ratio: float = 4.0  # MLP hidden size / width
-    norm_eps: float = 1e-6  # LayerNorm epsilon; a loaded checkpoint's own value wins
+    mlp_ratio: float | None = 4.0  # MLP hidden size / width (null: a loaded checkpoint's)
+    norm_eps: float | None = 1e-6  # LayerNorm epsilon (null: a loaded checkpoint's)
+
+    def complete_new(self) -> None:
+        """A new (randomly initialized) encoder: `mlp_ratio` and `norm_eps` left null (the
+        checkpoint's, when one is loaded) take their defaults."""
+        for f in fields(self):
+            if f.name in ("mlp_ratio", "norm_eps") and getattr(self, f.name) is None:
+                setattr(self, f.name, f.default)
 
     def validate(self) -> None:
         if self.variant:
@@ -85,7 +102,8 @@ class ModelConfig:
             raise ConfigError(
                 f"model.width ({self.width}) must be divisible by model.heads ({self.heads})"
             )
-        if self.width and int(self.width * self.mlp_ratio) < 1:  # the MLP's hidden size
+        # The MLP's hidden size (a null mlp_ratio is a checkpoint's, checked when it is read).
+        if self.width and self.mlp_ratio and int(self.width * self.mlp_ratio) < 1:
             raise ConfigError(
                 f"model.mlp_ratio: {self.mlp_ratio} x model.width {self.width} leaves the MLP "
                 "no hidden unit (need int(width * mlp_ratio) >= 1)"
@@ -102,6 +120,24 @@ class ModelConfig:
         weights), checked like a YAML one. Checkpoints written before `norm_eps` existed
         used 1e-6, its default."""
         return from_dict(cls, dict(saved), prefix="model_config.")
+
+
+# What fine-tuning or evaluating a checkpoint takes from it (the loader ignores a config
+# file's, the job checks the command line's against it): the encoder's shape and the pixel
+# normalisation it was pretrained with.
+CHECKPOINT_KEYS = (
+    *(f"model.{k}" for k in ("variant", *SHAPE_KEYS)),
+    "data.mean",
+    "data.std",
+)
+
+
+def complete_pixel_norm(data: Any) -> None:
+    """`data.mean` / `data.std` left null (a checkpoint's, when one is loaded and stores them)
+    take the default 0.5 each: a new encoder, or a checkpoint that stores none."""
+    for key in ("mean", "std"):
+        if getattr(data, key) is None:
+            setattr(data, key, (0.5, 0.5, 0.5))
 
 
 @dataclass
@@ -203,6 +239,7 @@ class PretrainConfig:
     def validate(self) -> None:
         check_seed(self.seed)
         self.trackers = check_trackers(self.trackers)
+        self.model.complete_new()
         if not self.data.train_shards:
             raise ConfigError("data.train_shards: required (a shard directory, index or pattern)")
         if self.objective.target == "color_4x4" and (self.model.patch_size or 0) < 4:
@@ -232,8 +269,10 @@ class FinetuneDataConfig:
     hflip: bool = True
     augment: Augment = "auto"  # as PretrainDataConfig
     load_size: int = 0  # augment=device: the workers' square size (0: auto), as pretraining
-    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
-    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    # Normalization of [0, 1] pixels. From a checkpoint: the one stored with it (its
+    # pretraining's); a checkpoint that stores none: the value given here (null: 0.5).
+    mean: tuple[float, float, float] | None = (0.5, 0.5, 0.5)
+    std: tuple[float, float, float] | None = (0.5, 0.5, 0.5)
     max_eval: int = 0  # evaluate on the first N images only (0: the whole split)
     # A label budget: train on K images per class of data.train (0: every label), the same
     # class-balanced subset for every init, seed and process count (ssl_vit.data.labelled).
@@ -253,6 +292,8 @@ class InitConfig:
 
     # A pretraining run directory or checkpoint (its newest valid one is used), an
     # encoder.safetensors, timm / transformers weights; `none`: random init (from scratch).
+    # The encoder's shape (model.*, all but image_size) and pixel normalisation (data.mean,
+    # data.std) are then the checkpoint's: a config file's are ignored, given ones must agree.
     checkpoint: str = "none"
     # How position embeddings are resized when model.image_size differs from the checkpoint's.
     pos_interp: Literal["bilinear", "bicubic"] = "bicubic"
@@ -296,10 +337,14 @@ class FinetuneConfig:
     moved_keys: ClassVar = RUN_MOVES
     # The loader merges the recipe's preset under the YAML file and the overrides.
     preset_defaults = staticmethod(recipe_defaults)
+    checkpoint_keys: ClassVar = CHECKPOINT_KEYS  # from init.checkpoint when there is one
 
     def validate(self) -> None:
         check_seed(self.seed)
         self.trackers = check_trackers(self.trackers)
+        if self.init.scratch:  # else null keys are the checkpoint's (the job reads them)
+            self.model.complete_new()
+            complete_pixel_norm(self.data)
         if not self.data.train:
             raise ConfigError("data.train: required (shards, image folder or HF dataset)")
         check_fraction("ema", self.ema, low_open=False)
@@ -321,11 +366,12 @@ class FinetuneConfig:
 
 @dataclass
 class FewshotDataConfig:
-    """The encoder's input normalization (as the pretraining's data.mean / data.std); the
-    labelled sources are fewshot.train and fewshot.eval."""
+    """The encoder's input normalization (from a checkpoint: the data.mean / data.std stored
+    with it, its pretraining's; a checkpoint that stores none: the value given here, null: 0.5);
+    the labelled sources are fewshot.train and fewshot.eval."""
 
-    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
-    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    mean: tuple[float, float, float] | None = (0.5, 0.5, 0.5)
+    std: tuple[float, float, float] | None = (0.5, 0.5, 0.5)
 
     def validate(self) -> None:
         check_pixels_norm("data.", self.std)
@@ -348,10 +394,14 @@ class FewshotConfig:
     timeouts: DataTimeoutConfig = field(default_factory=DataTimeoutConfig)
 
     moved_keys: ClassVar = FEWSHOT_JOB_MOVES
+    checkpoint_keys: ClassVar = CHECKPOINT_KEYS  # from init.checkpoint (--checkpoint)
 
     def validate(self) -> None:
         check_seed(self.seed)
         self.trackers = check_trackers(self.trackers)
+        if self.init.scratch:  # --checkpoint random; else null keys are the checkpoint's
+            self.model.complete_new()
+            complete_pixel_norm(self.data)
         if not self.fewshot.train or not self.fewshot.eval:
             raise ConfigError(
                 "fewshot.train and fewshot.eval: both required for few-shot evaluation"

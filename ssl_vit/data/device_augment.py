@@ -146,8 +146,12 @@ class DeviceAugment:
         return {"generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        if state is not None:
-            self.generator.set_state(state["generator"])
+        """The saved generator state, when it is one for this generator's device type: in
+        training it is reseeded per micro-batch from (seed, index) anyway, so a run resumed
+        on another device type (a GPU run on the CPU) needs none."""
+        saved = None if state is None else state.get("generator")
+        if saved is not None and saved.numel() == self.generator.get_state().numel():
+            self.generator.set_state(saved)
 
 
 def _fallback_box(height: int, width: int, ratio: Sequence[float]) -> tuple[float, float]:

@@ -101,6 +101,10 @@ class ImageSource(ABC):
         """Where sample `index` comes from, for log messages."""
         return f"sample {index}"
 
+    def name(self, record: Record) -> str:
+        """What a person calls the sample (predictions' `key`): its key; a folder's file path."""
+        return record.key
+
     def _check_indices(self, indices: Iterable[int] | None) -> np.ndarray | None:
         if indices is None:
             return None
@@ -178,6 +182,9 @@ class FolderSource(ImageSource):
 
     def describe(self, index: int) -> str:
         return str(self.root / self.files[index])
+
+    def name(self, record: Record) -> str:
+        return self.files[record.index]  # the path relative to the folder
 
     def __getitem__(self, index: int) -> Record:
         path = self.root / self.files[self._check_index(index)]

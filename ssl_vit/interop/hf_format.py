@@ -6,6 +6,9 @@ stored as separate query / key / value matrices, and the LayerNorm epsilon is a 
 (1e-12 in Google's checkpoints; ours is 1e-6), carried in our config as `norm_eps`.
 ViTModel's pooler (dense + tanh on the [class] token) has no counterpart: it is not written,
 load with `add_pooling_layer=False` (or get a randomly initialized pooler with a warning).
+A fine-tuned classifier with [class]-token pooling is `ViTForImageClassification` (its
+`classifier` reads the [class] token after the final LayerNorm, as ours does); one pooling
+the mean of patch tokens has no transformers equivalent.
 """
 
 from __future__ import annotations
@@ -24,7 +27,16 @@ from ssl_vit.interop.keymap import (
     rename,
 )
 
-__all__ = ["HF_HEAD_PREFIXES", "HF_KEYS", "from_hf", "hf_config", "hf_preprocessor", "to_hf"]
+__all__ = [
+    "HF_CLASSIFIER_PREFIX",
+    "HF_HEAD_PREFIXES",
+    "HF_KEYS",
+    "from_hf",
+    "hf_classifier_config",
+    "hf_config",
+    "hf_preprocessor",
+    "to_hf",
+]
 
 _L = "encoder.layer.{i}."
 # Our side uses `attn.q/k/v` for the three thirds of the fused `attn.qkv`.
@@ -57,6 +69,8 @@ _V5_KEYS: Table = [
 _QKV = re.compile(r"^(?P<head>blocks\.\d+)\.attn\.(?P<part>[qkv])\.(?P<tail>weight|bias)$")
 # Not part of the encoder: ViTModel's pooler, ViTForImageClassification's classifier.
 HF_HEAD_PREFIXES = ("pooler.", "classifier.")
+# ViTForImageClassification holds the ViTModel (without pooler) as `vit`.
+HF_CLASSIFIER_PREFIX = "vit."
 
 
 def hf_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -86,15 +100,42 @@ def hf_config(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def hf_preprocessor(cfg: dict[str, Any], mean, std) -> dict[str, Any]:
-    """preprocessor_config.json for ViTImageProcessor: the pretraining resolution, [0, 1]
-    scaling and normalization. (It resizes to a square without cropping; ssl-vit's eval
-    transform center-crops non-square images: the same for square inputs.)"""
-    size = cfg["image_size"]
+def hf_classifier_config(cfg: dict[str, Any], label_names: tuple[str, ...]) -> dict[str, Any]:
+    """config.json for transformers.ViTForImageClassification: one class per name, in label
+    order (id2label / label2id)."""
     return {
+        **hf_config(cfg),
+        "architectures": ["ViTForImageClassification"],
+        "id2label": {str(i): name for i, name in enumerate(label_names)},
+        "label2id": {name: i for i, name in enumerate(label_names)},
+        "problem_type": "single_label_classification",
+    }
+
+
+def hf_preprocessor(cfg: dict[str, Any], mean, std, crop: bool = False) -> dict[str, Any]:
+    """preprocessor_config.json: the model's resolution, [0, 1] scaling and normalization.
+
+    Without `crop`, ViTImageProcessor: it resizes to a square without cropping (ssl-vit's eval
+    transform center-crops non-square images: the same for square inputs). With `crop`, ssl-vit's
+    eval transform itself: BitImageProcessor resizes the shorter side to S (bilinear,
+    antialiased) and takes the central S x S, as `ssl_vit.data.images.eval_transform`."""
+    size = cfg["image_size"]
+    resize = {
         "image_processor_type": "ViTImageProcessor",
         "do_resize": True,
         "size": {"height": size, "width": size},
+    }
+    if crop:
+        resize = {
+            "image_processor_type": "BitImageProcessor",
+            "do_resize": True,
+            "size": {"shortest_edge": size},
+            "do_center_crop": True,
+            "crop_size": {"height": size, "width": size},
+            "do_convert_rgb": True,
+        }
+    return {
+        **resize,
         "resample": 2,  # PIL bilinear, as ssl-vit's eval transform
         "do_rescale": True,
         "rescale_factor": 1 / 255,
@@ -104,8 +145,14 @@ def hf_preprocessor(cfg: dict[str, Any], mean, std) -> dict[str, Any]:
     }
 
 
-def to_hf(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """Our encoder state dict -> ViTModel state dict (legacy key names, no pooler)."""
+def to_hf(
+    state: dict[str, torch.Tensor],
+    cfg: dict[str, Any],
+    head: dict[str, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Our encoder state dict -> ViTModel state dict (legacy key names, no pooler); with a
+    classifier's `head` {weight [K, D], bias [K]}, ViTForImageClassification's (`vit.*` and
+    `classifier.*`)."""
     check_model_config(cfg, "transformers")
     split = {}
     for key, value in state.items():
@@ -117,6 +164,9 @@ def to_hf(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> dict[str, torc
     out, unmatched = rename(split, HF_KEYS)
     if unmatched:
         raise InteropError(f"weights with no transformers equivalent: {unmatched}")
+    if head is not None:
+        out = {HF_CLASSIFIER_PREFIX + k: v for k, v in out.items()}
+        out.update({f"classifier.{k}": v for k, v in head.items()})
     return out
 
 
@@ -158,7 +208,7 @@ def from_hf(
     state, model config, dropped head keys). Raises InteropError listing missing and
     unexpected keys (anything but the pooler / classifier)."""
     cfg = _model_config(hf, source)
-    state = {k.removeprefix("vit."): v for k, v in state.items()}
+    state = {k.removeprefix(HF_CLASSIFIER_PREFIX): v for k, v in state.items()}
     dropped = sorted(k for k in state if k.startswith(HF_HEAD_PREFIXES))
     state = {k: v for k, v in state.items() if not k.startswith(HF_HEAD_PREFIXES)}
     legacy, rest = rename(state, _V5_KEYS, reverse=True)

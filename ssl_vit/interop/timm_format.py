@@ -2,7 +2,8 @@
 
 Our encoder is timm's default ViT (class token, position embeddings including the class
 token, pre-LN blocks with a fused qkv, exact GELU, LayerNorm eps 1e-6, final norm), so the
-weights map one to one; only a few module names differ.
+weights map one to one; only a few module names differ. A fine-tuned classifier's head is
+timm's `head` as it is; its pooling maps to `global_pool` (see `timm_model_args`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ssl_vit.interop.keymap import (
 
 __all__ = [
     "TIMM_HEAD_KEYS",
+    "TIMM_POOLS",
     "TIMM_KEYS",
     "from_timm",
     "timm_architecture",
@@ -44,6 +46,8 @@ TIMM_KEYS: Table = [
 ]
 # A classifier is not part of the encoder: dropped on import (and never written on export).
 TIMM_HEAD_KEYS = ("head.weight", "head.bias")
+# Our classifier's pooling -> timm's global_pool.
+TIMM_POOLS = {"cls": "token", "gap": "avg"}
 # timm builds LayerNorm(eps=1e-6) and has no config argument for another epsilon.
 TIMM_NORM_EPS = 1e-6
 _FAMILIES = {
@@ -71,9 +75,10 @@ def timm_architecture(cfg: dict[str, Any]) -> str:
     return "vit_base_patch16_224"
 
 
-def timm_model_args(cfg: dict[str, Any]) -> dict[str, Any]:
-    """VisionTransformer keyword arguments of our encoder (no classifier: num_classes=0)."""
-    return dict(
+def timm_model_args(cfg: dict[str, Any], num_classes: int = 0, pool: str = "cls") -> dict[str, Any]:
+    """VisionTransformer keyword arguments of our encoder, with a `num_classes`-way head on
+    the `pool` representation (0: no classifier)."""
+    args = dict(
         img_size=cfg["image_size"],
         patch_size=cfg["patch_size"],
         embed_dim=cfg["width"],
@@ -82,39 +87,59 @@ def timm_model_args(cfg: dict[str, Any]) -> dict[str, Any]:
         mlp_ratio=cfg["mlp_ratio"],
         qkv_bias=True,
         class_token=True,
-        global_pool="token",
-        num_classes=0,
+        global_pool=TIMM_POOLS[pool],
+        num_classes=num_classes,
     )
+    if pool == "gap":
+        # Ours applies the final norm to every token, then averages the patch tokens; timm's
+        # 'avg' default (fc_norm=None) would drop that norm and normalize after pooling.
+        args["fc_norm"] = False
+    return args
 
 
-def timm_config(cfg: dict[str, Any], mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)) -> dict[str, Any]:
-    """config.json in timm's hub format, read by create_model('local-dir:DIR')."""
-    size = cfg["image_size"]
+def timm_config(
+    cfg: dict[str, Any],
+    mean=(0.5, 0.5, 0.5),
+    std=(0.5, 0.5, 0.5),
+    label_names: tuple[str, ...] = (),
+    pool: str = "cls",
+) -> dict[str, Any]:
+    """config.json in timm's hub format, read by create_model('local-dir:DIR'): the encoder,
+    or with `label_names` a classifier (one class per name, in label order) on `pool`."""
+    size, num_classes = cfg["image_size"], len(label_names)
+    pretrained_cfg = {
+        "tag": "ssl_vit",
+        "input_size": [3, size, size],
+        "fixed_input_size": True,
+        # ssl-vit's eval transform: bilinear resize of the shorter side, center crop.
+        "interpolation": "bilinear",
+        "crop_pct": 1.0,
+        "crop_mode": "center",
+        "mean": list(mean),
+        "std": list(std),
+        "num_classes": num_classes,
+        "first_conv": "patch_embed.proj",
+        "classifier": "head",
+    }
+    if label_names:
+        pretrained_cfg["label_names"] = list(label_names)
     return {
         "architecture": timm_architecture(cfg),
-        "num_classes": 0,
+        "num_classes": num_classes,
         "num_features": cfg["width"],
-        "global_pool": "token",
-        "model_args": timm_model_args(cfg),
-        "pretrained_cfg": {
-            "tag": "ssl_vit",
-            "input_size": [3, size, size],
-            "fixed_input_size": True,
-            # ssl-vit's eval transform: bilinear resize of the shorter side, center crop.
-            "interpolation": "bilinear",
-            "crop_pct": 1.0,
-            "crop_mode": "center",
-            "mean": list(mean),
-            "std": list(std),
-            "num_classes": 0,
-            "first_conv": "patch_embed.proj",
-            "classifier": "head",
-        },
+        "global_pool": TIMM_POOLS[pool],
+        "model_args": timm_model_args(cfg, num_classes, pool),
+        "pretrained_cfg": pretrained_cfg,
     }
 
 
-def to_timm(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """Our encoder state dict -> timm VisionTransformer(num_classes=0) state dict."""
+def to_timm(
+    state: dict[str, torch.Tensor],
+    cfg: dict[str, Any],
+    head: dict[str, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Our encoder state dict -> timm VisionTransformer(num_classes=0) state dict; with a
+    classifier's `head` {weight [K, D], bias [K]}, VisionTransformer(num_classes=K)'s."""
     check_model_config(cfg, "timm")
     if not math.isclose(cfg.get("norm_eps", 1e-6), TIMM_NORM_EPS, rel_tol=1e-9):
         raise InteropError(
@@ -124,6 +149,8 @@ def to_timm(state: dict[str, torch.Tensor], cfg: dict[str, Any]) -> dict[str, to
     out, unmatched = rename(state, TIMM_KEYS)
     if unmatched:
         raise InteropError(f"weights with no timm equivalent: {unmatched}")
+    if head is not None:
+        out.update({f"head.{k}": v for k, v in head.items()})
     return out
 
 

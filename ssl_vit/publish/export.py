@@ -1,7 +1,8 @@
 """`ssl-vit export` / `ssl-vit import`: checkpoint <-> timm or transformers directory.
 
 An export directory holds `model.safetensors` (the encoder in the target's names, pretraining
-resolution and position embeddings included), `config.json` (timm's hub format, with the
+resolution and position embeddings included; a fine-tuned classifier's is
+`ssl_vit.publish.export_classifier`), `config.json` (timm's hub format, with the
 preprocessing in its pretrained_cfg, or a transformers ViTConfig plus
 `preprocessor_config.json`) and a `README.md` model card. The masked-prediction head has no place
 in either library; `keep_head` writes it next to them in our own names
@@ -19,6 +20,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ssl_vit.atomic import staged_dir, writing
 from ssl_vit.config.schema import ModelConfig
 from ssl_vit.interop import hf_config, hf_preprocessor, timm_config, to_hf, to_timm
@@ -28,12 +31,20 @@ from ssl_vit.train.checkpoint import (
     load_any_encoder,
     load_encoder,
     load_head,
+    read_pixel_norm,
     save_encoder,
     save_weights,
 )
 from ssl_vit.train.rundir import check_not_source, occupant
 
-__all__ = ["HEAD_FILE", "check_output", "export_checkpoint", "import_weights"]
+__all__ = [
+    "HEAD_FILE",
+    "check_output",
+    "check_target",
+    "export_checkpoint",
+    "import_weights",
+    "write_export",
+]
 
 log = logging.getLogger(__name__)
 HEAD_FILE = "masked_patch_head.safetensors"
@@ -53,30 +64,22 @@ def export_checkpoint(
 
     Raises InteropError (a ValueError) naming what does not map. Returns a summary."""
     checkpoint, out = Path(checkpoint), Path(outdir)
-    if to not in TARGETS:
-        raise ValueError(f"--to must be one of {TARGETS}, got {to!r}")
+    check_target(to)
     check_output(out, {"checkpoint": str(checkpoint)}, overwrite)
     state, model_cfg = load_encoder(checkpoint)
-    run = run_config(checkpoint)
-    mean = tuple(run.get("data", {}).get("mean", (0.5, 0.5, 0.5)))
-    std = tuple(run.get("data", {}).get("std", (0.5, 0.5, 0.5)))
+    mean, std = _pixel_norm(checkpoint)
+    processor = None
     if to == "timm":
         weights, config = to_timm(state, model_cfg), timm_config(model_cfg, mean, std)
     else:
         weights, config = to_hf(state, model_cfg), hf_config(model_cfg)
-    head = load_head(checkpoint) if keep_head else None
+        processor = hf_preprocessor(model_cfg, mean, std)
+    extra = {}
+    if keep_head:
+        extra[HEAD_FILE] = (load_head(checkpoint), {"model_config": json.dumps(model_cfg)})
     n_params = sum(v.numel() for v in weights.values())
     card = model_card(checkpoint, to, out, model_cfg, config, n_params)
-    with staged_dir(out) as tmp, writing(out):
-        # "format": "pt" is what transformers checks in the safetensors header.
-        save_weights(weights, tmp / "model.safetensors", {"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        if to == "hf":
-            processor = hf_preprocessor(model_cfg, mean, std)
-            (tmp / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
-        if head is not None:
-            save_weights(head, tmp / HEAD_FILE, {"model_config": json.dumps(model_cfg)})
-        (tmp / "README.md").write_text(card)
+    write_export(out, weights, config, card, processor, extra)
     log.info(
         "exported %s (%d tensors, %d parameters) to %s", checkpoint, len(weights), n_params, out
     )
@@ -87,6 +90,47 @@ def export_checkpoint(
         "parameters": n_params,
         "model_config": model_cfg,
     }
+
+
+def check_target(to: str) -> None:
+    if to not in TARGETS:
+        raise ValueError(f"--to must be one of {TARGETS}, got {to!r}")
+
+
+def write_export(
+    out: Path,
+    weights: dict[str, torch.Tensor],
+    config: dict[str, Any],
+    card: str,
+    processor: dict[str, Any] | None = None,
+    extra: dict[str, tuple[dict[str, torch.Tensor], dict[str, str]]] | None = None,
+) -> None:
+    """An export directory, staged beside `out` and renamed into place: model.safetensors,
+    config.json, preprocessor_config.json (transformers), `extra` {file name: (tensors,
+    metadata)} and the README.md model card."""
+    with staged_dir(out) as tmp, writing(out):
+        # "format": "pt" is what transformers checks in the safetensors header.
+        save_weights(weights, tmp / "model.safetensors", {"format": "pt"})
+        _write_json(tmp / "config.json", config)
+        if processor is not None:
+            _write_json(tmp / "preprocessor_config.json", processor)
+        for name, (tensors, metadata) in (extra or {}).items():
+            save_weights(tensors, tmp / name, metadata)
+        (tmp / "README.md").write_text(card)
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n")
+
+
+def _pixel_norm(checkpoint: Path) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The encoder's pixel mean and std: stored with it, else its run's config.yaml, else 0.5
+    (checkpoints written before the encoder carried them)."""
+    stored = read_pixel_norm(checkpoint)
+    if stored is not None:
+        return stored.mean, stored.std
+    data = run_config(checkpoint).get("data", {})
+    return tuple(data.get("mean") or (0.5,) * 3), tuple(data.get("std") or (0.5,) * 3)
 
 
 def check_output(out: Path, sources: dict[str, str], overwrite: bool) -> None:

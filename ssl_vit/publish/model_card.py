@@ -1,9 +1,12 @@
 """The README.md model card written with each export.
 
-Facts come from the checkpoint (model config, step) and its run directory when the checkpoint
-sits in one (`RUN/checkpoints/step_N`): `config.yaml` (data, objective, optimization),
+An encoder's facts come from the checkpoint (model config, step) and its run directory when the
+checkpoint sits in one (`RUN/checkpoints/step_N`): `config.yaml` (data, objective, optimization),
 `results.json` (final pretraining figures, few-shot), and the `results.json` of sibling runs
 (`RUN/../*/`) whose `init` / `checkpoint` names this checkpoint (fine-tuning, few-shot jobs).
+A fine-tuned classifier's (`classifier_card`) come from its file (classes, resolution, pooling,
+preprocessing) and its fine-tuning run directory: `config.yaml` and `results.json` (label
+budget, top-1).
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ssl_vit.report.runs import fewshot_pool, read_config, read_results, run_dir_of, step_of
+from ssl_vit.train.classifier_file import ClassifierSpec
 
-__all__ = ["model_card", "run_config"]
+__all__ = ["classifier_card", "model_card", "run_config"]
 
 
 def run_config(checkpoint: Path) -> dict[str, Any]:
@@ -115,14 +119,22 @@ def _table(rows: list[tuple[str, str]]) -> str:
     return "| | |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
 
 
-def _architecture(cfg: dict[str, Any], data: dict[str, Any], params: int) -> str:
+def _architecture(
+    cfg: dict[str, Any],
+    data: dict[str, Any],
+    params: int,
+    stage: str = "pretraining",
+    resize: str = "",
+) -> str:
+    """The architecture table; `resize`: how an image of any size becomes the input, if it
+    does (a classifier's eval transform)."""
     grid = cfg["image_size"] // cfg["patch_size"]
     mean, std = list(data.get("mean", (0.5,) * 3)), list(data.get("std", (0.5,) * 3))
     return _table(
         [
             (
                 "input",
-                f"{cfg['image_size']} x {cfg['image_size']} px RGB in [0, 1], then "
+                f"{resize}{cfg['image_size']} x {cfg['image_size']} px RGB in [0, 1], then "
                 f"(x - mean) / std with mean {mean}, std {std}",
             ),
             (
@@ -139,7 +151,7 @@ def _architecture(cfg: dict[str, Any], data: dict[str, Any], params: int) -> str
             (
                 "tokens",
                 f"[class] + {grid * grid} patch tokens, learned 1D position embeddings "
-                f"({grid} x {grid} pretraining grid)",
+                f"({grid} x {grid} {stage} grid)",
             ),
             ("parameters", f"{params:,} ({params / 1e6:.2f} M)"),
         ]
@@ -229,4 +241,123 @@ linear layer predicting each corrupted patch's 3-bit mean colour) is not include
 
 {_how_to_load(to, out, cfg, config)}
 Made with `ssl-vit export {checkpoint} --to {to} {out}`.
+"""
+
+
+# --- A fine-tuned classifier (`ssl_vit.publish.export_classifier`) ---------------------------
+
+_SHOWN_CLASSES = 100  # class names listed in the card (all of them are in config.json)
+_POOLS = {"cls": "the [class] token output", "gap": "the mean of the patch token outputs"}
+
+
+def _classes(names: tuple[str, ...]) -> str:
+    shown = ", ".join(f"`{n}`" for n in names[:_SHOWN_CLASSES])
+    more = len(names) - _SHOWN_CLASSES
+    return shown + (f", ... ({more} more, all in config.json)" if more > 0 else "")
+
+
+def _finetuning(rc: dict[str, Any], res: dict[str, Any], spec: ClassifierSpec) -> str:
+    """The fine-tuning table: the classifier's shape, and the run's settings from its
+    config.yaml and results.json (`rc`, `res`; rows left out when the file is absent)."""
+    grid = spec.image_size // spec.model_config["patch_size"]
+    rows = [
+        ("resolution", f"{spec.image_size} px ({grid} x {grid} patches)"),
+        ("head", f"linear, {spec.num_classes} classes, on {_POOLS[spec.pool]}"),
+    ]
+    if res:
+        per_class, labelled = res.get("labels_per_class"), res.get("num_labelled")
+        count = f"{labelled:,} labelled images" if isinstance(labelled, int) else "n/a"
+        rows.append(
+            ("label budget", f"{per_class} per class ({count})" if per_class else f"all ({count})")
+        )
+    if rc:
+        init = rc.get("init", {}).get("checkpoint")
+        tc, ema = rc.get("train", {}), rc.get("ema") or 0.0
+        rows += [
+            ("initialized from", "random" if init in (None, "", "none") else f"`{init}`"),
+            ("data", f"`{rc.get('data', {}).get('train', 'n/a')}`"),
+            ("steps", f"{tc.get('steps', 'n/a')} at batch {tc.get('batch_size', 'n/a')}"),
+            ("weight averaging", f"EMA {ema}: the averaged weights are exported" if ema else "no"),
+        ]
+    else:
+        rows.append(("run", "no fine-tuning run directory next to the classifier: not recorded"))
+    return _table(rows)
+
+
+def _classifier_results(rc: dict[str, Any], res: dict[str, Any]) -> str:
+    if res.get("top1") is None:
+        return "No top-1 recorded (no results.json next to the classifier, or no eval split).\n"
+    source = f"`{rc.get('data', {}).get('eval', 'n/a')}`"
+    if res.get("top1_ema") is not None:  # model.safetensors holds the averaged weights
+        return (
+            f"Top-1 {_pct(res['top1_ema'])} on {source} (the averaged weights exported here; "
+            f"the raw weights: {_pct(res['top1'])}), after {res.get('step')} steps.\n"
+        )
+    return f"Top-1 {_pct(res['top1'])} on {source}, after {res.get('step')} steps.\n"
+
+
+def _how_to_classify(to: str, out: Path) -> str:
+    if to == "timm":
+        return f"""```python
+import timm
+from PIL import Image
+
+model = timm.create_model("local-dir:{out}", pretrained=True).eval()
+transform = timm.data.create_transform(**timm.data.resolve_data_config({{}}, model=model))
+logits = model(transform(Image.open("image.jpg").convert("RGB")).unsqueeze(0))
+label = model.pretrained_cfg["label_names"][logits.argmax(-1).item()]
+```
+"""
+    return f"""```python
+from transformers import pipeline
+
+classify = pipeline("image-classification", model="{out}")
+classify("image.jpg")  # [{{"label": ..., "score": ...}}, ...], the top 5
+# or: AutoImageProcessor.from_pretrained("{out}") and
+#     ViTForImageClassification.from_pretrained("{out}"); model.config.id2label
+```
+
+`preprocessor_config.json` is a `BitImageProcessor`: shorter side resized, then the central
+square, as in fine-tuning's evaluation (transformers rounds the crop offset down where
+torchvision rounds half to even: some image sizes are cropped one pixel apart).
+"""
+
+
+def classifier_card(file: Path, to: str, out: Path, spec: ClassifierSpec, params: int) -> str:
+    """Markdown model card for an export of the fine-tuned classifier `file` (a fine-tuning
+    run's model.safetensors, facts from the run's config.yaml and results.json) to `out`."""
+    run = file.parent
+    rc, res = read_config(run), read_results(run)
+    cfg, size = spec.model_config, spec.image_size
+    library = "timm" if to == "timm" else "transformers"
+    resize = f"any image: shorter side resized to {size} px (bilinear, antialiased), central "
+    return f"""---
+library_name: {library}
+pipeline_tag: image-classification
+tags: [vision-transformer, image-classification, ssl-vit]
+---
+
+# {run.name}: ViT classifier, {spec.num_classes} classes ({size} px, width {cfg["width"]}, \
+depth {cfg["depth"]}, patch {cfg["patch_size"]})
+
+A Vision Transformer fine-tuned with ssl-vit as a {spec.num_classes}-way image classifier (a
+linear head on {_POOLS[spec.pool]}), exported from `{file}` for {library}: encoder and head.
+
+## Classes
+
+In label order (output index 0, 1, ...): {_classes(spec.label_names)}
+
+## Architecture
+
+{_architecture(cfg, {"mean": spec.mean, "std": spec.std}, params, "fine-tuning", resize)}
+## Fine-tuning
+
+{_finetuning(rc, res, spec)}
+## Results
+
+{_classifier_results(rc, res)}
+## How to load
+
+{_how_to_classify(to, out)}
+Made with `ssl-vit export {file} --to {to} {out}`.
 """

@@ -1,9 +1,11 @@
 """`ssl-vit report`: run directories -> report.html + report.md.
 
 Sections: the runs, a summary table (one row per pretraining run, plus random init /
-scratch), pretraining curves, few-shot accuracy vs shots, fine-tuning curves, fine-tune
-accuracy vs labels per class (only when a fine-tune had a label budget), and what the model
-learned (paper Figure 7). A section with nothing to show says so.
+scratch), pretraining curves, few-shot accuracy vs shots, fine-tuning curves and final top-1
+by encoder and label budget, fine-tune accuracy vs labels per class (only when a fine-tune had
+a label budget), per-class accuracy and confusion matrices (fine-tunes and predict output
+directories that have them), and what the model learned (paper Figure 7). A section with
+nothing to show says so; a report of predict directories only has their section and the runs.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import time
 from pathlib import Path
 
+from ssl_vit.report.render import Chart, Section, png_bytes
 from ssl_vit.report.runs import Run, fewshot_pool, fewshot_table, link_runs, load_runs
 
 __all__ = ["build_report"]
@@ -19,41 +22,34 @@ __all__ = ["build_report"]
 log = logging.getLogger(__name__)
 
 
-def curve_sections(runs: list[Run], groups: dict):
+def pretrain_section(runs: list[Run]) -> Section:
     from ssl_vit.report import figures
-    from ssl_vit.report.render import Chart, Section, png_bytes
-    from ssl_vit.report.tables import origin
 
     pre = [r for r in runs if r.kind == "pretrain"]
     s_pre = Section("Pretraining")
     if fig := figures.pretrain_curves(pre):
-        s_pre.charts.append(
-            Chart(
-                "pretrain_curves",
-                png_bytes(fig),
-                "Loss and colour accuracy on the corrupted patches.",
-            )
-        )
+        caption = "Loss and colour accuracy on the corrupted patches."
+        s_pre.charts.append(Chart("pretrain_curves", png_bytes(fig), caption))
     else:
         s_pre.notes.append("No pretraining metrics in the runs given.")
     if fig := figures.fewshot_over_steps(pre):
-        s_pre.charts.append(
-            Chart(
-                "fewshot_over_steps", png_bytes(fig), "Few-shot accuracy logged during pretraining."
-            )
-        )
+        caption = "Few-shot accuracy logged during pretraining."
+        s_pre.charts.append(Chart("fewshot_over_steps", png_bytes(fig), caption))
     elif pre:
         s_pre.notes.append("No few-shot evaluation was logged during pretraining.")
+    return s_pre
+
+
+def _shots_curves(runs: list[Run], groups: dict) -> list[tuple[str, dict]]:
+    """(label, few-shot table) of the few-shot runs and of the few-shot evaluations logged in
+    pretraining whose final checkpoint has no few-shot run of its own."""
+    from ssl_vit.report.tables import origin
 
     curves = []
     for r in runs:
         if r.kind == "fewshot" and r.finished:
-            curves.append(
-                (
-                    f"{r.name} ({origin(r, groups)}, {fewshot_pool(r.config)})",
-                    fewshot_table(r.results),
-                )
-            )
+            label = f"{r.name} ({origin(r, groups)}, {fewshot_pool(r.config)})"
+            curves.append((label, fewshot_table(r.results)))
         elif (
             r.kind == "pretrain"
             and r.results.get("fewshot")
@@ -62,19 +58,19 @@ def curve_sections(runs: list[Run], groups: dict):
                 for m, step in groups.get(r.name, [])
             )
         ):  # the final checkpoint's own few-shot runs replace the one logged in pretraining
-            curves.append(
-                (
-                    f"{r.name} @ step {r.results.get('step')} (during pretraining)",
-                    fewshot_table(r.results["fewshot"]),
-                )
-            )
+            label = f"{r.name} @ step {r.results.get('step')} (during pretraining)"
+            curves.append((label, fewshot_table(r.results["fewshot"])))
+    return curves
+
+
+def fewshot_section(runs: list[Run], groups: dict) -> Section:
+    from ssl_vit.report import figures
+    from ssl_vit.report.tables import origin
+
     s_few = Section("Few-shot")
-    if fig := figures.fewshot_vs_shots(curves):
-        s_few.charts.append(
-            Chart(
-                "fewshot_vs_shots", png_bytes(fig), "One line per encoder; band: ±1 std over seeds."
-            )
-        )
+    if fig := figures.fewshot_vs_shots(_shots_curves(runs, groups)):
+        caption = "One line per encoder; band: ±1 std over seeds."
+        s_few.charts.append(Chart("fewshot_vs_shots", png_bytes(fig), caption))
     else:
         s_few.notes.append("No few-shot results in the runs given.")
     layer_curves = [
@@ -86,26 +82,26 @@ def curve_sections(runs: list[Run], groups: dict):
         if r.kind == "fewshot" and r.finished and r.results.get("layers")
     ]
     if fig := figures.fewshot_vs_layer(layer_curves):
-        s_few.charts.append(
-            Chart(
-                "fewshot_vs_layer",
-                png_bytes(fig),
-                "Few-shot accuracy of each block's output (few-shot runs with `layers=all`).",
-            )
-        )
+        caption = "Few-shot accuracy of each block's output (few-shot runs with `layers=all`)."
+        s_few.charts.append(Chart("fewshot_vs_layer", png_bytes(fig), caption))
+    return s_few
 
-    s_ft = Section("Fine-tuning")
-    if fig := figures.finetune_curves([r for r in runs if r.kind == "finetune"]):
-        s_ft.charts.append(
-            Chart(
-                "finetune_curves",
-                png_bytes(fig),
-                "Training loss and test top-1 (logged at eval steps).",
-            )
-        )
-    else:
-        s_ft.notes.append("No fine-tuning runs given.")
-    return [s_pre, s_few, s_ft]
+
+def _sections(runs: list[Run], num_examples: int, seed: int) -> list[Section]:
+    from ssl_vit.report.classifier_section import classifier_section
+    from ssl_vit.report.finetune_section import budget_section, finetune_section
+    from ssl_vit.report.learned_section import learned_section
+    from ssl_vit.report.tables import runs_section, summary_section
+
+    groups = link_runs(runs)
+    classifier = classifier_section(runs)
+    if all(r.kind == "predict" for r in runs):  # nothing trained: no empty sections
+        return [s for s in (classifier, runs_section(runs, groups)) if s is not None]
+    sections = [summary_section(runs, groups), pretrain_section(runs)]
+    sections += [fewshot_section(runs, groups), finetune_section(runs)]
+    sections += [s for s in (budget_section(runs), classifier) if s is not None]
+    sections.append(learned_section([r for r in runs if r.kind == "pretrain"], num_examples, seed))
+    return [*sections, runs_section(runs, groups)]
 
 
 def build_report(
@@ -113,22 +109,12 @@ def build_report(
 ) -> dict[str, Path]:
     """Write `output/report.html` and `output/report.md` (+ figures/) for the runs in
     `run_dirs`; returns their paths."""
-    from ssl_vit.report.budget import budget_section
-    from ssl_vit.report.learned_section import learned_section
     from ssl_vit.report.render import write_html, write_markdown
-    from ssl_vit.report.tables import runs_section, summary_section
 
     t0 = time.perf_counter()
     runs = load_runs(list(run_dirs))
-    groups = link_runs(runs)
     log.info("report of %d runs: %s", len(runs), ", ".join(f"{r.name} ({r.kind})" for r in runs))
-    sections = [summary_section(runs, groups), *curve_sections(runs, groups)]
-    if (budget := budget_section(runs)) is not None:  # fine-tunes with a label budget only
-        sections.append(budget)
-    sections += [
-        learned_section([r for r in runs if r.kind == "pretrain"], num_examples, seed),
-        runs_section(runs, groups),
-    ]
+    sections = _sections(runs, num_examples, seed)
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     title = "ssl-vit report"

@@ -1,5 +1,5 @@
 """Training-curve figures of the report: pretraining loss / colour accuracy, few-shot accuracy
-over pretraining steps and versus shots, fine-tuning curves, fine-tune accuracy vs labels.
+over pretraining steps, versus shots and versus layer (fine-tuning's: finetune_figures.py).
 
 Each function returns a matplotlib Figure (Agg canvas, no pyplot global state), or None when
 the runs hold nothing to draw. matplotlib is imported here only: the core library never needs it.
@@ -21,8 +21,8 @@ __all__ = [
     "fewshot_over_steps",
     "fewshot_vs_shots",
     "fewshot_vs_layer",
-    "finetune_curves",
-    "accuracy_vs_labels",
+    "finish_log_x",
+    "series",
 ]
 
 
@@ -33,22 +33,23 @@ def new_figure(width: float, height: float, **subplots: Any) -> tuple[Figure, An
     return fig, fig.subplots(**subplots)
 
 
-def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
+def series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of the metrics rows that logged `key`."""
     pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None and "step" in r]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
 def pretrain_curves(runs: list[Run]) -> Figure | None:
     """Loss and colour accuracy of the corrupted patches vs step, one line per run."""
-    runs = [r for r in runs if _series(r.rows, "loss")[0]]
+    runs = [r for r in runs if series(r.rows, "loss")[0]]
     if not runs:
         return None
     fig, (ax_loss, ax_acc) = new_figure(10, 3.6, ncols=2)
     for i, run in enumerate(runs):
         color = f"C{i}"
-        ax_loss.plot(*_series(run.rows, "loss"), color=color, label=run.name)
-        ax_acc.plot(*_series(run.rows, "color_acc"), color=color, label=run.name)
-        steps, majority = _series(run.rows, "color_acc_majority")
+        ax_loss.plot(*series(run.rows, "loss"), color=color, label=run.name)
+        ax_acc.plot(*series(run.rows, "color_acc"), color=color, label=run.name)
+        steps, majority = series(run.rows, "color_acc_majority")
         ax_acc.plot(steps, majority, color=color, ls=":", lw=1)
     ax_loss.set(xlabel="pretraining step", ylabel="loss", title="Pretraining loss")
     ax_acc.set(
@@ -91,7 +92,7 @@ def fewshot_over_steps(runs: list[Run]) -> Figure | None:
     fig, axes = new_figure(3.2 * len(keys), 3.2, ncols=len(keys), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
         for i, run in enumerate(runs):
-            steps, acc = _series(run.rows, key)
+            steps, acc = series(run.rows, key)
             ax.plot(steps, [100 * a for a in acc], "o-", color=f"C{i}", label=run.name)
         title = "k-NN top-1" if key == KNN_KEY else key.split("/", 1)[1]
         ax.set(xlabel="pretraining step", ylabel="accuracy (%)", title=title)
@@ -130,7 +131,7 @@ def fewshot_vs_shots(curves: list[tuple[str, dict[int, dict]]]) -> Figure | None
             seeds = e.get("per_seed") or []
             ax.plot([x_of(k)] * len(seeds), [100 * a for a in seeds], ".", color=f"C{i}", alpha=0.5)
     all_shots = sorted({k for _, t in curves for k in t}, key=shot_order)
-    _finish_log_x(
+    finish_log_x(
         ax,
         {x_of(k): str(k) for k in all_shots},
         xlabel="examples per class",
@@ -140,7 +141,7 @@ def fewshot_vs_shots(curves: list[tuple[str, dict[int, dict]]]) -> Figure | None
     return fig
 
 
-def _finish_log_x(ax, ticks: dict[float, str], **labels: str) -> None:
+def finish_log_x(ax, ticks: dict[float, str], **labels: str) -> None:
     """A log x axis with exactly `ticks` ({x: label}), axis labels and title, grid, legend."""
     ax.set_xscale("log")
     ax.set_xticks(list(ticks), list(ticks.values()))
@@ -148,35 +149,6 @@ def _finish_log_x(ax, ticks: dict[float, str], **labels: str) -> None:
     ax.set(**labels)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-
-
-def finetune_curves(runs: list[Run]) -> Figure | None:
-    """Fine-tuning training loss and test top-1 vs step, one line per run."""
-    runs = [r for r in runs if _series(r.rows, "loss")[0]]
-    if not runs:
-        return None
-    fig, (ax_loss, ax_top1) = new_figure(10, 3.6, ncols=2)
-    # Evaluated only at the end: a bar per run reads better than lone points.
-    final_only = all(len(_series(r.rows, "top1")[0]) <= 1 for r in runs)
-    for i, run in enumerate(runs):
-        ax_loss.plot(*_series(run.rows, "loss"), color=f"C{i}", label=run.name)
-        steps, top1 = _series(run.rows, "top1")
-        if final_only and top1:
-            bar = ax_top1.bar(i, 100 * top1[-1], color=f"C{i}")
-            ax_top1.bar_label(bar, fmt="%.1f", fontsize=8)
-        elif top1:
-            ax_top1.plot(steps, [100 * a for a in top1], "o-", color=f"C{i}", label=run.name)
-    ax_loss.set(xlabel="fine-tuning step", ylabel="training loss", title="Fine-tuning loss")
-    ax_loss.legend(fontsize=8)
-    if final_only:
-        ax_top1.set_xticks(range(len(runs)), [r.name for r in runs], fontsize=8)
-        ax_top1.set(ylabel="top-1 (%)", title="Test top-1 at the end")
-    else:
-        ax_top1.set(xlabel="fine-tuning step", ylabel="top-1 (%)", title="Test top-1")
-        ax_top1.legend(fontsize=8)
-    for ax in (ax_loss, ax_top1):
-        ax.grid(alpha=0.3)
-    return fig
 
 
 def fewshot_vs_layer(curves: list[tuple[str, dict[str, Any]]]) -> Figure | None:
@@ -220,47 +192,3 @@ def fewshot_vs_layer(curves: list[tuple[str, dict[str, Any]]]) -> Figure | None:
 def _shot(readout: dict[str, Any], k: int | str) -> dict[str, Any] | None:
     """A readout's entry for `k` shots (int keys in memory, str keys read back from JSON)."""
     return readout["shots"].get(k) or readout["shots"].get(str(k))
-
-
-def accuracy_vs_labels(
-    curves: dict[str, dict[int, list[float]]],
-    x_all: float | None,
-    fewshot: list[tuple[str, dict[int, float]]] = (),
-    order: list[str] | None = None,
-) -> Figure | None:
-    """Fine-tune top-1 vs labels per class (log x), one line per encoder of `curves`
-    ({encoder: {K: [top1 per seed]}}, K = 0: every label, drawn at `x_all`): mean with ±1
-    population-std error bars, each seed a dot, the number of seeds beside each point; a
-    dashed line per (encoder, {k: mean accuracy}) of `fewshot` in the encoder's colour."""
-    from ssl_vit.report.budget import budget_label, spread
-
-    order = [e for e in (order or sorted(curves)) if curves.get(e)]
-    if not order:
-        return None
-
-    def x_of(k: int) -> float:
-        return x_all if k == 0 else k
-
-    fig, ax = new_figure(7, 4.2)
-    for i, enc in enumerate(order):
-        xs = [x_of(k) for k in curves[enc]]
-        stats = [spread([100 * a for a in seeds]) for seeds in curves[enc].values()]
-        mean, std = [m for m, _ in stats], [s for _, s in stats]
-        ax.errorbar(xs, mean, yerr=std, fmt="o-", color=f"C{i}", capsize=3, label=enc)
-        for x, m, seeds in zip(xs, mean, curves[enc].values(), strict=True):
-            ax.plot([x] * len(seeds), [100 * a for a in seeds], ".", color=f"C{i}", alpha=0.5)
-            ax.annotate(f"n={len(seeds)}", (x, m), (4, -10), textcoords="offset points", fontsize=7)
-    for enc, table in fewshot:
-        color = f"C{order.index(enc)}"
-        ax.plot(list(table), [100 * a for a in table.values()], "x--", color=color,
-                label=f"{enc}, few-shot probe")  # fmt: skip
-    ticks = {k for c in curves.values() for k in c} | {k for _, t in fewshot for k in t}
-    ticks = sorted(ticks, key=x_of)
-    _finish_log_x(
-        ax,
-        {x_of(k): budget_label(k, x_all) for k in ticks},
-        xlabel="labelled images per class",
-        ylabel="test top-1 (%)",
-        title="Fine-tuning accuracy vs labels (mean ± std over seeds; dots: seeds)",
-    )
-    return fig

@@ -3,7 +3,8 @@ and which pretraining run a few-shot or fine-tuning run started from.
 
 A run directory holds `config.yaml`, `metrics.jsonl` and `results.json` (pipelines/*.py).
 Its kind comes from the config's sections: `objective` (pretrain), `init` (fine-tune),
-`shots` (few-shot).
+`shots` (few-shot), `top_k` (predict). A `results.json` with `"job": "predict"` (`ssl-vit
+predict`) makes a predict output directory, with or without a config.yaml.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ssl_vit.eval.fewshot import shot_key, shot_order
 from ssl_vit.train.rundir import run_kind
 
 __all__ = [
+    "PREDICT_JOB",
     "Run",
     "fewshot_pool",
     "fewshot_table",
@@ -35,7 +37,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-Kind = Literal["pretrain", "fewshot", "finetune"]
+Kind = Literal["pretrain", "fewshot", "finetune", "predict"]
+PREDICT_JOB = "predict"  # results.json "job" of `ssl-vit predict`
 
 
 @dataclass
@@ -68,6 +71,7 @@ _KINDS: dict[str | None, Kind] = {
     "pretraining": "pretrain",
     "fine-tuning": "finetune",
     "few-shot": "fewshot",
+    "predict": "predict",  # a predict job's config.yaml (`top_k`), results.json or not yet
 }
 
 
@@ -104,17 +108,29 @@ def read_results(run_dir: str | Path) -> dict[str, Any]:
         return {}
 
 
+def _is_predict(path: Path) -> bool:
+    """Whether `path` is a finished predict output directory (results.json says so)."""
+    return (path / "results.json").is_file() and read_results(path).get("job") == PREDICT_JOB
+
+
+def _is_run_dir(path: Path) -> bool:
+    return (path / "config.yaml").is_file() or _is_predict(path)
+
+
 def load_run(path: str | Path) -> Run:
     """The run in directory `path`; ValueError (one line) if it is not an ssl-vit run."""
     path = Path(path)
+    results = read_results(path)
+    if results.get("job") == PREDICT_JOB:  # its config.yaml (if any) is no training job's
+        return Run(path, "predict", read_config(path), [], results)
     cfg_file = path / "config.yaml"
     if not cfg_file.is_file():
         raise ValueError(f"{path}: no config.yaml, not an ssl-vit run directory")
     config = read_config(path)
     kind = _kind(config)
     if kind is None:
-        raise ValueError(f"{cfg_file}: not a pretrain, fine-tune or few-shot config")
-    return Run(path, kind, config, _read_rows(path / "metrics.jsonl"), read_results(path))
+        raise ValueError(f"{cfg_file}: not a pretrain, fine-tune, few-shot or predict config")
+    return Run(path, kind, config, _read_rows(path / "metrics.jsonl"), results)
 
 
 def _run_dirs(folder: Path) -> list[Path]:
@@ -122,7 +138,7 @@ def _run_dirs(folder: Path) -> list[Path]:
     searched), sorted by path: a study's `pretrain/x`, `fewshot/x`, ... included."""
     found: list[Path] = []
     for q in sorted(d for d in folder.iterdir() if d.is_dir()):
-        found.extend([q] if (q / "config.yaml").is_file() else _run_dirs(q))
+        found.extend([q] if _is_run_dir(q) else _run_dirs(q))
     return found
 
 
@@ -133,7 +149,7 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
     for p in map(Path, paths):
         if not p.is_dir():
             raise ValueError(f"{p}: no such directory")
-        if (p / "config.yaml").is_file():
+        if _is_run_dir(p):
             runs.append(load_run(p))
         else:
             subs = _run_dirs(p)
@@ -186,13 +202,13 @@ def _belongs(checkpoint: str, pre: Run) -> bool:
 
 
 def link_runs(runs: list[Run]) -> dict[str | None, list[tuple[Run, int | None]]]:
-    """Few-shot and fine-tune runs grouped by the pretraining run they came from:
-    {pretraining run name, or None for random init / scratch, or the checkpoint path when it
-    is in none of the runs given: [(run, checkpoint step)]}."""
+    """Few-shot and fine-tune runs grouped by the pretraining run they came from (predict runs
+    are in no group): {pretraining run name, or None for random init / scratch, or the
+    checkpoint path when it is in none of the runs given: [(run, checkpoint step)]}."""
     pretrains = [r for r in runs if r.kind == "pretrain"]
     groups: dict[str | None, list[tuple[Run, int | None]]] = {}
     for run in runs:
-        if run.kind == "pretrain":
+        if run.kind not in ("fewshot", "finetune"):
             continue
         ckpt = source_checkpoint(run)
         owner = None

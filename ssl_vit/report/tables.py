@@ -96,7 +96,7 @@ def runs_section(runs: list[Run], groups: Groups) -> Section:
             [
                 r.name,
                 r.kind,
-                origin(r, groups),
+                str(r.results.get("checkpoint", "")) if r.kind == "predict" else origin(r, groups),
                 "-" if steps is None else str(steps),
                 _minutes(r.results.get("wall_time_s")),
                 status,

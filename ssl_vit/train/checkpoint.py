@@ -1,8 +1,9 @@
 """The one module that saves and loads state.
 
 A checkpoint is a directory `checkpoints/step_XXXXXXXX/` holding
-- `encoder.safetensors`: the encoder weights, with the model shape in the metadata, so that
-  fine-tuning, few-shot evaluation and export need nothing else;
+- `encoder.safetensors`: the encoder weights, with the model shape and the pixel normalisation
+  it was trained with in the metadata, so that fine-tuning, few-shot evaluation and export
+  need nothing else;
 - `state.pt`: everything needed to resume (full model incl. objective head, optimizer, step,
   config, extra counters);
 - `rng_rank{R}.pt`: the random state of every rank, and its data stream position;
@@ -33,9 +34,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ssl_vit.atomic import writing
-from ssl_vit.config.schema import ModelConfig
+from ssl_vit.config.schema import SHAPE_KEYS, ModelConfig
+from ssl_vit.config.variants import resolve_variant
 
 __all__ = [
+    "ArchitectureError",
     "CheckpointError",
     "checkpoint_dirs",
     "save_checkpoint",
@@ -49,12 +52,13 @@ __all__ = [
     "set_rng_state",
     "save_weights",
     "save_encoder",
-    "save_classifier",
     "load_encoder",
     "load_head",
     "load_any_encoder",
     "encoder_from_checkpoint",
+    "read_pixel_norm",
     "LoadedEncoder",
+    "PixelStats",
 ]
 
 log = logging.getLogger(__name__)
@@ -63,6 +67,17 @@ ENCODER_FILE, STATE_FILE, MANIFEST = "encoder.safetensors", "state.pt", "manifes
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or of another model."""
+
+
+class ArchitectureError(CheckpointError):
+    """Shape keys set in a model config disagree with the checkpoint's (one line naming them)."""
+
+
+class PixelStats(NamedTuple):
+    """The pixel normalisation of [0, 1] RGB an encoder was trained with (data.mean / std)."""
+
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
 
 
 def _sha256(path: Path) -> str:
@@ -89,7 +104,8 @@ def rng_state(generator: torch.Generator | None = None) -> dict[str, Any]:
         # As plain values: checkpoints load with weights_only=True, which refuses NumPy arrays.
         "numpy": (name, keys.tolist(), pos, has_gauss, gauss),
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        # This process's own device only: another node may have fewer GPUs (issue 38).
+        "cuda": _cuda_rng_state(),
     }
     if generator is not None:
         state["generator"] = generator.get_state()
@@ -101,10 +117,29 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = Non
     name, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    _set_cuda_rng_state(state.get("cuda"))
     if generator is not None and state.get("generator") is not None:
         generator.set_state(state["generator"])
+
+
+def _cuda_rng_state() -> torch.Tensor | None:
+    """The CUDA RNG state of this process's current device (None without CUDA)."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_rng_state(torch.cuda.current_device())
+
+
+def _set_cuda_rng_state(saved: torch.Tensor | list[torch.Tensor] | None) -> None:
+    """Restore this process's device state; an older checkpoint's per-device list gives the
+    entry of this device, if it has one (never by index onto devices that are not there)."""
+    if saved is None or not torch.cuda.is_available():
+        return
+    device = torch.cuda.current_device()
+    if isinstance(saved, list | tuple):
+        if device >= len(saved):
+            return
+        saved = saved[device]
+    torch.cuda.set_rng_state(saved, device)
 
 
 def save_weights(
@@ -115,27 +150,45 @@ def save_weights(
     save_file(cpu, str(path), metadata=metadata)
 
 
-def save_encoder(encoder: nn.Module, path: Path, model_config: dict[str, Any]) -> None:
-    """Encoder weights as safetensors; the model shape travels in the metadata."""
-    save_weights(encoder.state_dict(), path, {"model_config": json.dumps(model_config)})
-
-
-def save_classifier(
-    model: nn.Module,
-    path: str | Path,
-    *,
+def save_encoder(
+    encoder: nn.Module,
+    path: Path,
     model_config: dict[str, Any],
-    pool: str,
-    label_names: list[str],
+    pixels: PixelStats | None = None,
 ) -> None:
-    """A fine-tuned classifier (encoder and head) as safetensors, with what it takes to use it
-    in the metadata: the encoder shape, the pooling and the class names in label order."""
-    metadata = {
-        "model_config": json.dumps(model_config),
-        "pool": pool,
-        "label_names": json.dumps(label_names),
-    }
-    save_weights(model.state_dict(), path, metadata)
+    """Encoder weights as safetensors; the model shape and the pixel normalisation it was
+    trained with (`pixels`, when known) travel in the metadata."""
+    meta = {"model_config": json.dumps(model_config)}
+    if pixels is not None:
+        meta["pixel_norm"] = json.dumps({"mean": list(pixels.mean), "std": list(pixels.std)})
+    save_weights(encoder.state_dict(), path, meta)
+
+
+def read_pixel_norm(path: str | Path) -> PixelStats | None:
+    """The pixel normalisation stored with the ssl-vit encoder at `path` (a checkpoint
+    directory or its encoder.safetensors; the header only); None when it stores none (written
+    before it was stored, imported weights, another format). CheckpointError if malformed."""
+    path = Path(path)
+    file = path / ENCODER_FILE if path.is_dir() else path
+    if file.suffix != ".safetensors" or not file.is_file():
+        return None
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            raw = (f.metadata() or {}).get("pixel_norm")
+    except Exception:  # noqa: BLE001 - not a safetensors file: another format, no stats
+        return None
+    if raw is None:
+        return None
+    try:
+        stats = json.loads(raw)
+        mean, std = (tuple(float(v) for v in stats[k]) for k in ("mean", "std"))
+        if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+            raise ValueError("need 3 values each, std > 0")
+    except (ValueError, TypeError, KeyError) as e:
+        raise CheckpointError(f"{file}: malformed pixel_norm metadata ({e})") from None
+    return PixelStats(mean, std)  # type: ignore[arg-type]
 
 
 def verify_if_checkpoint(path: str | Path) -> None:
@@ -185,6 +238,7 @@ def save_checkpoint(
     *,
     encoder: nn.Module,
     model_config: dict[str, Any],
+    pixels: PixelStats | None = None,
     state: dict[str, Any],
     rng: dict[str, Any],
     rank: int = 0,
@@ -208,7 +262,7 @@ def save_checkpoint(
     with _cleaned_on_failure(tmp), writing(final):  # disk full: one line naming the checkpoint
         _torch_save(rng, tmp / f"rng_rank{rank}.pt")
         if is_main:
-            save_encoder(encoder, tmp / ENCODER_FILE, model_config)
+            save_encoder(encoder, tmp / ENCODER_FILE, model_config, pixels)
             _torch_save({**state, "step": step}, tmp / STATE_FILE)
     sync()
     if is_main:
@@ -321,9 +375,6 @@ def latest_valid_checkpoint(root: str | Path) -> Path | None:
     return None
 
 
-SHAPE_KEYS = ("patch_size", "width", "depth", "heads", "mlp_ratio")
-
-
 def load_any_encoder(
     path: str | Path, fmt: str = "auto", heads: int | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -354,25 +405,20 @@ def encoder_from_checkpoint(
     pretraining resolution: the position embeddings are 2D-interpolated to the new grid).
     `path` may also hold timm or transformers ViT weights (`fmt`, see `load_any_encoder`).
 
-    Shape fields set in `model_cfg` (not None) must match the checkpoint; those left unset are
-    taken from it, as is the LayerNorm epsilon, into the returned config (`model_cfg` itself is
-    left as it is)."""
+    Shape fields (`SHAPE_KEYS`) set in `model_cfg` (not None) must match the checkpoint
+    (ArchitectureError naming each `model.<key>` and both values); the returned config
+    has them all, and the variant, from the checkpoint (`model_cfg` itself is left as it is)."""
     from ssl_vit.model.pos_embed import interpolate_pos_embed
     from ssl_vit.model.vit import build_vit
 
     # A bare timm state dict does not say its number of heads: model.heads does.
     state, saved = load_any_encoder(path, fmt, heads=model_cfg.heads)
-    differ = [
-        f"{k}: checkpoint {saved.get(k)} vs config {getattr(model_cfg, k)}"
-        for k in SHAPE_KEYS
-        if getattr(model_cfg, k) is not None and getattr(model_cfg, k) != saved.get(k)
-    ]
-    if differ:
-        raise CheckpointError(f"{path} is another architecture ({'; '.join(differ)})")
+    saved = {"norm_eps": 1e-6, **saved}  # checkpoints written before norm_eps: 1e-6
+    _check_same_shape(path, model_cfg, saved)
     resolved = dataclasses.replace(
         model_cfg,
+        variant=saved.get("variant") or model_cfg.variant,
         **{k: saved[k] for k in SHAPE_KEYS},
-        norm_eps=saved.get("norm_eps", 1e-6),  # checkpoints before norm_eps: 1e-6
     )
     encoder = build_vit(resolved)
     old = saved["image_size"] // saved["patch_size"]
@@ -391,6 +437,29 @@ def encoder_from_checkpoint(
             f"unexpected {sorted(unexpected)})"
         )
     return LoadedEncoder(encoder, resolved, saved)
+
+
+def _check_same_shape(path: str | Path, model_cfg: ModelConfig, saved: dict[str, Any]) -> None:
+    """ArchitectureError unless every shape key set in `model_cfg` is the checkpoint's."""
+    differ = [
+        k
+        for k in SHAPE_KEYS
+        if getattr(model_cfg, k) is not None and getattr(model_cfg, k) != saved.get(k)
+    ]
+    if not differ:
+        return
+    from_variant = resolve_variant(model_cfg.variant) if model_cfg.variant else {}
+
+    def given(k: str) -> str:
+        value = getattr(model_cfg, k)
+        via = f" (model.variant={model_cfg.variant})" if from_variant.get(k) == value else ""
+        return f"model.{k}={value}{via}"
+
+    verb = "disagrees" if len(differ) == 1 else "disagree"
+    raise ArchitectureError(
+        f"{', '.join(given(k) for k in differ)} {verb} with the checkpoint {path} "
+        f"({', '.join(f'{k} {saved.get(k)}' for k in differ)})"
+    )
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

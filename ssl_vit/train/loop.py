@@ -28,7 +28,14 @@ log = logging.getLogger(__name__)
 
 def new_counters() -> dict[str, int]:
     """Run totals kept in every checkpoint (images over all ranks)."""
-    return {"skipped_samples": 0, "skipped_shards": 0, "skipped_steps": 0, "images": 0}
+    # scaler_skips: steps the fp16 loss scaler skipped (overflow, scale lowered), not bad steps
+    return {
+        "skipped_samples": 0,
+        "skipped_shards": 0,
+        "skipped_steps": 0,
+        "scaler_skips": 0,
+        "images": 0,
+    }
 
 
 class Batches:
@@ -149,23 +156,37 @@ class BadSteps:
     ) -> None:
         self.max_bad_steps, self.ckpt_dir, self.counters = max_bad_steps, ckpt_dir, counters
         self.in_a_row = 0  # as of the last read
-        # [skipped since the last read, bad steps in a row now, longest run since the last read]
-        self.dev = torch.zeros(3, dtype=torch.long, device=device)
+        # [skipped since the last read, bad steps in a row now, longest run since the last read,
+        #  fp16 scaler skips since the last read]
+        self.dev = torch.zeros(4, dtype=torch.long, device=device)
 
-    def update(self, applied: bool | torch.Tensor) -> None:
-        skipped, in_a_row, longest = self.dev.unbind(0)
+    def update(self, applied: bool | torch.Tensor, scaler_skipped: bool | torch.Tensor = False):
+        """One optimizer step's flags: applied, or skipped by the fp16 loss scaler (an
+        overflow it handles: counted apart, neither extends nor ends a run of bad steps)."""
+        skipped, in_a_row, longest, scaler = self.dev.unbind(0)
         bad = ~torch.as_tensor(applied, device=self.dev.device)
+        if isinstance(scaler_skipped, torch.Tensor):  # a device flag (fp16): no sync
+            bad = bad & ~scaler_skipped
+            scaler += scaler_skipped
+            in_a_row.copy_(torch.where(scaler_skipped, in_a_row, (in_a_row + 1) * bad))
+        else:
+            in_a_row.mul_(bad).add_(bad)  # +1, or back to 0 on an applied step
         skipped += bad
-        in_a_row.mul_(bad).add_(bad)  # +1, or back to 0 on an applied step
         torch.maximum(longest, in_a_row, out=longest)
 
     def sync(self, step: int) -> int:
         """Read the device counts as of `step` (one host sync) into `counters` and `in_a_row`;
         returns the longest run of bad steps since the last read."""
-        skipped, self.in_a_row, longest = self.dev.tolist()
+        skipped, self.in_a_row, longest, by_scaler = self.dev.tolist()
         self.dev[0] = 0
         self.dev[2] = self.in_a_row
+        self.dev[3] = 0
         self.counters["skipped_steps"] += skipped
+        self.counters["scaler_skips"] = self.counters.get("scaler_skips", 0) + by_scaler
+        if by_scaler:
+            log.info(
+                "%d step(s) skipped by the fp16 loss scaler (overflow; scale lowered)", by_scaler
+            )
         if skipped:
             log.warning(
                 "%d step(s) skipped since the last log: non-finite gradient norm (%d in a row "

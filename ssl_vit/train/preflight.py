@@ -6,6 +6,7 @@ check raises `ConfigError` with one line naming the config key and its value.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tarfile
@@ -23,7 +24,9 @@ __all__ = [
     "check_shards",
     "check_tars",
     "check_writable",
+    "checkpoint_note",
     "load_init_encoder",
+    "resolve_pixel_norm",
 ]
 
 _REMOTE = re.compile(r"^(pipe:|[a-zA-Z][a-zA-Z0-9+.-]*://)")  # read only when the job gets there
@@ -129,9 +132,10 @@ def load_init_encoder(
     key: str, path: str, model_cfg: Any, pos_interp: str, fmt: str
 ) -> tuple[str, Any]:
     """(the checkpoint used, `encoder_from_checkpoint`'s `LoadedEncoder`): a run directory
-    stands for its newest valid checkpoint; failures (missing, invalid, another shape) are a
-    one-line error naming `key`."""
+    stands for its newest valid checkpoint; failures (missing, invalid) are a one-line error
+    naming `key`, a shape key of `model_cfg` that disagrees one naming `model.<key>`."""
     from ssl_vit.train.checkpoint import (
+        ArchitectureError,
         CheckpointError,
         encoder_from_checkpoint,
         resolve_checkpoint,
@@ -147,22 +151,60 @@ def load_init_encoder(
     try:
         path = str(resolve_checkpoint(path))
         return path, encoder_from_checkpoint(path, model_cfg, pos_interp, fmt)
+    except ArchitectureError as e:
+        raise ConfigError(str(e)) from None
     except (CheckpointError, FileNotFoundError, ValueError, KeyError) as e:
         raise ConfigError(f"{key}={path!r}: {e}") from None
+
+
+def resolve_pixel_norm(data: Any, checkpoint: str | None) -> str:
+    """Set `data.mean` / `data.std` (a job's data config) for the encoder of `checkpoint`
+    (None: a new encoder): null ones become the pixel normalisation the checkpoint stores
+    (its pretraining's), else the default 0.5; a given one that disagrees with the stored one
+    is a one-line ConfigError naming both. Returns where they came from, for the log."""
+    from ssl_vit.config.schema import complete_pixel_norm
+    from ssl_vit.train.checkpoint import CheckpointError, read_pixel_norm
+
+    try:
+        stored = read_pixel_norm(checkpoint) if checkpoint is not None else None
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
+    if stored is None:
+        complete_pixel_norm(data)
+        return "the checkpoint stores none: the config's" if checkpoint else "the config's"
+    for key, value in zip(("mean", "std"), stored, strict=True):
+        given = getattr(data, key)
+        if given is not None and not all(map(math.isclose, given, value)):
+            raise ConfigError(
+                f"data.{key}={list(given)} disagrees with the checkpoint {checkpoint} "
+                f"({key} {list(value)})"
+            )
+        setattr(data, key, tuple(value))
+    return "the checkpoint's"
+
+
+def checkpoint_note(key: str, cfg: Any, pixels_from: str) -> str:
+    """The line a job logs about the encoder it took from a checkpoint (`cfg` resolved)."""
+    from ssl_vit.config.schema import SHAPE_KEYS
+
+    m, d = cfg.model, cfg.data
+    shape = ", ".join(f"{k} {getattr(m, k)}" for k in SHAPE_KEYS)
+    return (
+        f"{key}={cfg.init.checkpoint}: its encoder ({shape}) at image_size {m.image_size}, "
+        f"data.mean {list(d.mean)}, data.std {list(d.std)} ({pixels_from}); a config file's "
+        "model shape and data.mean / data.std serve from-scratch runs only"
+    )
 
 
 def _finetuned_classifier(path: Path) -> Path | None:
     """The fine-tuned classifier file at `path` (a file, or a directory holding
     model.safetensors and no encoder): its metadata names the labels, an encoder's does not."""
-    if path.is_dir() and not (path / "encoder.safetensors").exists():
-        path = path / "model.safetensors"
-    if not path.is_file() or path.suffix != ".safetensors":
+    from ssl_vit.train.classifier_file import ClassifierError, read_classifier_spec
+
+    if path.is_dir() and (path / "encoder.safetensors").exists():
         return None
     try:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-    except Exception:  # a damaged file: the checkpoint reader reports it
-        return None
-    return path if "label_names" in meta and "model_config" in meta else None
+        read_classifier_spec(path)
+    except ClassifierError as e:
+        return path if "malformed classifier metadata" in str(e) else None
+    return path / "model.safetensors" if path.is_dir() else path

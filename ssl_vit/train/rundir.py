@@ -35,6 +35,7 @@ import yaml
 
 from ssl_vit.atomic import write_text
 from ssl_vit.config import ConfigError, to_dict
+from ssl_vit.config.schema import SHAPE_KEYS
 from ssl_vit.data.shards import INDEX_NAME
 from ssl_vit.train.checkpoint import ENCODER_FILE, MANIFEST, STATE_FILE, checkpoint_dirs
 
@@ -60,15 +61,18 @@ LOCK_NAME = ".lock"
 RUN_FILES = (
     *("config.yaml", "metrics.jsonl", "results.json", "checkpoints"),
     *("model.safetensors", "labels.json", "keys_rank*.txt", "events.out.tfevents.*"),
-    *("mlruns", "wandb", "labelled", "labelled.json"),
+    *("mlruns", "wandb", "labelled", "labelled.json", "predictions.jsonl", "predictions.csv"),
 )
 # Keys whose change on --resume would load a checkpoint into another architecture.
-SHAPE_KEYS = ("model.", "objective.target")
+_RESUME_SHAPE = (
+    *(f"model.{k}" for k in ("variant", "image_size", *SHAPE_KEYS)),
+    "objective.target",
+)
 # Keys of the training stream's sample order: a saved position means other samples under
 # another value (the shard list is compared by the loader, by content: a moved dataset resumes).
 STREAM_KEYS = ("seed", "data.shuffle_buffer", "data.resampled")
 # The model keys a checkpoint's encoder records that --resume must keep.
-_CHECKPOINT_SHAPE = ("image_size", "patch_size", "width", "depth", "heads", "mlp_ratio")
+_CHECKPOINT_SHAPE = ("image_size", *SHAPE_KEYS)
 
 _held: weakref.WeakValueDictionary[Path, RunLock] = weakref.WeakValueDictionary()
 
@@ -135,6 +139,7 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 # `fewshot` too, the few-shot job `init` too; `shots`: a few-shot config.yaml of before the
 # `fewshot` section).
 _KIND_MARKERS = (
+    ("top_k", "predict"),
     ("objective", "pretraining"),
     ("shots", "few-shot"),
     ("fewshot", "few-shot"),
@@ -170,7 +175,7 @@ def _check_resumed_config(run_dir: Path, cfg: Any) -> None:
     # Keys only one side has (a config written by another version) cannot be compared.
     changed = [k for k in sorted(set(saved) & set(new)) if saved[k] != new[k]]
     changed = [k for k in changed if k != "output_dir"]
-    shape = [k for k in changed if k.startswith(SHAPE_KEYS)]
+    shape = [k for k in changed if k in _RESUME_SHAPE]
     if shape:
         diffs = ", ".join(f"{k} {saved[k]!r} -> {new[k]!r}" for k in shape)
         raise ConfigError(

@@ -9,9 +9,10 @@ micro-batch, at each log step, at its periodic evaluation and at the end is pass
 
 One small class, no hierarchy and no callback registry (as torchtitan's and big_vision's loops).
 The checkpoint's resume-state keys are defined here and nowhere else: per rank (`rng_rank*.pt`)
-the RNG states, "stream" (`StreamTracker`) and "augment" (the device augmentation's generator);
-in the training state (main process) "target_hist" (pretraining's colour histogram, summed over
-ranks) and "ema" (fine-tuning's Polyak average), each the `state_dict()` of the object passed in.
+the RNG states, "stream" (`StreamTracker`) and "augment" (the resolved augmentation mode and the
+device augmentation's generator, `run_state`); in the training state (main process) "target_hist"
+(pretraining's colour histogram, summed over ranks) and "ema" (fine-tuning's Polyak average),
+each the `state_dict()` of the object passed in, and "scaler" (fp16's loss scale, `run_state`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ from ssl_vit.train import checkpoint as ckpt
 from ssl_vit.train.guard import StopRequest, note_checkpoints
 from ssl_vit.train.loop import BadSteps, Batches, StepStats, lap_row, new_counters
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
+from ssl_vit.train.run_state import (
+    augment_state,
+    check_augment_mode,
+    load_scaler_state,
+    scaler_state,
+)
 from ssl_vit.train.runtime import RunContext, replica_checksum
 from ssl_vit.train.schedules import set_lr, warmup_cosine
 from ssl_vit.train.step import TrainStep
@@ -160,6 +167,9 @@ class TrainLoop:
         }
 
     def _load_parts(self) -> None:
+        if self.start.path is not None:  # resumed: the same augmentation, the fp16 scale
+            check_augment_mode(self.start.rng.get("augment"), self.augment, self.start.path)
+            load_scaler_state(self.acc, self.start.state.get("scaler"))
         if self.augment is not None:
             self.augment.load_state_dict(self.start.rng.get("augment"))
         if not self.start.state:
@@ -293,7 +303,7 @@ class TrainLoop:
             self.stats.add(**values)
         applied = self.step.applied
         self.stats.end_step(applied)  # a skipped step counts in no logged mean
-        self.bad.update(applied)
+        self.bad.update(applied, self.step.scaler_skipped)  # fp16 overflows: not bad steps
         if after_step is not None:
             after_step(applied)
         if self.schedule.reads_counts(done):
@@ -315,17 +325,20 @@ class TrainLoop:
             **self.record,
             **{k: p.state_dict() for k, p in self.parts.items() if p is not None},
             "replica_checksums": replica_checksum(self.model, acc),  # raises if they diverged
+            "scaler": scaler_state(acc),  # fp16's loss scale (None without fp16)
         }
         rng = {
             **ckpt.rng_state(),
             "stream": self.batches.tracker.state_dict(),
-            "augment": self.augment.state_dict() if self.augment is not None else None,
+            "augment": augment_state(self.augment),  # the resolved mode (+ its generator)
         }
         path = ckpt.save_checkpoint(
             self.ctx.ckpt_dir,
             step,
             encoder=self.raw.encoder,
             model_config=to_dict(self.cfg.model),
+            # What fine-tuning and few-shot evaluation of this encoder normalise pixels with.
+            pixels=ckpt.PixelStats(tuple(self.cfg.data.mean), tuple(self.cfg.data.std)),
             state=state,
             rng=rng,
             rank=acc.process_index,

@@ -12,7 +12,13 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs, broadcast_object_list, set_seed
+from accelerate.utils import (
+    DistributedType,
+    InitProcessGroupKwargs,
+    broadcast_object_list,
+    parse_flag_from_env,
+    set_seed,
+)
 
 from ssl_vit import seeds
 from ssl_vit.config import ConfigError
@@ -24,15 +30,23 @@ __all__ = [
     "RunContext",
     "StopRequest",
     "replica_checksum",
+    "FSDP_REFUSED",
     "make_accelerator",
+    "native_bf16",
+    "refuse_fsdp",
     "resolve_mixed_precision",
     "setup_logging",
+    "claim_on_main",
     "start_run",
 ]
 
 
 def resolve_mixed_precision(setting: str) -> str:
-    """'auto' -> bf16 on a GPU that supports it, else full precision ('no')."""
+    """'auto' -> bf16 on a GPU with native bf16 (compute capability 8.0 and up: Ampere and
+    newer), else full precision ('no'). Never emulated bf16 (V100, T4: `is_bf16_supported()`
+    says yes there, and it is slower than fp32), and never fp16, whose loss scaling is a
+    choice to make knowingly. Only this process's own GPU (LOCAL_RANK) is asked, and without
+    allocating on it: no rank creates a context on another rank's device."""
     if setting == "fp16" and not torch.cuda.is_available():
         # Accelerate would run fp32 while config.yaml recorded fp16: refuse instead.
         raise ConfigError(
@@ -41,14 +55,42 @@ def resolve_mixed_precision(setting: str) -> str:
         )
     if setting != "auto":
         return setting
-    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+    if torch.cuda.is_available() and native_bf16(local_device_index()):
         return "bf16"
     return "no"
 
 
+def local_device_index() -> int:
+    """The CUDA device this process will use (Accelerate's: LOCAL_RANK), before it is set;
+    0 where each process sees one GPU (CUDA_VISIBLE_DEVICES per process)."""
+    index = int(os.environ.get("LOCAL_RANK", "0"))
+    return index if index < torch.cuda.device_count() else 0
+
+
+def native_bf16(device: int) -> bool:
+    """bf16 in hardware on `device` (compute capability >= 8.0); a query, not an allocation."""
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+FSDP_REFUSED = (
+    "FSDP is not supported (accelerate launch with distributed_type: FSDP): launch with DDP, "
+    "e.g. --config_file configs/accelerate/8gpu.yaml (DDP holds ViT-H on 80 GB GPUs)"
+)
+
+
+def refuse_fsdp(distributed_type: Any = None) -> None:
+    """One error line for an FSDP launch (the env Accelerate's launcher sets, or the
+    Accelerator's type): checkpoints, EMA and few-shot assume full replicas (DDP)."""
+    if parse_flag_from_env("ACCELERATE_USE_FSDP") or distributed_type == DistributedType.FSDP:
+        raise ConfigError(FSDP_REFUSED)
+
+
 def make_accelerator(
-    mixed_precision: str, grad_accum: int = 1, dist_timeout_s: float = 1800.0
+    mixed_precision: str, grad_accum: int = 1, dist_timeout_s: float = 1800.0, tf32: bool = True
 ) -> Accelerator:
+    """The job's Accelerator; `tf32` (`train.tf32`): TF32 matmuls and convolutions for the
+    float32 work on a CUDA GPU (all of it with mixed_precision 'no'); False: true fp32."""
+    refuse_fsdp()
     # Launched as several processes on a machine without a GPU (`accelerate launch --multi_gpu`
     # on CPU): Accelerate only uses its gloo CPU backend when asked for the CPU explicitly;
     # otherwise every process would silently train alone.
@@ -61,14 +103,19 @@ def make_accelerator(
         # instead of waiting forever for a rank that died.
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=dist_timeout_s))],
     )
+    refuse_fsdp(acc.distributed_type)
     # Denormal floats (tiny gradients and Adam moments late in training) make CPU matmuls
     # up to 10x slower; flushing them to zero changes nothing measurable in training.
     torch.set_flush_denormal(True)
     if acc.device.type == "cuda":
-        # TF32 matmuls for any fp32 work left outside autocast (Ampere and newer).
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        set_tf32(tf32)
     return acc
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 (Ampere and newer) for float32 matmuls and cuDNN convolutions, or neither."""
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
 
 
 def warn_if_launcher_returns_early() -> None:
@@ -115,7 +162,7 @@ def start_run(cfg: Any, resume: bool = False, overwrite: bool = False) -> RunCon
     `cfg.train.batch_size` is global: it must divide into processes x accumulation steps."""
     tc = cfg.train
     set_data_timeout(cfg.timeouts.data_s)
-    acc = make_accelerator(tc.mixed_precision, tc.grad_accum, cfg.timeouts.dist_s)
+    acc = make_accelerator(tc.mixed_precision, tc.grad_accum, cfg.timeouts.dist_s, tc.tf32)
     setup_logging(acc.is_main_process)
     warn_if_launcher_returns_early()
     per_step = acc.num_processes * tc.grad_accum
@@ -125,20 +172,26 @@ def start_run(cfg: Any, resume: bool = False, overwrite: bool = False) -> RunCon
             f"= {acc.num_processes} x {tc.grad_accum}"
         )
     run_dir = Path(cfg.output_dir)
-    lock = _claim_on_main(acc, run_dir, cfg, resume, overwrite)
+    lock = claim_on_main(acc, run_dir, cfg, resume=resume, overwrite=overwrite)
     set_seed(seeds.process(cfg.seed, acc.process_index))  # Python, NumPy, torch (all devices)
     return RunContext(acc, tc.batch_size // per_step, run_dir, run_dir / "checkpoints", lock)
 
 
-def _claim_on_main(
-    acc: Accelerator, run_dir: Path, cfg: Any, resume: bool, overwrite: bool
+def claim_on_main(
+    acc: Accelerator,
+    run_dir: Path,
+    cfg: Any,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    reads: dict[str, str] | None = None,
 ) -> RunLock | None:
-    """The main process claims the run directory; every process learns whether it could
-    (one broadcast: the others wait for it, so none trains when the main process refused)."""
+    """The main process claims the run directory (`claim_run_dir`); every process learns
+    whether it could (one broadcast: none starts when the main process refused)."""
     lock, error = None, None
     if acc.is_main_process:
         try:
-            lock = claim_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite)
+            lock = claim_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite, reads=reads)
         except (ConfigError, OSError) as e:
             error = str(e)
     if acc.num_processes > 1:

@@ -1,0 +1,207 @@
+"""Label a source with a fine-tuned classifier: what users fine-tune for.
+
+    ssl-vit predict --checkpoint runs/ft --source path/to/images --output runs/ft-pred
+    accelerate launch --multi_gpu -m ssl_vit.pipelines.predict --checkpoint ... --source ...
+
+The classifier file (`model.safetensors` of the fine-tuning run) gives the model, its label
+names and the fine-tune's own evaluation transform, so on the fine-tune's `data.eval` predict's
+top-1 is the fine-tune's. Rows come out in the source's order whatever the process and worker
+count (`ssl_vit.data.predict_stream`); an unreadable image is a named, counted skip.
+config -> checks -> Accelerator -> run directory -> classifier -> loader -> rounds -> results.
+Exit status: 0 done, 1 failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from ssl_vit.atomic import write_text
+from ssl_vit.config import ConfigError, load_config, to_dict
+from ssl_vit.config.checks import auto_num_workers
+from ssl_vit.config.predict import PredictConfig
+from ssl_vit.data.predict_stream import num_batches, predict_loader
+from ssl_vit.data.sources import open_source
+from ssl_vit.eval.confusion import add_confusion, confusion_summary
+from ssl_vit.eval.predictions import PredictionWriter, gather_on_main, predict_batch
+from ssl_vit.progress import progress_bar
+from ssl_vit.train.classifier_file import ClassifierError, load_classifier, read_classifier_spec
+from ssl_vit.train.guard import one_line_errors, run_and_exit
+from ssl_vit.train.metrics import MetricsWriter
+from ssl_vit.train.rundir import check_not_source, occupant, run_files, run_kind
+from ssl_vit.train.runtime import claim_on_main, make_accelerator, setup_logging
+from ssl_vit.watchdog import set_data_timeout, watched
+
+log = logging.getLogger("predict")
+FLAGS = {  # command-line flag -> config key
+    "checkpoint": "checkpoint",
+    "source": "source",
+    "output": "output_dir",
+    "top_k": "top_k",
+    "format": "format",
+    "batch_size": "batch_size",
+    "workers": "num_workers",
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--checkpoint", help="fine-tuning run directory or its model.safetensors")
+    p.add_argument("--source", help="image folder, shards, brace pattern or HF dataset")
+    p.add_argument("--output", help="directory for predictions.jsonl and results.json")
+    p.add_argument("--top-k", type=int, help="classes listed per image (default 5)")
+    p.add_argument("--format", choices=["jsonl", "csv"], help="predictions.jsonl (default) or .csv")
+    p.add_argument("--batch-size", type=int, help="images per forward pass per process (256)")
+    p.add_argument("--workers", type=int, help="loader workers per process (-1: auto)")
+    p.add_argument("--config", help="YAML config (the keys of PredictConfig)")
+    p.add_argument("--overwrite", action="store_true", help="replace earlier predictions")
+    p.add_argument(
+        "--ignore-labels",
+        action="store_true",
+        help="treat the source as unlabelled (its folders are not the classifier's classes)",
+    )
+    p.add_argument("overrides", nargs="*", help="key=value config overrides")
+    return p.parse_intermixed_args(argv)
+
+
+def check(cfg: PredictConfig, overwrite: bool):
+    """Everything before any image is read: the classifier (its header only), the source and
+    its classes, the output directory. -> (classifier spec, number of images, labelled)"""
+    try:
+        spec = read_classifier_spec(cfg.checkpoint)
+    except ClassifierError as e:
+        raise ConfigError(f"--checkpoint {cfg.checkpoint}: {e}") from None
+    try:
+        source = open_source(cfg.source)
+        n = len(source)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--source {cfg.source}: {e}") from None
+    names = [] if cfg.ignore_labels else list(source.label_names)
+    unknown = [name for name in names if name not in spec.label_names]
+    if unknown:
+        raise ConfigError(
+            f"--source {cfg.source}: its classes {_listed(unknown)} are not among the "
+            f"classifier's {_listed(spec.label_names)}; pass --ignore-labels to label its "
+            "images anyway (no accuracy)"
+        )
+    check_output(Path(cfg.output_dir), cfg, overwrite)
+    # The source's label i is the classifier's class of the same name (folders sort by name).
+    label_map = [spec.label_names.index(name) for name in names] or None
+    return spec, n, label_map
+
+
+def check_output(out: Path, cfg: PredictConfig, overwrite: bool) -> None:
+    """The output holds nothing or earlier predictions (replaced only with --overwrite); never
+    a run of another job, a checkpoint, a dataset, or anything predict reads."""
+    config = out / "config.yaml"
+    kind = run_kind(yaml.safe_load(config.read_text()) or {}) if config.is_file() else None
+    if kind not in (None, "predict") or (kind is None and occupant(out)):
+        what = f"holds a {kind} run" if kind else occupant(out)
+        raise ConfigError(f"--output {out}: {what}; write predictions to a folder of their own")
+    if kind == "predict" and run_files(out) and not overwrite:
+        raise ConfigError(f"--output {out}: holds predictions; pass --overwrite to replace them")
+    if overwrite:
+        check_not_source("--output", out, {"--checkpoint": cfg.checkpoint, "--source": cfg.source})
+
+
+def main(argv: list[str] | None = None) -> dict:
+    t_start = time.time()
+    args = parse_args(argv)
+    flags = [f"{key}={v}" for f, key in FLAGS.items() if (v := getattr(args, f)) is not None]
+    flags += ["ignore_labels=true"] * args.ignore_labels
+    with one_line_errors():
+        cfg = load_config(PredictConfig, args.config, [*flags, *args.overrides])
+        spec, n, label_map = check(cfg, args.overwrite)  # before any image is read
+        set_data_timeout(cfg.timeouts.data_s)
+        acc = make_accelerator(cfg.mixed_precision, 1, cfg.timeouts.data_s)
+        setup_logging(acc.is_main_process)
+        reads = {"--checkpoint": cfg.checkpoint, "--source": cfg.source}
+        out = Path(cfg.output_dir)
+        lock = claim_on_main(acc, out, cfg, overwrite=args.overwrite, reads=reads)  # noqa: F841
+        model, spec = load_classifier(cfg.checkpoint)
+    workers = auto_num_workers(cfg.num_workers)
+    loader = predict_loader(
+        cfg.source, n, cfg.batch_size, spec.image_size,
+        num_workers=workers, rank=acc.process_index, world_size=acc.num_processes,
+        label_map=label_map,
+    )  # fmt: skip
+    log.info(
+        "predicting %d images of %s with %s (%d classes, %d px) on %d process(es) x %d workers",
+        n, cfg.source, cfg.checkpoint, spec.num_classes, spec.image_size, acc.num_processes,
+        workers,
+    )  # fmt: skip
+    writer = None
+    if acc.is_main_process:
+        labelled = label_map is not None
+        writer = PredictionWriter(Path(cfg.output_dir), cfg.format, spec.label_names, labelled)
+    t_loop = time.time()
+    conf, skipped = run_rounds(model.to(acc.device), loader, n, cfg, spec, acc, writer)
+    results = {
+        "job": "predict", "checkpoint": cfg.checkpoint, "source": cfg.source,
+        "images": n - len(skipped), "skipped": len(skipped),
+        "skipped_images": [{"key": key, "reason": why} for key, why in skipped],
+        "label_names": list(spec.label_names), "image_size": spec.image_size,
+        "processes": acc.num_processes, "workers": workers,
+        "images_per_s": n / max(time.time() - t_loop, 1e-9), "wall_time_s": time.time() - t_start,
+    }  # fmt: skip
+    if label_map is not None:
+        results.update(confusion_summary(conf, spec.label_names))
+    if writer is not None:
+        results["output"] = str(writer.close())
+        write_results(Path(cfg.output_dir), cfg, results)
+    return results
+
+
+def run_rounds(model, loader, n: int, cfg: PredictConfig, spec, acc, writer):
+    """Every process predicts its batch of round i (global batches iR .. iR + R - 1); the main
+    process writes them in source order. -> (confusion matrix [K, K], skipped (name, why))"""
+    K, R = spec.num_classes, acc.num_processes
+    k, batches = min(cfg.top_k, K), num_batches(n, cfg.batch_size)
+    conf, skipped = torch.zeros(K, K, dtype=torch.int64), []
+    bar = progress_bar(n, enabled=acc.is_main_process, desc="predict", unit="img", every_s=30)
+    it = iter(watched(loader, "--source"))  # a stalled source ends the job
+    try:
+        for i in range(math.ceil(batches / R)):
+            mine = i * R + acc.process_index < batches  # the last round may leave some out
+            part = predict_batch(model, next(it), k, acc.device, acc.autocast) if mine else None
+            for p in gather_on_main(part, acc):
+                writer.write(p)
+                top1 = torch.tensor([t[0] for t in p.top_idx], dtype=torch.int64)
+                add_confusion(conf, torch.tensor(p.labels, dtype=torch.int64), top1)
+                skipped += p.skipped
+                bar.update(len(p.names) + len(p.skipped))
+    except BaseException:
+        if writer is not None:
+            writer.abort()  # no partial predictions file is left under the real name
+        raise
+    finally:
+        bar.close()
+    return conf, skipped
+
+
+def write_results(out: Path, cfg: PredictConfig, results: dict) -> None:
+    write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
+    metrics = MetricsWriter(out, config=to_dict(cfg))
+    metrics.log({k: v for k, v in results.items() if isinstance(v, (int, float))})
+    metrics.close()
+    top1 = results.get("top1")
+    log.info(
+        "predicted %d images (%d skipped)%s: %s", results["images"], results["skipped"],
+        f", top-1 {100 * top1:.2f}%" if top1 is not None else "", results["output"],
+    )  # fmt: skip
+
+
+def _listed(names, most: int = 6) -> str:
+    names = list(names)
+    return "[" + ", ".join(names[:most]) + (", ..." if len(names) > most else "") + "]"
+
+
+if __name__ == "__main__":
+    run_and_exit(main)

@@ -1,0 +1,42 @@
+"""The `distill` section of fine-tuning: self-training on the unlabelled images (beyond the
+paper). A fine-tuned classifier (the teacher) labels the unlabelled images softly, on the same
+augmented images the student sees, and the student fits those targets besides the labelled
+micro-batch's true labels (SimCLRv2's distillation loss, Chen et al. 2020, section 2.3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ssl_vit.config.checks import check_positive
+from ssl_vit.config.errors import ConfigError
+
+__all__ = ["DistillConfig"]
+
+
+@dataclass
+class DistillConfig:
+    """Off unless `teacher` is set."""
+
+    # A fine-tuned classifier: a fine-tuning run directory or its model.safetensors.
+    teacher: str = ""
+    # The unlabelled images: any source (labels, if it has any, are ignored).
+    unlabelled: str = ""
+    # Softmax temperature of teacher and student on the unlabelled images (SimCLRv2: 1).
+    temperature: float = 1.0
+    # Weight of the distillation loss; the labelled cross-entropy has weight 1.
+    weight: float = 1.0
+    # Unlabelled images per labelled image in each micro-batch.
+    ratio: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.teacher.strip())
+
+    def validate(self) -> None:
+        check_positive("distill.", self, ("temperature", "ratio"))
+        if self.weight < 0:
+            raise ConfigError(f"distill.weight: must be >= 0, got {self.weight}")
+        if self.enabled != bool(self.unlabelled.strip()):
+            raise ConfigError(
+                "distill.teacher and distill.unlabelled: give both (self-training) or neither"
+            )

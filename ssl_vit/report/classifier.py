@@ -1,0 +1,100 @@
+"""Classifiers' confusion matrices and per-class accuracy, as data: the matrix a fine-tune
+(pipelines/finetune.py) or a predict output directory (`ssl-vit predict`, when its source had
+labels) wrote into results.json, row-normalised, and which of many fine-tunes the report draws.
+
+`confusion_matrix` [[int]] is K x K, rows: true class, columns: predicted class, in the order
+of `label_names`. matplotlib is not imported here (classifier_figures.py draws).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+from ssl_vit.report.budget import finetune_groups, scored
+from ssl_vit.report.runs import Run
+
+__all__ = [
+    "Confusion",
+    "chosen_runs",
+    "confusion_of",
+    "per_class_accuracy",
+    "row_normalised",
+    "top1_of",
+]
+
+log = logging.getLogger(__name__)
+ALL_UP_TO = 4  # fine-tunes with a matrix: every one drawn up to this many,
+GROUPS_UP_TO = 8  # else the best of each (encoder, label budget) group up to this many groups,
+# else the best of each encoder.
+
+
+class Confusion(NamedTuple):
+    names: list[str]  # K class names
+    counts: list[list[int]]  # [K][K], rows: true class, columns: predicted
+
+
+def confusion_of(run: Run) -> Confusion | None:
+    """The confusion matrix in a run's results.json; None when it has none, or (logged) when
+    its shape does not match its label names."""
+    counts = run.results.get("confusion_matrix")
+    if not counts:
+        return None
+    K = len(counts)
+    names = run.results.get("label_names") or list(run.results.get("per_class_top1") or [])
+    names = names or [str(i) for i in range(K)]
+    if len(names) != K or any(len(row) != K for row in counts):
+        log.warning("%s: confusion_matrix is not %d x %d (label_names), not drawn", run.name, K, K)
+        return None
+    return Confusion([str(n) for n in names], [[int(c) for c in row] for row in counts])
+
+
+def row_normalised(counts: list[list[int]]) -> list[list[float | None]]:
+    """Each row over its sum: [i][j] is the fraction of class i's images predicted as j (a row
+    sums to 1); a class with no images is a row of None."""
+    out: list[list[float | None]] = []
+    for row in counts:
+        n = sum(row)
+        out.append([c / n for c in row] if n else [None] * len(row))
+    return out
+
+
+def per_class_accuracy(counts: list[list[int]]) -> list[float | None]:
+    """The accuracy on each true class (diagonal over row sum); None for a class without
+    images. The same as results.json's per_class_top1, recomputed from the matrix drawn."""
+    return [row[i] / sum(row) if sum(row) else None for i, row in enumerate(counts)]
+
+
+def top1_of(counts: list[list[int]]) -> float | None:
+    """Accuracy over all images: the trace over the total; None without images."""
+    total = sum(map(sum, counts))
+    return sum(row[i] for i, row in enumerate(counts)) / total if total else None
+
+
+def _best(runs: list[Run]) -> Run:
+    return max(runs, key=lambda r: float(r.results["top1"]))
+
+
+def chosen_runs(runs: list[Run]) -> tuple[list[Run], str]:
+    """The runs whose confusion matrix the report draws, and which fine-tunes those are in
+    words: every predict run with a matrix, then every fine-tune with one when they are few
+    (ALL_UP_TO), else the best (top-1) of each (encoder, label budget) group, else of each
+    encoder; in the groups' order (encoders by name, scratch last, budgets ascending)."""
+    predicts = [r for r in runs if r.kind == "predict" and confusion_of(r)]
+    fts = [r for r in scored(runs) if confusion_of(r)]
+    groups = finetune_groups(fts)
+    if len(fts) <= ALL_UP_TO:
+        chosen = [r for members in groups.values() for r in members]
+        how = "every fine-tune"
+    elif len(groups) <= GROUPS_UP_TO:
+        chosen = [_best(members) for members in groups.values()]
+        how = "the best seed (top-1) of each encoder and label budget"
+    else:
+        by_encoder: dict[str, list[Run]] = {}
+        for (enc, _), members in groups.items():
+            by_encoder.setdefault(enc, []).extend(members)
+        chosen = [_best(members) for members in by_encoder.values()]
+        how = "the best run (top-1) of each encoder"
+    if fts:
+        how = f"Fine-tunes shown: {how} ({len(chosen)} of {len(fts)} with a confusion matrix)."
+    return predicts + chosen, how if fts else ""

@@ -1,0 +1,97 @@
+"""The report's fine-tuning sections: "Fine-tuning" (curves and final top-1 of the fine-tunes
+grouped by encoder and label budget) and "Accuracy vs labels per class" (issue 27, only when
+a fine-tune had a label budget). Data from budget.py, figures from finetune_figures.py
+(imported late: matplotlib is the `report` extra)."""
+
+from __future__ import annotations
+
+import logging
+
+from ssl_vit.report.budget import (
+    all_labels_per_class,
+    budget_of,
+    budget_table,
+    encoder_order,
+    fewshot_curves,
+    finetune_groups,
+    images_per_class,
+    labels_curves,
+    scored,
+)
+from ssl_vit.report.render import Chart, Section, png_bytes
+from ssl_vit.report.runs import Run
+
+__all__ = ["budget_section", "finetune_section"]
+
+log = logging.getLogger(__name__)
+SKIPPED = "figure skipped: {}; install it with: pip install 'ssl-vit[report]'"
+
+
+def finetune_section(runs: list[Run]) -> Section:
+    """The "Fine-tuning" section: training loss (and test top-1 when evaluated during
+    training) per (encoder, label budget), mean over seeds, and the final top-1, seeds as dots."""
+    s = Section("Fine-tuning")
+    groups = finetune_groups(runs)
+    try:
+        from ssl_vit.report.finetune_figures import finetune_figure
+    except ImportError as e:
+        s.notes.append(SKIPPED.format(e))
+        return s
+    if fig := finetune_figure(groups, all_labels_per_class(runs)):
+        s.charts.append(
+            Chart(
+                "finetune_curves",
+                png_bytes(fig),
+                "Fine-tunes grouped by encoder (colour) and labelled images per class (line "
+                "style; all: every label): lines are the mean over seeds, the band their "
+                "min-max. Last panel: final test top-1, bar the mean, dots the seeds.",
+            )
+        )
+    else:
+        s.notes.append("No fine-tuning runs given.")
+    return s
+
+
+def _labels_chart(runs: list[Run], curves, x_all: float | None) -> Chart | str:
+    """The accuracy-vs-labels figure, or why it is not drawn."""
+    try:
+        from ssl_vit.report.finetune_figures import accuracy_vs_labels
+    except ImportError as e:
+        return SKIPPED.format(e)
+    fewshot = fewshot_curves(runs, {e.split(" (")[0] for e in curves})  # without the recipe
+    fig = accuracy_vs_labels(curves, x_all, fewshot, order=sorted(curves, key=encoder_order))
+    return Chart(
+        "accuracy_vs_labels",
+        png_bytes(fig),
+        "Fine-tune top-1 vs labelled images per class (log axis), one line per encoder: mean "
+        "over seeds, error bars ±1 std (population; with 2 seeds: their min–max), dots: "
+        "seeds, n: seeds. Dashed: frozen few-shot linear probe of the same encoder.",
+    )
+
+
+def budget_section(runs: list[Run]) -> Section | None:
+    """The section "Accuracy vs labels per class", or None when no fine-tune used a label
+    budget (K > 0): then the report is as before."""
+    if not any(budget_of(r) > 0 for r in scored(runs)):
+        return None
+    curves, x_all = labels_curves(runs), all_labels_per_class(runs)
+    s = Section("Accuracy vs labels per class")
+    s.notes.append(
+        "Fine-tune test top-1 (%) by label budget (data.labels_per_class; all: every label, "
+        "at num_labelled / num_classes): mean ± std over seeds (population std), one row per "
+        "encoder (the pretraining run its checkpoint is in; every step of one encoder is "
+        "pooled, each fine-tuning recipe is a line of its own when there are several)."
+    )
+    left = [r.name for r in scored(runs) if budget_of(r) == 0 and images_per_class(r) is None]
+    if left:
+        s.notes.append(
+            f"Left out (every label, but results.json does not say how many): {', '.join(left)}."
+        )
+    s.tables.append(budget_table(curves, x_all))
+    chart = _labels_chart(runs, curves, x_all)
+    if isinstance(chart, str):
+        log.info(chart)
+        s.notes.append(chart)
+    else:
+        s.charts.append(chart)
+    return s

@@ -1,0 +1,211 @@
+"""The fine-tuned classifier file: `model.safetensors` of a fine-tuning run.
+
+It holds the weights (encoder and head) and, in its metadata, everything it takes to use them:
+the encoder's shape at the fine-tuning resolution, the pooling, the class names in label order
+and the evaluation transform with its pixel normalisation. `ssl-vit predict`, a distillation
+teacher and `ssl-vit export` read this file and nothing else, so they all see the fine-tune's
+own preprocessing (a checkpoint carries what it takes to use it, as timm's `pretrained_cfg`).
+
+The metadata is untrusted input: the tensors' shapes are compared with what it describes
+before any model is built from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ssl_vit.atomic import writing
+from ssl_vit.config.errors import ConfigError
+from ssl_vit.config.schema import ModelConfig
+
+__all__ = [
+    "CLASSIFIER_FILE",
+    "ClassifierSpec",
+    "find_classifier",
+    "load_classifier",
+    "read_classifier_spec",
+    "save_classifier",
+]
+
+CLASSIFIER_FILE = "model.safetensors"
+# The one evaluation transform (ssl_vit.data.images.eval_transform): the shorter side resized
+# to image_size (bilinear, antialiased), then the central image_size x image_size square.
+EVAL_RESIZE = "shorter_side_bilinear_center_crop"
+_MAX_METADATA = 1 << 20  # bytes of JSON metadata a classifier may carry
+
+
+class ClassifierError(ValueError):
+    """A file that is not a usable fine-tuned classifier: one line naming it."""
+
+
+@dataclass(frozen=True)
+class ClassifierSpec:
+    """What a fine-tuned classifier needs besides its weights."""
+
+    model_config: dict[str, Any]  # the encoder at the fine-tuning resolution (image_size)
+    pool: str  # cls or gap
+    label_names: tuple[str, ...]  # class names in label order
+    mean: tuple[float, float, float]  # pixel normalisation of [0, 1] RGB
+    std: tuple[float, float, float]
+    resize: str = EVAL_RESIZE
+
+    @property
+    def image_size(self) -> int:
+        return int(self.model_config["image_size"])
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.label_names)
+
+    def metadata(self) -> dict[str, str]:
+        preprocess = {
+            "image_size": self.image_size,
+            "resize": self.resize,
+            "mean": list(self.mean),
+            "std": list(self.std),
+        }
+        return {
+            "format": "pt",
+            "model_config": json.dumps(self.model_config),
+            "pool": self.pool,
+            "label_names": json.dumps(list(self.label_names)),
+            "preprocess": json.dumps(preprocess),
+        }
+
+    @classmethod
+    def from_metadata(cls, meta: Mapping[str, str], path: Path) -> ClassifierSpec:
+        """The spec from a file's metadata; ClassifierError naming `path` if it is none."""
+        if "label_names" not in meta:
+            what = "an encoder" if "model_config" in meta else "not an ssl-vit model"
+            raise ClassifierError(
+                f"{path}: {what}, not a fine-tuned classifier (its metadata has no label names)"
+            )
+        if sum(len(v) for v in meta.values()) > _MAX_METADATA:
+            raise ClassifierError(f"{path}: metadata over {_MAX_METADATA} bytes")
+        try:
+            model = ModelConfig.from_saved(_json_dict(meta["model_config"]))
+            names = json.loads(meta["label_names"])
+            pre = _json_dict(meta["preprocess"])
+            mean, std = _triple(pre["mean"]), _triple(pre["std"])
+            if pre["image_size"] != model.image_size or pre["resize"] != EVAL_RESIZE:
+                raise ValueError(f"unknown preprocessing {pre}")
+        except KeyError as e:
+            raise ClassifierError(f"{path}: classifier metadata lacks {e}") from None
+        except (ValueError, TypeError, ConfigError) as e:
+            raise ClassifierError(f"{path}: malformed classifier metadata: {e}") from None
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise ClassifierError(f"{path}: label_names must be a non-empty list of names")
+        if meta.get("pool") not in ("cls", "gap"):
+            raise ClassifierError(f"{path}: unknown pooling {meta.get('pool')!r}")
+        from ssl_vit.config.loader import to_dict
+
+        return cls(to_dict(model), meta["pool"], tuple(names), mean, std)
+
+
+def _json_dict(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _triple(value: Any) -> tuple[float, float, float]:
+    if not isinstance(value, list) or len(value) != 3:
+        raise ValueError(f"expected 3 numbers, got {value!r}")
+    return tuple(float(v) for v in value)  # type: ignore[return-value]
+
+
+def save_classifier(model: nn.Module, path: str | Path, spec: ClassifierSpec) -> None:
+    """The classifier's weights and `spec` as one safetensors file, written atomically (a
+    temporary sibling renamed over `path`)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with writing(path):
+            save_file(tensors, str(tmp), metadata=spec.metadata())
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def find_classifier(path: str | Path) -> Path:
+    """The classifier file that `path` names: the file itself, or a fine-tuning run directory's
+    `model.safetensors`. ClassifierError (one line) when there is none."""
+    path = Path(os.path.expanduser(str(path)))
+    if path.is_dir():
+        if not (path / CLASSIFIER_FILE).is_file():
+            why = (
+                "a pretraining run or checkpoint (no model.safetensors): fine-tune it first"
+                if (path / "checkpoints").is_dir() or (path / "encoder.safetensors").is_file()
+                else f"no {CLASSIFIER_FILE} in it (a fine-tuning run writes one when it ends)"
+            )
+            raise ClassifierError(f"{path}: {why}")
+        path = path / CLASSIFIER_FILE
+    if not path.is_file():
+        raise ClassifierError(f"{path}: no such file or run directory")
+    return path
+
+
+def _header(path: Path) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:
+    """(metadata, tensor shapes) from the safetensors header, without reading any tensor."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # safetensors raises several types for damaged files
+        raise ClassifierError(f"{path}: not a readable safetensors file ({e})") from None
+    return meta, shapes
+
+
+def read_classifier_spec(path: str | Path) -> ClassifierSpec:
+    """The spec of the classifier at `path` (a run directory or its model.safetensors), read
+    from the header only."""
+    file = find_classifier(path)
+    return ClassifierSpec.from_metadata(_header(file)[0], file)
+
+
+def build_classifier(spec: ClassifierSpec) -> nn.Module:
+    """An (untrained) classifier of `spec`'s shape, taking uint8 images."""
+    from ssl_vit.model import Classifier, PixelNorm, build_vit
+
+    encoder = build_vit(ModelConfig.from_saved(spec.model_config))
+    return Classifier(encoder, spec.num_classes, spec.pool, PixelNorm(spec.mean, spec.std))
+
+
+def load_classifier(path: str | Path) -> tuple[nn.Module, ClassifierSpec]:
+    """(the classifier in eval mode on the CPU, its spec) from a fine-tuning run directory or
+    its model.safetensors. The tensors' shapes are checked against the metadata's model before
+    it is built, so a file whose metadata lies allocates nothing."""
+    from safetensors.torch import load_file
+
+    file = find_classifier(path)
+    meta, shapes = _header(file)
+    spec = ClassifierSpec.from_metadata(meta, file)
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in build_classifier(spec).state_dict().items()}
+    if shapes != expected:
+        wrong = sorted(set(shapes) ^ set(expected)) or [
+            f"{k} {shapes[k]} != {expected[k]}" for k in expected if shapes[k] != expected[k]
+        ]
+        raise ClassifierError(
+            f"{file}: tensors do not fit the model its metadata describes: {wrong[:4]}"
+        )
+    model = build_classifier(spec)
+    try:
+        model.load_state_dict(load_file(str(file)), strict=True)
+    except Exception as e:
+        raise ClassifierError(f"{file}: cannot read its weights: {e}") from None
+    return model.eval(), spec

@@ -1,0 +1,203 @@
+"""`ssl-vit predict`: a fine-tuned classifier labels a source. Its top-1 on the fine-tune's
+evaluation split is the fine-tune's; rows come out in source order whatever the batch, worker
+and process count; unreadable images are named, counted skips; bad input is one line before
+any image is read."""
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from test_distributed import LAUNCH
+from test_pipelines import ROOT, pipeline
+
+from ssl_vit.data.synthetic import make_synthetic_shards
+from ssl_vit.eval.confusion import add_confusion, confusion_summary
+from ssl_vit.train.classifier_file import (
+    ClassifierError,
+    ClassifierSpec,
+    load_classifier,
+    read_classifier_spec,
+    save_classifier,
+)
+
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory) -> dict:
+    """A fine-tuned smoke classifier (3 shards of train, 2 shards of 50 eval images)."""
+    root = tmp_path_factory.mktemp("predict")
+    train, test = root / "train", root / "test"
+    make_synthetic_shards(train, n=240, image_size=16, seed=0, shard_size=80)
+    make_synthetic_shards(test, n=100, image_size=16, seed=1, shard_size=50)
+    run = root / "ft"
+    pipeline("finetune")(
+        ["--config", str(ROOT / "configs/finetune/smoke.yaml"), f"data.train={train}",
+         f"data.eval={test}", f"output_dir={run}", "train.steps=30", "eval_every=0"]
+    )  # fmt: skip
+    return {"root": root, "train": train, "test": test, "run": run}
+
+
+def predict(*args: str) -> dict:
+    return pipeline("predict")(list(args))
+
+
+def read_rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+
+
+def test_top1_on_the_eval_split_is_the_fine_tunes(finetuned, tmp_path):
+    res = predict("--checkpoint", str(finetuned["run"]), "--source", str(finetuned["test"]),
+                  "--output", str(tmp_path / "p"))  # fmt: skip
+    ft = json.loads((finetuned["run"] / "results.json").read_text())
+    assert res["images"] == 100 and res["skipped"] == 0
+    assert res["top1"] == ft["top1"]
+    assert res["per_class_top1"] == ft["per_class_top1"]
+    assert res["confusion_matrix"] == ft["confusion_matrix"]
+    rows = read_rows(tmp_path / "p")
+    assert len(rows) == 100
+    correct = sum(r["label"] == r["true_label"] for r in rows)
+    assert correct / 100 == pytest.approx(ft["top1"])
+    for r in rows:  # top-k sorted, the first is the label, probabilities of a softmax
+        ps = [p for _, p in r["top_k"]]
+        assert r["top_k"][0] == [r["label"], r["score"]] and ps == sorted(ps, reverse=True)
+        assert len(ps) == 5 and 0 < sum(ps) <= 1 + 1e-5
+
+
+def same_predictions(a: list[dict], b: list[dict]) -> None:
+    """The same keys in the same order with the same labels; probabilities equal up to the
+    last bits that another batch size's matrix products may change."""
+    assert [r["key"] for r in a] == [r["key"] for r in b]
+    assert [[n for n, _ in r["top_k"]] for r in a] == [[n for n, _ in r["top_k"]] for r in b]
+    pa = np.array([[p for _, p in r["top_k"]] for r in a])
+    pb = np.array([[p for _, p in r["top_k"]] for r in b])
+    np.testing.assert_allclose(pa, pb, rtol=0, atol=1e-5)
+
+
+def test_rows_are_in_source_order_for_any_batch_and_worker_count(finetuned, tmp_path):
+    runs = {}
+    for batch, workers in ((9, 0), (9, 1), (9, 2), (256, 0), (1, 2)):
+        out = tmp_path / f"b{batch}w{workers}"
+        flags = ["--batch-size", str(batch), "--workers", str(workers)]
+        predict("--checkpoint", str(finetuned["run"]), "--source", str(finetuned["test"]),
+                "--output", str(out), *flags)  # fmt: skip
+        runs[batch, workers] = (out / "predictions.jsonl").read_text()
+    assert runs[9, 0] == runs[9, 1] == runs[9, 2]  # byte-identical for any worker count
+    same_predictions(read_rows(tmp_path / "b9w0"), read_rows(tmp_path / "b256w0"))
+    same_predictions(read_rows(tmp_path / "b9w0"), read_rows(tmp_path / "b1w2"))
+    from ssl_vit.data import open_source
+
+    keys = open_source(str(finetuned["test"])).sample_keys()
+    assert [r["key"] for r in read_rows(tmp_path / "b9w2")] == keys
+
+
+def test_two_processes_write_the_rows_of_one(finetuned, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    common = ["--checkpoint", str(finetuned["run"]), "--source", str(finetuned["test"])]
+    predict(*common, "--output", str(one), "--workers", "0", "--batch-size", "9")
+    cmd = [*LAUNCH, str(ROOT / "pipelines/predict.py"), *common, "--output", str(two)]
+    proc = subprocess.run(
+        [*cmd, "--batch-size", "9", "--workers", "2"], capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    same_predictions(read_rows(one), read_rows(two))
+    res = json.loads((two / "results.json").read_text())
+    assert res["processes"] == 2 and res["images"] == 100
+    assert res["top1"] == json.loads((one / "results.json").read_text())["top1"]
+
+
+def _folder(root: Path, names: list[str], corrupt: str | None = None) -> Path:
+    """Class sub-folders of PNG images of several sizes (some not square), one corrupt file."""
+    rng = np.random.default_rng(0)
+    for i in range(12):
+        h, w = (16, 16) if i % 3 else (20 + i, 13 + i)
+        pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        folder = root / names[i % len(names)] / ("sub" if i == 5 else "")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(folder / f"img.{i:02d}.png")
+    if corrupt:
+        (root / corrupt).write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    return root
+
+
+def test_an_unreadable_image_is_a_named_skip_and_keys_are_relative_paths(finetuned, tmp_path):
+    names = list(read_classifier_spec(finetuned["run"]).label_names)
+    src = _folder(tmp_path / "imgs", names[:10], corrupt=f"{names[1]}/broken.png")
+    out = str(tmp_path / "p")
+    res = predict("--checkpoint", str(finetuned["run"]), "--source", str(src), "--output", out,
+                  "--format", "csv", "--batch-size", "4")  # fmt: skip
+    assert res["images"] == 12 and res["skipped"] == 1
+    assert res["skipped_images"][0]["key"] == f"{names[1]}/broken.png"
+    with open(tmp_path / "p" / "predictions.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    keys = [r["key"] for r in table]
+    assert len(keys) == 12 and f"{names[5]}/sub/img.05.png" in keys
+    assert keys == sorted(keys)  # a folder's order: class folders by name, then paths
+    assert all(json.loads(r["top_k"])[0][0] == r["label"] for r in table)
+    # The folder's classes (sorted by name) are mapped to the classifier's by name.
+    assert all(r["true_label"] == r["key"].split("/")[0] for r in table)
+    assert res["num_labelled"] == 12  # the labels came from the class folders
+
+
+def test_bad_input_is_one_line_before_any_image_is_read(finetuned, tmp_path, capsys):
+    run, test = str(finetuned["run"]), str(finetuned["test"])
+    pre = tmp_path / "pre"
+    (pre / "checkpoints").mkdir(parents=True)
+    other = _folder(tmp_path / "other", ["cat", "dog"])
+    (tmp_path / "p").mkdir()
+    cases = [
+        (["--checkpoint", str(pre), "--source", test], "a pretraining run"),
+        (["--checkpoint", str(tmp_path / "none"), "--source", test], "no such file"),
+        (["--checkpoint", run, "--source", str(other)], r"its classes \[cat, dog\] are not among"),
+        (["--checkpoint", run, "--source", str(tmp_path / "missing")], "--source"),
+        (["--checkpoint", run, "--source", test, "--output", run], "holds a fine-tuning run"),
+    ]
+    for args, match in cases:
+        with pytest.raises(SystemExit, match=match):
+            predict(*args, *([] if "--output" in args else ["--output", str(tmp_path / "p")]))
+    assert not any((tmp_path / "p").iterdir())  # nothing written
+    # Earlier predictions: replaced only with --overwrite; never over a source.
+    predict("--checkpoint", run, "--source", str(other), "--output", str(tmp_path / "p"),
+            "--ignore-labels")  # fmt: skip
+    with pytest.raises(SystemExit, match="holds predictions; pass --overwrite"):
+        predict("--checkpoint", run, "--source", test, "--output", str(tmp_path / "p"))
+    with pytest.raises(SystemExit, match="--output"):
+        predict("--checkpoint", run, "--source", str(other), "--output", str(other / "cat"),
+                "--overwrite", "--ignore-labels")  # fmt: skip
+
+
+def test_a_file_whose_metadata_lies_is_refused_before_building(finetuned, tmp_path):
+    spec = read_classifier_spec(finetuned["run"])
+    assert spec.num_classes == 10 and spec.image_size == 24
+    big = ClassifierSpec({**spec.model_config, "width": 32768, "depth": 48, "heads": 8},
+                         spec.pool, spec.label_names, spec.mean, spec.std)  # fmt: skip
+    model, _ = load_classifier(finetuned["run"])
+    save_classifier(model, tmp_path / "model.safetensors", big)
+    with pytest.raises(ClassifierError, match="tensors do not fit"):
+        load_classifier(tmp_path / "model.safetensors")
+    encoder = tmp_path / "enc.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(1)}, str(encoder), metadata={"model_config": "{}"})
+    with pytest.raises(ClassifierError, match="an encoder, not a fine-tuned classifier"):
+        load_classifier(encoder)
+
+
+def test_confusion_counts_by_hand():
+    conf = torch.zeros(3, 3, dtype=torch.int64)
+    add_confusion(conf, torch.tensor([0, 0, 1, 2, 2, -1]), torch.tensor([0, 1, 1, 2, 0, 2]))
+    assert conf.tolist() == [[1, 1, 0], [0, 1, 0], [1, 0, 1]]
+    s = confusion_summary(conf, ["a", "b", "c"])
+    assert s["top1"] == 3 / 5 and s["num_labelled"] == 5
+    assert s["per_class_top1"] == {"a": 0.5, "b": 1.0, "c": 0.5}
+
+
+def test_predict_is_listed_by_the_cli():
+    proc = subprocess.run(
+        [sys.executable, "-m", "ssl_vit.cli", "predict", "--help"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and "--checkpoint" in proc.stdout and "--top-k" in proc.stdout

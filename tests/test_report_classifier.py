@@ -1,0 +1,281 @@
+"""The report's classifier figures (confusion matrix, per-class accuracy) for fine-tunes and
+predict output directories, and the fine-tuning figure grouped by encoder and label budget,
+from run directories written by hand."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("matplotlib")
+
+from ssl_vit.cli import main as cli_main  # noqa: E402
+from ssl_vit.eval.confusion import confusion_summary  # noqa: E402
+from ssl_vit.report import build_report  # noqa: E402
+from ssl_vit.report.budget import finetune_groups  # noqa: E402
+from ssl_vit.report.classifier import (  # noqa: E402
+    chosen_runs,
+    confusion_of,
+    per_class_accuracy,
+    row_normalised,
+    top1_of,
+)
+from ssl_vit.report.runs import link_runs, load_runs  # noqa: E402
+
+CKPT = "runs/s/pretrain/paper_mpp/checkpoints/step_00001200"
+NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+# Per-class offsets from a run's top-1 (they sum to 0: 100 images a class keep top-1 exact).
+OFFSETS = [-9, -7, -5, -3, -1, 1, 3, 5, 7, 9]
+# {(encoder, K): top-1 (%) of seeds 0 and 1}, the quick start's 2 x 3 x 2 fine-tunes.
+TOP1 = {
+    ("mpp", 10): (40, 46),
+    ("mpp", 100): (66, 64),  # seed 0 the better one
+    ("mpp", 0): (80, 84),
+    ("scratch", 10): (20, 24),
+    ("scratch", 100): (32, 36),
+    ("scratch", 0): (60, 62),
+}
+
+
+def _write(path: Path, config: dict | None, results: dict | None, rows: tuple = ()) -> None:
+    path.mkdir(parents=True)
+    if config is not None:
+        (path / "config.yaml").write_text(yaml.safe_dump(config))
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if results is not None:
+        (path / "results.json").write_text(json.dumps(results))
+
+
+def _matrix(top1: int) -> list[list[int]]:
+    """100 images a class: class c right top1 + OFFSETS[c] times, the rest taken for c + 1."""
+    m = [[0] * 10 for _ in range(10)]
+    for c, off in enumerate(OFFSETS):
+        m[c][c] = top1 + off
+        m[c][(c + 1) % 10] = 100 - (top1 + off)
+    return m
+
+
+def _finetune(root: Path, enc: str, k: int, seed: int, top1: int) -> None:
+    """A finished fine-tune as pipelines/finetune.py writes it (results with the matrix)."""
+    m = _matrix(top1)
+    summary = confusion_summary(torch.tensor(m), NAMES)
+    results = {
+        "top1": top1 / 100,
+        "labels_per_class": k,
+        "num_labelled": 10 * k or 6000,
+        "num_classes": 10,
+        "label_names": NAMES,
+        "per_class_top1": summary["per_class_top1"],
+        "confusion_matrix": m,
+        "seed": seed,
+        "recipe": "paper",
+    }
+    init = CKPT if enc == "mpp" else "none"
+    config = {"init": {"checkpoint": init}, "data": {"labels_per_class": k}, "seed": seed}
+    # Lower for the pretrained encoder and more labels; seed 1 0.2 lower than seed 0.
+    loss0 = 2.3 - 0.2 * seed - (0.4 if enc == "mpp" else 0.0) + {10: 0.3, 100: 0.15, 0: 0.0}[k]
+    rows = [{"step": s, "loss": loss0 - s / 400} for s in (100, 200, 300)]
+    rows[-1]["top1"] = top1 / 100  # evaluated at the end only
+    _write(root / f"ft-{enc}-l{k}-s{seed}", {**config, "recipe": "paper"}, results, rows)
+
+
+def _quickstart(root: Path) -> Path:
+    for (enc, k), top1s in TOP1.items():
+        for seed, top1 in enumerate(top1s):
+            _finetune(root, enc, k, seed, top1)
+    return root
+
+
+# A predict run's hand-made 3-class matrix: rows true, columns predicted.
+PRED_M = [[3, 1, 0], [0, 0, 0], [2, 2, 4]]
+
+
+def _predict(path: Path, labelled: bool = True, config: bool = False) -> Path:
+    results = {
+        "job": "predict",
+        "checkpoint": "runs/ft-mpp-l0-s1",
+        "source": "data/photos",
+        "images": 12,
+        "skipped": 1,
+        "label_names": ["cat", "dog", "fox"],
+    }
+    if labelled:
+        results |= confusion_summary(torch.tensor(PRED_M), ["cat", "dog", "fox"])
+    cfg = {"checkpoint": results["checkpoint"], "source": "data/photos", "top_k": 5}
+    _write(path, cfg if config else None, results)
+    (path / "predictions.jsonl").write_text('{"key": "a.png", "top1": "cat"}\n')
+    return path
+
+
+def test_row_normalised_and_per_class_accuracy_hand_computed(tmp_path):
+    assert row_normalised(PRED_M) == [
+        [0.75, 0.25, 0.0],  # 3 / 4, 1 / 4
+        [None, None, None],  # no image of "dog"
+        [0.25, 0.25, 0.5],  # 2 / 8, 2 / 8, 4 / 8
+    ]
+    assert per_class_accuracy(PRED_M) == [0.75, None, 0.5]
+    assert top1_of(PRED_M) == 7 / 12
+    assert top1_of([[0, 0], [0, 0]]) is None
+    # What the report draws agrees with what the jobs wrote (ssl_vit.eval.confusion).
+    run = load_runs([_predict(tmp_path / "pred")])[0]
+    conf = confusion_of(run)
+    assert conf.names == ["cat", "dog", "fox"] and conf.counts == PRED_M
+    written = run.results["per_class_top1"]
+    assert [written[n] for n in conf.names] == per_class_accuracy(conf.counts)
+    assert run.results["top1"] == top1_of(conf.counts)
+
+
+def test_bad_matrix_is_not_drawn(tmp_path):
+    path = _predict(tmp_path / "pred")
+    results = json.loads((path / "results.json").read_text())
+    results["confusion_matrix"] = [[1, 2], [3, 4]]  # 2 x 2 for 3 names
+    (path / "results.json").write_text(json.dumps(results))
+    assert confusion_of(load_runs([path])[0]) is None
+
+
+def test_predict_dirs_are_runs_of_their_own(tmp_path):
+    """Found in a folder with or without a config.yaml, still running (its config.yaml only)
+    or finished, in no encoder's group."""
+    _predict(tmp_path / "a" / "pred")
+    _predict(tmp_path / "b" / "pred-cfg", config=True)
+    _write(tmp_path / "b" / "pred-running", {"checkpoint": "x", "source": "y", "top_k": 5}, None)
+    _finetune(tmp_path / "c", "scratch", 10, 0, 20)
+    runs = load_runs([tmp_path])
+    assert [(r.name, r.kind, r.finished) for r in runs] == [
+        ("pred", "predict", True),
+        ("pred-cfg", "predict", True),
+        ("pred-running", "predict", False),
+        ("ft-scratch-l10-s0", "finetune", True),
+    ]
+    assert {k: [r.name for r, _ in v] for k, v in link_runs(runs).items()} == {
+        None: ["ft-scratch-l10-s0"]
+    }
+
+
+def test_finetune_groups_of_the_quickstart(tmp_path):
+    """12 runs: 2 encoders x 3 budgets x 2 seeds -> 6 groups of 2 seeds, encoders by name with
+    scratch last, budgets ascending with every label (0) last."""
+    groups = finetune_groups(load_runs([_quickstart(tmp_path)]))
+    assert {g: [r.name for r in runs] for g, runs in groups.items()} == {
+        ("paper_mpp", 10): ["ft-mpp-l10-s0", "ft-mpp-l10-s1"],
+        ("paper_mpp", 100): ["ft-mpp-l100-s0", "ft-mpp-l100-s1"],
+        ("paper_mpp", 0): ["ft-mpp-l0-s0", "ft-mpp-l0-s1"],
+        ("scratch", 10): ["ft-scratch-l10-s0", "ft-scratch-l10-s1"],
+        ("scratch", 100): ["ft-scratch-l100-s0", "ft-scratch-l100-s1"],
+        ("scratch", 0): ["ft-scratch-l0-s0", "ft-scratch-l0-s1"],
+    }
+    assert list(groups) == [(e, k) for e in ("paper_mpp", "scratch") for k in (10, 100, 0)]
+
+
+def test_finetune_figure_has_a_bar_per_group_and_a_dot_per_seed(tmp_path):
+    from ssl_vit.report.finetune_figures import finetune_figure
+
+    groups = finetune_groups(load_runs([_quickstart(tmp_path)]))
+    fig = finetune_figure(groups, 600.0)
+    ax_loss, ax_top1 = fig.axes  # evaluated at the end only: no top-1-during-training panel
+    assert [t.get_text() for t in ax_top1.get_xticklabels()] == ["10", "100", "all (600)"]
+    heights = [round(p.get_height(), 6) for p in ax_top1.patches]
+    # Bars: means of the seeds, paper_mpp's budgets then scratch's.
+    assert heights == [43.0, 65.0, 82.0, 22.0, 34.0, 61.0]
+    dots = sorted(y for line in ax_top1.lines for y in line.get_ydata())
+    assert dots == sorted(float(t) for pair in TOP1.values() for t in pair)
+    assert len(ax_loss.lines) == 6  # a loss line per group (mean of its seeds)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[0] == "paper_mpp, 10 / class (2 seeds)"
+    assert legend[-1] == "scratch, all (600) / class (2 seeds)"
+    # The mean loss of the two seeds at each step (seed 1 starts 0.2 lower).
+    assert ax_loss.lines[0].get_ydata().tolist() == pytest.approx([1.85, 1.6, 1.35])
+    # No metrics rows (only results.json): the final top-1 alone, the legend its encoders.
+    for runs in groups.values():
+        for run in runs:
+            run.rows = []
+    fig = finetune_figure(groups, 600.0)
+    assert len(fig.axes) == 1 and len(fig.axes[0].patches) == 6
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["paper_mpp", "scratch"]
+
+
+def test_chosen_runs_best_seed_per_group_or_all_when_few(tmp_path):
+    runs = load_runs([_quickstart(tmp_path / "qs"), _predict(tmp_path / "pred")])
+    chosen, how = chosen_runs(runs)
+    assert [r.name for r in chosen] == [
+        "pred",
+        "ft-mpp-l10-s1",
+        "ft-mpp-l100-s0",  # 66 > 64
+        "ft-mpp-l0-s1",
+        "ft-scratch-l10-s1",
+        "ft-scratch-l100-s1",
+        "ft-scratch-l0-s1",
+    ]
+    assert "best seed" in how and "6 of 12" in how
+    few = [r for r in runs if re.fullmatch(r"ft-mpp-l(10|0)-s\d", r.name)]  # 4 fine-tunes
+    assert [r.name for r in chosen_runs(few)[0]] == [
+        "ft-mpp-l10-s0",
+        "ft-mpp-l10-s1",
+        "ft-mpp-l0-s0",
+        "ft-mpp-l0-s1",
+    ]
+
+
+def _images(page: str) -> list[str]:
+    return re.findall(r"<img alt='([^']*)' src='data:image/png;base64,", page)
+
+
+def test_report_of_one_predict_dir(tmp_path):
+    """`ssl-vit report PREDICT_DIR`: its confusion figure and the runs, no empty sections."""
+    pred = _predict(tmp_path / "pred")
+    assert cli_main(["report", str(pred), "--output", str(tmp_path / "out")]) == 0
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert _images(page) == ["confusion_pred"]
+    assert ">Per-class accuracy</h2>" in page and ">Runs</h2>" in page
+    assert ">Pretraining</h2>" not in page and ">Summary</h2>" not in page
+    assert "`ssl-vit predict` of runs/ft-mpp-l0-s1 on data/photos (12 images, 1 skipped)" in page
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "figures/confusion_pred.png" in md
+    png = tmp_path / "out" / "figures" / "confusion_pred.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The runs table names the classifier it ran.
+    assert "| pred | predict | runs/ft-mpp-l0-s1 |" in md
+
+
+def test_report_of_an_unlabelled_predict_dir_says_so(tmp_path):
+    pred = _predict(tmp_path / "pred", labelled=False, config=True)
+    _write(tmp_path / "running", {"checkpoint": "x", "source": "y", "top_k": 5}, None)
+    paths = build_report([pred, tmp_path / "running"], tmp_path / "out")
+    page = paths["html"].read_text()
+    assert _images(page) == []
+    assert "pred: 12 images predicted from data/photos without labels: no accuracy" in page
+    assert "running:" not in page  # not finished: only the runs table names it
+    assert "no results.json (running or stopped)" in page
+
+
+def test_report_of_the_quickstart_and_a_predict_dir(tmp_path):
+    """12 fine-tunes and a predict run: the grouped fine-tuning figure, accuracy vs labels,
+    and 7 confusion figures (the predict run, the best seed of each of the 6 groups)."""
+    root = _quickstart(tmp_path / "runs")
+    _predict(root / "predict" / "photos")
+    paths = build_report([root], tmp_path / "out")
+    page = paths["html"].read_text()
+    assert _images(page) == [
+        "finetune_curves",
+        "accuracy_vs_labels",
+        "confusion_photos",
+        *[f"confusion_ft-{e}-l{k}-s{s}" for e, k, s in
+          [("mpp", 10, 1), ("mpp", 100, 0), ("mpp", 0, 1), ("scratch", 10, 1),
+           ("scratch", 100, 1), ("scratch", 0, 1)]],
+    ]  # fmt: skip
+    titles = re.findall(r"<h2 id='[^']*'>([^<]*)</h2>", page)
+    assert titles == [
+        "Summary",
+        "Pretraining",
+        "Few-shot",
+        "Fine-tuning",
+        "Accuracy vs labels per class",
+        "Per-class accuracy",
+        "What the model learned",
+        "Runs",
+    ]
+    assert "ft-mpp-l100-s0: fine-tune of paper_mpp, 100 labels / class, seed 0" in page
+    assert "Fine-tunes shown: the best seed (top-1) of each encoder and label budget" in page
