@@ -31,6 +31,7 @@ from ssl_vit.eval.confusion import add_confusion, confusion_summary
 from ssl_vit.model import Classifier, PixelNorm, build_vit
 from ssl_vit.train import preflight
 from ssl_vit.train.classifier_file import CLASSIFIER_FILE, ClassifierSpec, save_classifier
+from ssl_vit.train.distill import SelfTraining, check_teacher, record_teacher
 from ssl_vit.train.ema import EMA
 from ssl_vit.train.guard import one_line_errors, run_and_exit
 from ssl_vit.train.metrics import format_metrics
@@ -40,7 +41,7 @@ from ssl_vit.train.runtime import start_run
 from ssl_vit.watchdog import watched
 
 log = logging.getLogger("finetune")
-SHOWN = ("step", "loss", "train_acc", "top1", "top1_ema", "lr", "img_per_s")
+SHOWN = ("step", "loss", "train_acc", "distill_loss", "top1", "top1_ema", "lr", "img_per_s")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -57,7 +58,7 @@ def check(cfg: FinetuneConfig, resume: bool):
     checkpoint (loaded: cfg.model and cfg.data.mean / std become its shape and pixel
     normalisation, given ones must agree), the label budget's subset, the output directory.
     -> (label names, the loaded encoder or None for random init, the subset or None, the line
-    to log about the checkpoint or None)"""
+    to log about the checkpoint or None, the self-training teacher or None)"""
     label_names = preflight.check_labelled_source("data.train", cfg.data.train)
     # Drawn on every process (labels only; the same on all): a class too small fails here.
     subset = None
@@ -78,8 +79,9 @@ def check(cfg: FinetuneConfig, resume: bool):
         cfg.model = loaded.model_config  # the checkpoint's shape, at this image size
         pixels_from = preflight.resolve_pixel_norm(cfg.data, i.checkpoint)
         note = preflight.checkpoint_note("init.checkpoint", cfg, pixels_from)
+    teacher = check_teacher(cfg, label_names, resume) if cfg.distill.enabled else None
     preflight.check_writable("output_dir", cfg.output_dir)
-    return label_names, loaded, subset, note
+    return label_names, loaded, subset, note, teacher
 
 
 @torch.no_grad()
@@ -112,9 +114,11 @@ def main(argv: list[str] | None = None) -> dict:
     with one_line_errors():
         cfg = load_config(FinetuneConfig, args.config, args.overrides)
         # Before start_run: a bad init checkpoint or label budget makes no run directory.
-        label_names, loaded, subset, note = check(cfg, args.resume)
+        label_names, loaded, subset, note, teacher = check(cfg, args.resume)
         run = start_run(cfg, args.resume, args.overwrite)  # Accelerator, locked run dir, seeds
         train_data = labelled_data(cfg, subset, run)
+        if teacher is not None and run.acc.is_main_process:
+            record_teacher(run.run_dir, teacher)
     if note:
         log.info(note)
     acc, num_classes = run.acc, len(label_names)
@@ -130,7 +134,12 @@ def main(argv: list[str] | None = None) -> dict:
     augment = device_augment(cfg, acc)
     record = {"label_names": label_names}  # in every checkpoint
     loop = TrainLoop(run, cfg, model, optimizer, args.resume, augment, ema=ema, record=record)
-    step = loop.train_step(classifier_forward(loop.model, cfg, acc))
+    # Self-training (distill.teacher): the frozen teacher and the unlabelled stream.
+    selftrain = SelfTraining(cfg, loop, teacher, augment) if teacher is not None else None
+    forward = classifier_forward(loop.model, cfg, acc)
+    if selftrain is not None:
+        forward = selftrain.forward(loop.model, recipe_loss(cfg.parts))
+    step = loop.train_step(forward)
 
     # --- Data ------------------------------------------------------------------------------
     loader = train_loader(
@@ -153,12 +162,21 @@ def main(argv: list[str] | None = None) -> dict:
         target = y
         if mixer is not None:  # mixed [0, 1] images, soft targets [B, K]
             x, target = mixer(x.float() / 255.0, y, index)
-        loss, logits = step(x, target)
-        return {"loss": loss, "micro": 1, "correct": (logits.argmax(-1) == y).sum(), "seen": len(y)}
+        if selftrain is None:
+            out, more = step(x, target), {}
+        else:  # the unlabelled micro-batch beside it, with the teacher's soft targets
+            unlabelled = selftrain.images(index)
+            out = step(x, target, unlabelled)
+            more = {"distill": out.distill, "agree": out.agree, "unlabelled": len(unlabelled)}
+        correct = (out.logits.argmax(-1) == y).sum()
+        return {"loss": out.loss, "micro": 1, "correct": correct, "seen": len(y), **more}
 
     def row(sums: dict, lap: dict, done: int) -> dict:
         out = {"step": done, "loss": _div(sums["loss"], sums["micro"])}
         out.update(train_acc=_div(sums["correct"], sums["seen"]), **lap)
+        if selftrain is not None:  # the distillation term, and how often student = teacher
+            out.update(distill_loss=_div(sums["distill"], sums["micro"]))
+            out.update(teacher_agree=_div(sums["agree"], sums["unlabelled"]))
         if cfg.eval_every and done % cfg.eval_every == 0 and done != cfg.train.steps:
             with loop.paused():
                 scores = evaluate_all(loop.model, ema, cfg, acc, label_names)
@@ -175,6 +193,8 @@ def main(argv: list[str] | None = None) -> dict:
             summary = confusion_summary(confusion, label_names)
             results.update(per_class_top1=summary["per_class_top1"])
             results.update(confusion_matrix=summary["confusion_matrix"])
+        if teacher is not None:
+            results["distill"] = distill_results(cfg, teacher, loop.counters)
         results["wall_time_s"] = time.time() - t_start
         if acc.is_main_process:  # the averaged weights when there are any (what top1_ema scored)
             save_final(ema.module if ema is not None else loop.raw, cfg, label_names)
@@ -187,7 +207,10 @@ def main(argv: list[str] | None = None) -> dict:
         "random init" if cfg.init.scratch else cfg.init.checkpoint,
     )
     after_step = (lambda applied: ema.update(loop.raw, applied)) if ema is not None else None
-    return loop.run(loader, micro, row, finish, SHOWN, after_step=after_step, hold_last_row=True)
+    side = {SelfTraining.SIDE: selftrain.loader} if selftrain is not None else None
+    return loop.run(
+        loader, micro, row, finish, SHOWN, after_step=after_step, hold_last_row=True, side=side
+    )
 
 
 def device_augment(cfg: FinetuneConfig, acc):
@@ -238,6 +261,20 @@ def final_results(cfg: FinetuneConfig, row: dict, counters: dict, subset, label_
         "num_labelled": subset.num_labelled if subset else _source_size(cfg.data.train),
         "num_classes": len(label_names),
         "label_names": list(label_names),
+    }
+
+
+def distill_results(cfg: FinetuneConfig, teacher, counters: dict) -> dict:
+    """What results.json says of self-training: the teacher (path, checksum, its top-1), the
+    unlabelled source and how many of its images the run saw (all processes)."""
+    d = cfg.distill
+    return {
+        **teacher.record(),
+        "unlabelled": d.unlabelled,
+        "unlabelled_images_seen": counters.get("images_unlabelled", 0),
+        "temperature": d.temperature,
+        "weight": d.weight,
+        "ratio": d.ratio,
     }
 
 

@@ -39,6 +39,7 @@ import yaml
 
 from ssl_vit.config import ConfigError, load_config, save_config, to_dict
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig
+from ssl_vit.config.shipped import find_config
 from ssl_vit.config.study import StudyBudget, StudyConfig
 from ssl_vit.eval.fewshot import shot_order
 from ssl_vit.progress import format_eta, progress_bar
@@ -47,6 +48,7 @@ from ssl_vit.report.runs import fewshot_table, read_results
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = "random init"
 BUDGETS = ("full", "quick", "gpu")  # the study config's budget sections
+FEWSHOT_WEIGHT = 2000  # a few-shot job's weight, as many training images (its feature pass)
 
 
 @dataclass
@@ -56,6 +58,7 @@ class Job:
     run_dir: Path
     argv: Callable[[], list[str]]  # built when the job starts (it may need a checkpoint)
     chain: str = ""  # the variant (or baseline) whose chain it belongs to: `name` if empty
+    weight: int = FEWSHOT_WEIGHT  # its share of the study's work: the images its steps train on
 
     def __post_init__(self) -> None:
         self.chain = self.chain or self.name
@@ -108,7 +111,8 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
             f"data.train={d.train}", f"data.eval={d.eval}",
             *model_overrides(budget.model, budget.finetune_image_size), *budget.finetune,
             *seed, *extra,
-        ], chain=name)  # fmt: skip
+        ], chain=name, weight=images_trained(cfg.finetune_config, [*budget.finetune, *extra]),
+        )  # fmt: skip
 
     def finetune(name: str, ckpt: Callable[[], str]) -> list[Job]:
         """One fine-tune per recipe x label budget x seed (their overrides after the budget's)."""
@@ -122,10 +126,32 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
             f"output_dir={pre_dir}", f"data.train_shards={d.train}", *pre_fewshot,
             *model_overrides(budget.model), *objective_overrides(v.objective), *budget.pretrain,
             *seed,
-        ]))  # fmt: skip
+        ], weight=images_trained(cfg.pretrain_config, budget.pretrain)))  # fmt: skip
         ckpt = lambda pre_dir=pre_dir: checkpoint_of(pre_dir)  # noqa: E731
         jobs += [fewshot(v.name, ckpt), *finetune(v.name, ckpt)]
+        for tag, st_tag, extra in self_trainings(cfg):  # after their teachers, the fine-tunes
+            teacher = out / "finetune" / (v.name + tag)
+            distill = [f"distill.teacher={teacher}", f"distill.unlabelled={d.train}"]
+            jobs.append(finetune_one(v.name, ckpt, v.name + st_tag, [*distill, *extra]))
     return jobs
+
+
+def images_trained(config: str, overrides: list[str]) -> int:
+    """train.steps x train.batch_size (x 1 + distill.ratio when self-training) of a job: its
+    config file's values, then its overrides (the last one of a key wins)."""
+    try:
+        data = yaml.safe_load(find_config(config).read_text()) or {}
+    except (OSError, yaml.YAMLError, ConfigError):
+        data = {}
+    train = data.get("train") or {}
+    value = {"train.steps": train.get("steps", 1), "train.batch_size": train.get("batch_size", 1)}
+    value |= {"distill.ratio": 1, "distill.teacher": ""}
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        if key in value:
+            value[key] = int(raw) if raw.strip().isdigit() else raw.strip()
+    unlabelled = value["distill.ratio"] if value["distill.teacher"] else 0
+    return max(1, int(value["train.steps"]) * int(value["train.batch_size"]) * (1 + unlabelled))
 
 
 def labels_tag(k: int) -> str:
@@ -144,6 +170,25 @@ def finetunes(cfg: StudyConfig) -> list[tuple[str, list[str]]]:
     return [
         (r + b + s, [*ro, *bo, *so]) for r, ro in recipes for b, bo in budgets for s, so in seeds
     ]
+
+
+SELF_TRAINED = "-st"  # a self-training run's name: its teacher's with this after the budget
+
+
+def self_trainings(cfg: StudyConfig) -> list[tuple[str, str, list[str]]]:
+    """(its teacher's run-name suffix, its own, overrides) of each self-training fine-tune of
+    one pretrained encoder: per label budget with `self_train` and per seed, with the first
+    recipe; the overrides are its teacher's, then the budget's `self_train`."""
+    recipe = [(f"-{r.name}", r.finetune) for r in cfg.recipes[:1]] or [("", [])]
+    seeds = [(f"-s{s}", [f"seed={s}"]) for s in cfg.finetune_seeds] or [("", [])]
+    out = []
+    for b in (b for b in cfg.labels if b.self_train is not None):
+        r, budget = recipe[0][0], f"-l{labels_tag(b.per_class)}"
+        base = [*recipe[0][1], f"data.labels_per_class={b.per_class}", *b.finetune]
+        for tag, seed in seeds:
+            teacher, own = r + budget + tag, r + budget + SELF_TRAINED + tag
+            out.append((teacher, own, [*base, *seed, *b.self_train]))
+    return out
 
 
 BASELINES = ("random", "scratch")  # the random-init rows' job names
@@ -184,6 +229,38 @@ def job_status(run_dir: Path) -> str | None:
     return f"step {step}/{train['steps']}, {rate:.0f} img/s, eta {format_eta(left)}"
 
 
+def job_fraction(run_dir: Path) -> float | None:
+    """The share of its steps a running job has logged (None before its first row)."""
+    try:
+        rows = (run_dir / "metrics.jsonl").read_bytes().splitlines()
+        steps = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["steps"]
+        return min(1.0, int(json.loads(rows[-1])["step"]) / int(steps))
+    except (OSError, IndexError, KeyError, TypeError, ValueError, yaml.YAMLError):
+        return None
+
+
+class StudyProgress:
+    """The study's bar in images trained (`Job.weight`): a running job moves it as its steps are
+    logged, so the ETA counts down during a long job too; a skipped job leaves the total."""
+
+    def __init__(self, jobs: list[Job], enabled: bool) -> None:
+        total = sum(job.weight for job in jobs)
+        self.bar = progress_bar(total, enabled=enabled, desc="study", unit="img")
+        self.done = 0  # the weight of the jobs that ended
+
+    def running(self, job: Job, fraction: float) -> None:
+        target = self.done + int(fraction * job.weight)
+        if target > self.bar.n:
+            self.bar.update(target - self.bar.n)
+
+    def ended(self, job: Job, skipped: bool) -> None:
+        if skipped:  # no time spent: it must not make the rate look faster
+            self.bar.total -= job.weight
+        else:
+            self.done += job.weight
+            self.bar.update(max(0, self.done - self.bar.n))
+
+
 def execute(argv: list[str], log, tick: Callable[[], None] = lambda: None) -> int:
     """Run one job in its own process (isolated memory, a crash stays in its log), calling
     `tick` every few seconds while it runs.
@@ -216,9 +293,16 @@ def finished(run_dir: Path) -> bool:
     return bool(results) and not results.get("preempted", False)
 
 
-def run_study_job(job: Job, log_dir: Path, dry_run: bool, say=print) -> str:
-    """Run `job` unless its results exist; `say` prints a line (the progress bar's `write`).
-    Returns the line that says how it ended."""
+def run_study_job(
+    job: Job,
+    log_dir: Path,
+    dry_run: bool,
+    say: Callable[[str], None] = print,
+    progress: Callable[[float], None] = lambda _: None,
+) -> str:
+    """Run `job` unless its results exist; `say` prints a line (the progress bar's `write`),
+    `progress(fraction)` is told how far the running job is. Returns the line that says how
+    it ended."""
     label = f"{job.stage}/{job.name}"
     argv = job.argv()
     recorded, command = job.run_dir / "study_job.json", [Path(argv[1]).name, *argv[2:]]
@@ -241,6 +325,9 @@ def run_study_job(job: Job, log_dir: Path, dry_run: bool, say=print) -> str:
     shown = {"line": None, "at": time.monotonic()}
 
     def tick() -> None:  # the running job's own step, img/s and ETA, every STATUS_EVERY_S
+        fraction = job_fraction(job.run_dir)
+        if fraction is not None:
+            progress(fraction)
         line = job_status(job.run_dir)
         if line and line != shown["line"] and time.monotonic() - shown["at"] >= STATUS_EVERY_S:
             say(f"       {label}: {line}")
@@ -300,6 +387,8 @@ def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> 
                 if len(runs) > 1 else ft.get("wall_time_s"),
             },
         })  # fmt: skip
+        if v is not None and self_trainings(cfg):
+            rows.append(self_trained_row(cfg, rows[-1], out / "finetune", ft_name))
     walls = [w for r in rows for w in r["wall_time_s"].values() if w is not None]
     summary = {
         "preset": preset,
@@ -310,6 +399,20 @@ def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> 
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "summary.md").write_text(markdown_table(rows) + "\n")
     return summary
+
+
+def self_trained_row(cfg: StudyConfig, encoder_row: dict, finetunes_dir: Path, name: str):
+    """The row of an encoder's self-trained fine-tunes: the encoder's pretraining and few-shot
+    figures, its label-budget columns (those with self-training filled)."""
+    runs = {teacher: read_results(finetunes_dir / (name + own))
+            for teacher, own, _ in self_trainings(cfg)}  # fmt: skip
+    return {
+        **encoder_row,
+        "variant": f"{encoder_row['variant']} + self-trained",
+        "finetune_by_labels": labels_columns(cfg, runs),
+        "wall_time_s": {"pretrain": None, "fewshot": None,
+                        "finetune": _total([r.get("wall_time_s") for r in runs.values()])},
+    }  # fmt: skip
 
 
 def labels_columns(cfg: StudyConfig, runs: dict[str, dict]) -> dict[str, dict]:
@@ -432,14 +535,17 @@ def main(argv: list[str] | None = None) -> dict | None:
         save_config(cfg, out / "study.yaml")
     t0 = time.time()
     print(f"study: {len(jobs)} jobs, {preset} budget, in {out}", flush=True)
-    # Job by job, with the share done and an ETA from the jobs run so far (a bar on a terminal).
-    bar = progress_bar(len(jobs), enabled=not args.dry_run, desc="study", unit="job")
-    say = print if args.dry_run else bar.write
+    # Job by job, with the share done and an ETA from the work done so far (a bar on a
+    # terminal): each job weighs the images it trains on (StudyProgress).
+    bar = StudyProgress(jobs, enabled=not args.dry_run)
+    say = print if args.dry_run else bar.bar.write
     for job in jobs:
-        line = run_study_job(job, out / "logs", args.dry_run, say)
-        bar.update(1)
+        line = run_study_job(
+            job, out / "logs", args.dry_run, say, lambda f, job=job: bar.running(job, f)
+        )
+        bar.ended(job, skipped=line.startswith("[skip]"))
         say(line)
-    bar.close()
+    bar.bar.close()
     if args.dry_run:
         return None
     summary = summarize(cfg, budget, out, preset)

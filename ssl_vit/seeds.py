@@ -26,6 +26,7 @@ __all__ = [
     "PROCESS",
     "SHARDS",
     "SHUFFLE",
+    "UNLABELLED",
     "derive",
     "process",
 ]
@@ -42,6 +43,7 @@ PROCESS = 9  # a process's global RNGs (Python, NumPy, torch)
 MIXUP = 10  # mixup / cutmix of a micro-batch: its lam, mode and box (train.recipe)
 LABELS = 11  # which K images of a class form the labelled subset (data.labelled)
 LABELS_ORDER = 12  # the order of the labelled subset's copy in its shards
+UNLABELLED = 13  # self-training's unlabelled stream: its seed (order, crops) derives from this
 
 
 _MASK = 2**64 - 1

@@ -329,3 +329,75 @@ def test_the_running_job_shows_its_own_progress(tmp_path, monkeypatch):
     )
     shown = [line.strip() for line in said if "step " in line]
     assert shown == [f"pretrain/x: step {s}/4, 8 img/s, eta {4 - s}s" for s in range(1, 5)]
+
+
+def test_self_training_follows_its_teacher_and_gets_a_row(tmp_path, capsys):
+    """`self_train:` on a budget plans, after each pretrained encoder's fine-tunes, one
+    fine-tune per seed with that seed's fine-tune as distill.teacher and data.train as
+    distill.unlabelled; the summary's row "<encoder> + self-trained" fills that budget only."""
+    study = load_study()
+    base = ["--config", str(REPO / "configs/study/quickstart.yaml"), "--dry-run"]
+    over = [f"full.output_dir={tmp_path}"]
+    study.main([*base, *over])
+    plan = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[plan]")]
+    names = [line.split(":")[0].removeprefix("[plan] ") for line in plan]
+    v = "mean_color_50"
+    assert names[-2:] == [f"finetune/{v}-l10-st-s0", f"finetune/{v}-l10-st-s1"]
+    assert names.index(f"finetune/{v}-l10-s1") < names.index(f"finetune/{v}-l10-st-s0")
+    assert not any("scratch-l10-st" in n for n in names)  # a pretrained encoder's only
+    last = plan[-1]
+    assert f"distill.teacher={tmp_path}/finetune/{v}-l10-s1" in last
+    assert "distill.unlabelled=data/shapes" in last and "init.checkpoint=" in last
+    assert last.endswith("data.labels_per_class=10 train.steps=60 seed=1 train.steps=150")
+
+    cfg = study.load_config(StudyConfig, REPO / "configs/study/quickstart.yaml", over)
+    for name, top1 in [("l10-s0", 0.25), ("l10-s1", 0.27), ("l10-st-s0", 0.3), ("l10-st-s1", 0.32)]:
+        run = tmp_path / "finetune" / f"{v}-{name}"
+        run.mkdir(parents=True)
+        (run / "results.json").write_text(json.dumps({"top1": top1, "num_labelled": 100}))
+    rows = study.summarize(cfg, cfg.full, tmp_path, "full")["rows"]
+    assert [r["variant"] for r in rows] == ["random init", v, f"{v} + self-trained"]
+    assert rows[1]["finetune_by_labels"]["10/class"]["top1"] == [0.25, 0.27]
+    assert rows[2]["finetune_by_labels"]["10/class"]["top1"] == [0.3, 0.32]
+    assert rows[2]["finetune_by_labels"]["50/class"]["top1"] == []
+    table = (tmp_path / "summary.md").read_text().splitlines()
+    assert table[-1].startswith(f"| {v} + self-trained |") and "| 31.0 (30.0 / 32.0) |" in table[-1]
+
+
+def test_jobs_weigh_the_images_they_train_on():
+    """The study's progress counts each job by train.steps x train.batch_size (x 2 when
+    self-training with one unlabelled image per labelled one), so its ETA does not grow while
+    the long pretraining job runs."""
+    study = load_study()
+    cfg = study.load_config(StudyConfig, REPO / "configs/study/quickstart.yaml", [])
+    weights = {f"{j.stage}/{j.name}": j.weight for j in study.plan(cfg, cfg.full, Path("x"))}
+    assert weights["pretrain/mean_color_50"] == 900 * 64
+    assert weights["finetune/scratch-l10-s0"] == 60 * 32
+    assert weights["finetune/mean_color_50-lall-s1"] == 150 * 32
+    assert weights["finetune/mean_color_50-l10-st-s0"] == 150 * 32 * 2
+    assert weights["fewshot/random"] == study.FEWSHOT_WEIGHT
+    assert study.images_trained("configs/finetune/smoke.yaml", ["distill.ratio=3"]) == 20 * 32
+    st = ["distill.teacher=t", "distill.ratio=3"]
+    assert study.images_trained("configs/finetune/smoke.yaml", st) == 20 * 32 * 4
+
+
+def test_the_study_bar_moves_while_a_job_runs_and_skips_leave_the_total(tmp_path):
+    study = load_study()
+    jobs = [study.Job("pretrain", "a", tmp_path, list, weight=w) for w in (100, 900, 300)]
+    bar = study.StudyProgress(jobs, enabled=False)
+    assert bar.bar.total == 1300
+    bar.ended(jobs[0], skipped=True)  # done before: no work this time
+    assert (bar.bar.total, bar.bar.n) == (1200, 0)
+    bar.running(jobs[1], 0.5)
+    bar.running(jobs[1], 0.25)  # never backwards
+    assert bar.bar.n == 450
+    bar.ended(jobs[1], skipped=False)
+    bar.running(jobs[2], 1 / 3)
+    assert bar.bar.n == 900 + 100
+    # The job's own fraction, from its config.yaml and last metrics row.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("train: {steps: 200, batch_size: 8}\n")
+    assert study.job_fraction(run) is None
+    (run / "metrics.jsonl").write_text('{"step": 50, "img_per_s": 10}\n')
+    assert study.job_fraction(run) == 0.25

@@ -134,7 +134,7 @@ def test_batches_start_the_loader_workers_only_inside_the_with_block():
             started.append(True)
             return iter([])
 
-    batches = Batches(Loader(), None, new_counters(), 1, Stopwatch())
+    batches = Batches(Loader(), new_counters(), 1, Stopwatch())
     assert not started
     with batches:
         assert started == [True]
@@ -162,8 +162,8 @@ def test_resume_reads_each_checkpoint_file_once(tmp_path, monkeypatch):
         rng={**checkpoint.rng_state(), "stream": {"at": 1}},
     )
     hashed = []
-    sha256 = checkpoint._sha256
-    monkeypatch.setattr(checkpoint, "_sha256", lambda p: hashed.append(p.name) or sha256(p))
+    sha256 = checkpoint.file_sha256
+    monkeypatch.setattr(checkpoint, "file_sha256", lambda p: hashed.append(p.name) or sha256(p))
     fresh = torch.nn.Linear(3, 2)
     start = load_resume_point(run, True, fresh, torch.optim.SGD(fresh.parameters(), lr=0.1))
     assert sorted(hashed) == sorted(set(hashed)) and "state.pt" in hashed

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
+from ssl_vit.config.predict import PredictConfig
 from ssl_vit.config.schema import FewshotConfig, FinetuneConfig, PretrainConfig
 from ssl_vit.config.study import StudyConfig
 
@@ -41,6 +42,7 @@ JOB_SCHEMAS: dict[str, tuple[type, str]] = {
     "pretrain": (PretrainConfig, "`pipelines/pretrain.py`, `ssl-vit pretrain`"),
     "finetune": (FinetuneConfig, "`pipelines/finetune.py`, `ssl-vit finetune`"),
     "fewshot": (FewshotConfig, "`pipelines/fewshot.py`, `ssl-vit fewshot`"),
+    "predict": (PredictConfig, "`pipelines/predict.py`, `ssl-vit predict` (or its flags)"),
     "study": (StudyConfig, "`scripts/study.py`, `scripts/quickstart.sh`"),
 }
 

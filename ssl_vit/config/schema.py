@@ -19,6 +19,7 @@ from ssl_vit.config.checks import (
     check_positive,
     check_seed,
 )
+from ssl_vit.config.distill import DistillConfig
 from ssl_vit.config.errors import ConfigError
 from ssl_vit.config.fewshot import FEWSHOT_JOB_MOVES, FewshotEvalConfig
 from ssl_vit.config.loader import from_dict
@@ -330,6 +331,8 @@ class FinetuneConfig:
     # weight_decay, betas that are not given explicitly (see ssl_vit.config.recipe).
     recipe: Literal["paper", "modern"] = "paper"
     parts: RecipeParts = field(default_factory=RecipeParts)
+    # Self-training on unlabelled images with a fine-tuned teacher (beyond the paper).
+    distill: DistillConfig = field(default_factory=DistillConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
     trackers: list[str] = field(default_factory=list)  # experiment trackers, as pretraining's
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)

@@ -55,6 +55,11 @@ class StudyLabels:
 
     per_class: int = 0  # labelled images per class (0: every label)
     finetune: list[str] = field(default_factory=list)  # overrides after the budget's and recipe's
+    # Self-training at this budget (beyond the paper): after each pretrained encoder's
+    # fine-tune (the teacher, per seed), a fine-tune of the same encoder with distill.teacher
+    # = that fine-tune and distill.unlabelled = data.train, these overrides after `finetune`'s
+    # (e.g. train.steps, distill.weight). null: none.
+    self_train: list[str] | None = None
 
 
 @dataclass

@@ -412,18 +412,22 @@ def train_loader(
     num_classes: int = 0,
     randaugment: str = "",
     paired: bool = False,
+    source: str | None = None,
 ) -> TrainLoader:
     """Endless augmented labelled batches of `data.train` for fine-tuning, resumable like
     `pretrain_loader`. `num_classes` K > 0: samples labelled outside [0, K) are skipped and
     counted (a label the classifier head has no output for); `randaugment`: a timm RandAugment
     spec applied after crop and flip (worker-side augmentation only); `paired`: mixup / cutmix
     pair images within a lane's share of the micro-batch (`lane_share`), which must be even.
+    `source`: the unlabelled images of self-training (`distill.unlabelled`) instead, with the
+    same augmentation; their labels, if any, are not read.
 
     Shards: as `pretrain_loader`, a sample without a label skipped. An image folder or HF
     dataset: per epoch a permutation seeded by (seed, epoch), split over the lanes.
     `load_size`: as `pretrain_loader`.
     """
-    source = data.train
+    labelled = source is None
+    source, key = (data.train, "data.train") if labelled else (source, "distill.unlabelled")
     stream: dict[str, Any] = dict(
         batch_size=batch_size,
         image_size=image_size,
@@ -431,20 +435,20 @@ def train_loader(
         rank=rank,
         world_size=world_size,
         resume=resume,
-        require_labels=True,
+        require_labels=labelled,
         max_consecutive_failures=max_consecutive_failures,
         load_size=load_size,
-        num_classes=num_classes,
+        num_classes=num_classes if labelled else 0,
         randaugment=randaugment,
         paired=paired,
     )
     if is_shard_spec(source):
         index = read_index(source)
-        if index is not None and not index["label_names"]:
+        if labelled and index is not None and not index["label_names"]:
             raise ValueError(f"{source}: shards have no labels (index.json label_names is empty)")
-        return _shard_loader(resolve_shards(source), data, "data.train", **stream)
+        return _shard_loader(resolve_shards(source), data, key, **stream)
     source_obj = open_source(source)
-    if not source_obj.label_names:
+    if labelled and not source_obj.label_names:
         raise ValueError(f"{source}: source has no labels")
     micro = batch_size * world_size
     saved = resume.get("lanes") if resume else None
@@ -456,4 +460,4 @@ def train_loader(
         "shuffle_buffer": data.shuffle_buffer,
     }
     fields = dict(spec=source)
-    return _build(_IndexedTrainStream, data, identity, "data.train", **fields, **stream)
+    return _build(_IndexedTrainStream, data, identity, key, **fields, **stream)

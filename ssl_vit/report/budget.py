@@ -36,6 +36,7 @@ __all__ = [
 ]
 
 SCRATCH = "scratch"  # the random-init encoder's line
+SELF_TRAINED = " + self-trained"  # its fine-tunes with a teacher on the unlabelled images
 Curves = dict[str, dict[int, list[float]]]  # {encoder: {K: [top1 of each seed]}}
 Groups = dict[tuple[str, int], list[Run]]  # {(encoder, K): [fine-tunes, one per seed]}
 
@@ -50,7 +51,9 @@ def encoder_name(run: Run) -> str:
     run_dir = run_dir_of(ckpt)
     if run_dir is None and (Path(ckpt) / "checkpoints").is_dir():  # init: a run directory
         run_dir = Path(ckpt)
-    return run_dir.name if run_dir is not None else ckpt
+    name = run_dir.name if run_dir is not None else ckpt
+    # Self-training (distill.teacher) from the same encoder is another line of its own.
+    return name + SELF_TRAINED if (run.config.get("distill") or {}).get("teacher") else name
 
 
 def budget_of(run: Run) -> int:

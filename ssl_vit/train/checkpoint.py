@@ -48,6 +48,7 @@ __all__ = [
     "verify_checkpoint",
     "verify_if_checkpoint",
     "write_manifest",
+    "file_sha256",
     "rng_state",
     "set_rng_state",
     "save_weights",
@@ -80,7 +81,8 @@ class PixelStats(NamedTuple):
     std: tuple[float, float, float]
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes (hex), read in 1 MiB chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -298,7 +300,9 @@ def _cleaned_on_failure(tmp: Path) -> Iterator[None]:
 
 def write_manifest(folder: Path, **extra: Any) -> None:
     """manifest.json (size and SHA-256 of every file of `folder`), then everything fsynced."""
-    files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in folder.iterdir()}
+    files = {
+        p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in folder.iterdir()
+    }
     (folder / MANIFEST).write_text(json.dumps({**extra, "files": files}, indent=1))
     for p in folder.iterdir():
         with open(p, "rb") as f:
@@ -319,7 +323,7 @@ def verify_checkpoint(path: Path) -> None:
         f = path / name
         if not f.is_file():
             raise CheckpointError(f"{path}: missing {name}")
-        if f.stat().st_size != info["bytes"] or _sha256(f) != info["sha256"]:
+        if f.stat().st_size != info["bytes"] or file_sha256(f) != info["sha256"]:
             raise CheckpointError(f"{path}: {name} is truncated or corrupted (checksum mismatch)")
 
 

@@ -8,14 +8,31 @@ Shape legend: B labelled images, U unlabelled images, K classes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["DistillLoss", "distill_forward", "distillation_loss", "frozen_teacher"]
+from ssl_vit.atomic import write_text
+from ssl_vit.config.errors import ConfigError
+from ssl_vit.train.checkpoint import file_sha256
+
+__all__ = [
+    "TEACHER_FILE",
+    "DistillLoss",
+    "Teacher",
+    "check_teacher",
+    "distill_forward",
+    "distillation_loss",
+    "frozen_teacher",
+    "record_teacher",
+]
+
+TEACHER_FILE = "teacher.json"  # in the run directory: which teacher, by path and checksum
 
 
 def distillation_loss(
@@ -67,3 +84,124 @@ def distill_forward(
         return DistillLoss(labelled + weight * distill, logits_B, labelled, distill, agree)
 
     return forward_loss
+
+
+class Teacher(NamedTuple):
+    """The teacher as checked before any compute: its classifier file, the file's SHA-256 and
+    its fine-tune's top-1 (None when its run has no results.json)."""
+
+    file: Path
+    sha256: str
+    top1: float | None
+
+    def record(self) -> dict[str, Any]:
+        return {"teacher": str(self.file), "teacher_sha256": self.sha256, "teacher_top1": self.top1}
+
+
+def check_teacher(cfg: Any, label_names: list[str], resume: bool) -> Teacher:
+    """distill.teacher is a fine-tuned classifier for data.train's classes at model.image_size,
+    distill.unlabelled a readable source, and on --resume the teacher the run started with:
+    each a one-line ConfigError before any compute."""
+    from ssl_vit.data.sources import open_source
+    from ssl_vit.train.classifier_file import ClassifierError, read_classifier_spec
+
+    d = cfg.distill
+    try:
+        spec = read_classifier_spec(d.teacher)
+        file = _classifier_path(d.teacher)
+    except ClassifierError as e:
+        raise ConfigError(f"distill.teacher={d.teacher!r}: {e}") from None
+    if list(spec.label_names) != list(label_names):
+        raise ConfigError(
+            f"distill.teacher={d.teacher!r}: classifies {list(spec.label_names)[:6]}, not "
+            f"data.train's classes {list(label_names)[:6]} (in that order)"
+        )
+    if spec.image_size != cfg.model.image_size:
+        raise ConfigError(
+            f"distill.teacher={d.teacher!r}: takes {spec.image_size} px images, the student "
+            f"{cfg.model.image_size} px (model.image_size); give them the same resolution"
+        )
+    try:
+        if len(open_source(d.unlabelled)) == 0:
+            raise ValueError("no images")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"distill.unlabelled={d.unlabelled!r}: {e}") from None
+    teacher = Teacher(file, file_sha256(file), _teacher_top1(file.parent))
+    if resume:
+        _check_same_teacher(Path(cfg.output_dir) / TEACHER_FILE, teacher)
+    return teacher
+
+
+def _classifier_path(path: str) -> Path:
+    from ssl_vit.train.classifier_file import find_classifier
+
+    return find_classifier(path).resolve()
+
+
+def _teacher_top1(run_dir: Path) -> float | None:
+    """The saved model's top-1 in its fine-tune's results.json (top1_ema with averaging)."""
+    try:
+        results = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        return None
+    top1 = results.get("top1_ema") if results.get("top1_ema") is not None else results.get("top1")
+    return top1 if isinstance(top1, (int, float)) else None
+
+
+def _check_same_teacher(recorded: Path, teacher: Teacher) -> None:
+    if not recorded.is_file():
+        return  # stopped before its first record: nothing trained with another teacher
+    try:
+        before = json.loads(recorded.read_text())
+    except ValueError:
+        raise ConfigError(f"{recorded}: unreadable; start a new run (--overwrite)") from None
+    if before.get("teacher_sha256") != teacher.sha256:
+        raise ConfigError(
+            f"--resume: distill.teacher is not the teacher this run started with "
+            f"({before.get('teacher')}, sha256 {str(before.get('teacher_sha256'))[:12]}...; now "
+            f"{teacher.file}, {teacher.sha256[:12]}...); resume with that one or start a new run"
+        )
+
+
+def record_teacher(run_dir: Path, teacher: Teacher) -> None:
+    """teacher.json in the run directory (atomic), what --resume compares."""
+    write_text(Path(run_dir) / TEACHER_FILE, json.dumps(teacher.record(), indent=1) + "\n")
+
+
+class SelfTraining:
+    """One fine-tuning run's self-training: the frozen teacher on the device, the unlabelled
+    stream (a side stream of the loop: its position is checkpointed apart, as elastic as the
+    labelled one) and its crops (in the workers, or on the device with the labelled stream's
+    `data.augment`), each from a seed of its own (`seeds.UNLABELLED`)."""
+
+    SIDE = "unlabelled"  # the loop's name for the stream (counter images_unlabelled)
+
+    def __init__(self, cfg: Any, loop: Any, teacher: Teacher, device_augment: Any) -> None:
+        from ssl_vit import seeds
+        from ssl_vit.data.device_augment import build_device_augment
+        from ssl_vit.data.train_stream import train_loader
+        from ssl_vit.train.classifier_file import load_classifier
+
+        acc, d = loop.acc, cfg.distill
+        self.cfg, self.loop, self.device = cfg, loop, acc.device
+        self.teacher = frozen_teacher(load_classifier(teacher.file)[0], acc.device)
+        seed = seeds.derive(cfg.seed, seeds.UNLABELLED)
+        self.augment = None
+        if device_augment is not None:
+            rank, world = acc.process_index, acc.num_processes
+            self.augment = build_device_augment(
+                cfg.data, cfg.model.image_size, acc.device, seed, rank, world
+            )
+        args = {**loop.stream_args(self.SIDE), "seed": seed}
+        args["batch_size"] *= d.ratio
+        load_size = self.augment.load_size if self.augment is not None else None
+        self.loader = train_loader(cfg.data, **args, load_size=load_size, source=d.unlabelled)
+
+    def forward(self, model: nn.Module, loss_fn: Callable) -> Callable:
+        d = self.cfg.distill
+        return distill_forward(model, self.teacher, loss_fn, d.temperature, d.weight)
+
+    def images(self, index: int) -> torch.Tensor:
+        """The next unlabelled micro-batch on the device (uint8), cropped like the labelled."""
+        x = self.loop.side_batch(self.SIDE).images.to(self.device, non_blocking=True)
+        return self.augment(x, index) if self.augment is not None else x

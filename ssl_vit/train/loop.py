@@ -56,11 +56,13 @@ class Batches:
         watch: Stopwatch,
         keys_file: Path | None = None,
         what: str = "the training data",
+        count: str = "images",
     ) -> None:
         self.what, self.loader = what, loader
         self.it: Iterator[Batch] | None = None
         self.tracker = loader.tracker  # the stream's lane positions -> the checkpoint
-        self.counters, self.world_size = counters, world_size
+        self.counters, self.world_size, self.count = counters, world_size, count
+        counters.setdefault(count, 0)
         self.watch, self.keys_file = watch, keys_file
 
     def __enter__(self) -> Batches:
@@ -85,7 +87,7 @@ class Batches:
                     f.write("".join(k + "\n" for k in batch.keys))
             if len(batch.images):  # an empty batch only reports a worker's skipped samples
                 break
-        self.counters["images"] += len(batch.images) * self.world_size
+        self.counters[self.count] += len(batch.images) * self.world_size
         self.watch.add("data", time.perf_counter() - t0)
         return batch
 

@@ -62,6 +62,7 @@ RUN_FILES = (
     *("config.yaml", "metrics.jsonl", "results.json", "checkpoints"),
     *("model.safetensors", "labels.json", "keys_rank*.txt", "events.out.tfevents.*"),
     *("mlruns", "wandb", "labelled", "labelled.json", "predictions.jsonl", "predictions.csv"),
+    "teacher.json",
 )
 # Keys whose change on --resume would load a checkpoint into another architecture.
 _RESUME_SHAPE = (
@@ -355,6 +356,7 @@ def source_root(path: str | Path) -> Path:
 def read_paths(cfg: Any) -> dict[str, str]:
     """{key: path} of the local sources a job's config names (data, init checkpoint)."""
     keys = ("data.train_shards", "data.train", "data.eval", "fewshot.train", "fewshot.eval")
+    keys += ("distill.teacher", "distill.unlabelled")
     found: dict[str, str] = {}
     for key in (*keys, "init.checkpoint"):
         section, _, name = key.partition(".")

@@ -17,6 +17,7 @@ each the `state_dict()` of the object passed in, and "scaler" (fp16's loss scale
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -148,23 +149,30 @@ class TrainLoop:
         self.raw = self.acc.unwrap_model(self.model)
         self.step: TrainStep | None = None
         self.batches: Batches | None = None
+        self.side: dict[str, Batches] = {}
 
     @property
     def stream(self) -> dict[str, Any] | None:
         """The training stream's position in the checkpoint (the loaders' `resume=`)."""
         return self.start.rng.get("stream")
 
-    def stream_args(self) -> dict[str, Any]:
+    def stream_args(self, side: str = "") -> dict[str, Any]:
         """The training loader's arguments the loop decides: this rank's share of the global
-        batch and place in the stream, and where a resumed stream continues."""
+        batch and place in the stream, and where a resumed stream continues. `side`: a second
+        stream the job reads beside the main one (`run(side=...)`), checkpointed apart."""
         return {
             "batch_size": self.ctx.local_batch,
             "image_size": self.cfg.model.image_size,
             "seed": self.cfg.seed,
             "rank": self.acc.process_index,
             "world_size": self.acc.num_processes,
-            "resume": self.stream,  # exactly where the consumed batches ended
+            # exactly where the consumed batches ended
+            "resume": self.start.rng.get(_stream_key(side)),
         }
+
+    def side_batch(self, name: str) -> Any:
+        """The next batch of the side stream `name` (its consumed position is checkpointed)."""
+        return self.side[name].next()
 
     def _load_parts(self) -> None:
         if self.start.path is not None:  # resumed: the same augmentation, the fp16 scale
@@ -219,6 +227,7 @@ class TrainLoop:
         after_step: Callable[[torch.Tensor | bool], None] | None = None,
         evaluate: tuple[int, Callable[[int], None]] | None = None,
         hold_last_row: bool = False,
+        side: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Train from the resumed step to `train.steps`; returns the job's results.
 
@@ -233,13 +242,17 @@ class TrainLoop:
         finish(row): after the final checkpoint, the final evaluation and save -> results.
         shown: the keys of a row the progress bar prints.
         hold_last_row: the last step's row goes to `finish` unlogged (it adds evaluations).
+        side: {name: loader} streams `micro` reads with `side_batch(name)`, each checkpointed
+            under its own key and counted in `images_<name>`.
         Preempted (a stop signal): the checkpoint of the step reached, `{"preempted": True}`."""
-        self._start(loader, shown)
+        self._start(loader, shown, side or {})
         done, row, last = self.start.step, {}, self.schedule.steps
         with (  # the stop handler first: a signal while the loader workers start is a preemption
             StopRequest(self.acc.num_processes, self.cfg.timeouts.stop_s) as stop,
-            self.batches,
+            contextlib.ExitStack() as streams,
         ):
+            for batches in (self.batches, *self.side.values()):
+                streams.enter_context(batches)
             last_log = done
             for done in range(self.start.step + 1, last + 1):
                 lr = self._one_step(done, micro, after_step)
@@ -268,7 +281,7 @@ class TrainLoop:
         self.acc.end_training()
         return results
 
-    def _start(self, loader: Any, shown: tuple[str, ...]) -> None:
+    def _start(self, loader: Any, shown: tuple[str, ...], side: dict[str, Any]) -> None:
         """The loop's own objects: the batch stream, statistics, bad-step guard, progress bar."""
         acc, tc = self.acc, self.cfg.train
         log.info(
@@ -282,6 +295,17 @@ class TrainLoop:
             keys_file = self.ctx.run_dir / f"keys_rank{acc.process_index}.txt"
         self.watch = Stopwatch()  # the first lap starts here, with the loader built
         self.batches = Batches(loader, self.counters, acc.num_processes, self.watch, keys_file)
+        self.side = {
+            name: Batches(
+                side_loader,
+                self.counters,
+                acc.num_processes,
+                self.watch,
+                what=f"the {name} data",
+                count=f"images_{name}",
+            )  # fmt: skip
+            for name, side_loader in side.items()
+        }
         self.bad = BadSteps(tc.max_bad_steps, self.ctx.ckpt_dir, self.counters, acc.device)
         self.stats: StepStats | None = None  # sized by the first micro-batch's figures
         self.bar = progress_bar(self.schedule.steps, self.start.step, acc.is_main_process)
@@ -330,6 +354,7 @@ class TrainLoop:
         rng = {
             **ckpt.rng_state(),
             "stream": self.batches.tracker.state_dict(),
+            **{_stream_key(k): b.tracker.state_dict() for k, b in self.side.items()},
             "augment": augment_state(self.augment),  # the resolved mode (+ its generator)
         }
         path = ckpt.save_checkpoint(
@@ -357,3 +382,8 @@ class TrainLoop:
         self.metrics.write_results({"step": step, "preempted": True})
         self.acc.end_training()
         return {"step": step, "preempted": True}
+
+
+def _stream_key(side: str) -> str:
+    """The per-rank checkpoint key of a stream's position: "stream", "stream_<side>"."""
+    return f"stream_{side}" if side else "stream"
