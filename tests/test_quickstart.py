@@ -53,11 +53,21 @@ def test_quickstart_flow_at_a_tiny_budget(synthetic_shards, tmp_path, monkeypatc
         f"data.train={synthetic_shards}",
         f"data.eval={synthetic_shards}",
         f"quick={yaml.safe_dump(tiny, default_flow_style=True, width=10_000).strip()}",
-        "labels=[{per_class: 2}, {per_class: 0}]",  # the fixture has ~10 images per class
+        # The fixture has ~10 images per class; at 2 per class also self-training, as the
+        # quick start's 10 per class.
+        "labels=[{per_class: 2, self_train: [train.steps=2]}, {per_class: 0}]",
     ]
     summary = study.main(["--config", str(CONFIG), "--quick", *overrides])
     rows = {r["variant"]: r for r in summary["rows"]}
-    assert set(rows) == {"random init", "mean_color_50"}
+    assert set(rows) == {"random init", "mean_color_50", "mean_color_50 + self-trained"}
+    self_trained = rows.pop("mean_color_50 + self-trained")["finetune_by_labels"]
+    assert [len(c["top1"]) for c in self_trained.values()] == [2, 0]  # 2 seeds at 2 / class
+    for seed in (0, 1):
+        run = json.loads(
+            (tmp_path / f"qs/finetune/mean_color_50-l2-st-s{seed}/results.json").read_text()
+        )
+        assert run["distill"]["teacher"].endswith(f"mean_color_50-l2-s{seed}/model.safetensors")
+        assert run["distill"]["unlabelled_images_seen"] == 2 * 8
     for r in rows.values():  # both inits: few-shot per shot, fine-tune per budget and seed
         assert set(r["fewshot"]) == {"1", "2"}
         by_labels = r["finetune_by_labels"]
@@ -76,7 +86,7 @@ def test_quickstart_flow_at_a_tiny_budget(synthetic_shards, tmp_path, monkeypatc
     assert "| random init |" in out and "| mean_color_50 |" in out and "2-shot (%)" in out
     assert "fine-tune 2/class (%)" in out
     ((runs, report_dir),) = reports
-    assert report_dir == tmp_path / "qs" and len(runs) == 2 + 1 + 2 * 4
+    assert report_dir == tmp_path / "qs" and len(runs) == 2 + 1 + 2 * 4 + 2
 
 
 FAKE_PYTHON = """#!/usr/bin/env bash

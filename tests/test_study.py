@@ -348,7 +348,10 @@ def test_self_training_follows_its_teacher_and_gets_a_row(tmp_path, capsys):
     last = plan[-1]
     assert f"distill.teacher={tmp_path}/finetune/{v}-l10-s1" in last
     assert "distill.unlabelled=data/shapes" in last and "init.checkpoint=" in last
-    assert last.endswith("data.labels_per_class=10 train.steps=60 seed=1 train.steps=150")
+    assert last.endswith(
+        "data.labels_per_class=10 train.steps=60 seed=1 "  # the teacher's, then self_train's
+        "train.steps=150 train.lr=0.04 distill.temperature=2"
+    )
 
     cfg = study.load_config(StudyConfig, REPO / "configs/study/quickstart.yaml", over)
     for name, top1 in [("l10-s0", 0.25), ("l10-s1", 0.27), ("l10-st-s0", 0.3), ("l10-st-s1", 0.32)]:
