@@ -35,6 +35,7 @@ from ssl_vit.train.classifier_file import (
     ClassifierSpec,
     find_classifier,
     load_classifier,
+    names_labels,
     read_classifier_spec,
 )
 
@@ -48,17 +49,11 @@ def is_classifier(path: str | Path) -> bool:
     model.safetensors, or that file) rather than an encoder checkpoint. A model.safetensors
     that is readable and has no class names (e.g. an export directory's) is not one; an
     unreadable one is, so that exporting it fails with the classifier's own error."""
-    from safetensors import safe_open
-
     p = Path(os.path.expanduser(str(path)))
     file = p / CLASSIFIER_FILE if p.is_dir() else p
     if file.name != CLASSIFIER_FILE or not file.is_file():
         return False
-    try:
-        with safe_open(str(file), framework="pt") as f:
-            return "label_names" in (f.metadata() or {})
-    except Exception:  # safetensors raises several types for damaged files
-        return True
+    return names_labels(file) is not False
 
 
 def export_classifier(

@@ -31,6 +31,7 @@ __all__ = [
     "ClassifierSpec",
     "find_classifier",
     "load_classifier",
+    "names_labels",
     "read_classifier_spec",
     "save_classifier",
 ]
@@ -155,6 +156,20 @@ def find_classifier(path: str | Path) -> Path:
     if not path.is_file():
         raise ClassifierError(f"{path}: no such file or run directory")
     return path
+
+
+def names_labels(path: str | Path) -> bool | None:
+    """Whether the safetensors file at `path` (or a directory's model.safetensors) says it is
+    a fine-tuned classifier: its metadata names labels, an encoder's does not. None when there
+    is no such file or it cannot be read (the caller's own reader reports that)."""
+    path = Path(os.path.expanduser(str(path)))
+    file = path / CLASSIFIER_FILE if path.is_dir() else path
+    if file.suffix != ".safetensors" or not file.is_file():
+        return None
+    try:
+        return "label_names" in _header(file)[0]
+    except ClassifierError:
+        return None
 
 
 def _header(path: Path) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:

@@ -199,12 +199,8 @@ def checkpoint_note(key: str, cfg: Any, pixels_from: str) -> str:
 def _finetuned_classifier(path: Path) -> Path | None:
     """The fine-tuned classifier file at `path` (a file, or a directory holding
     model.safetensors and no encoder): its metadata names the labels, an encoder's does not."""
-    from ssl_vit.train.classifier_file import ClassifierError, read_classifier_spec
+    from ssl_vit.train.classifier_file import CLASSIFIER_FILE, names_labels
 
     if path.is_dir() and (path / "encoder.safetensors").exists():
         return None
-    try:
-        read_classifier_spec(path)
-    except ClassifierError as e:
-        return path if "malformed classifier metadata" in str(e) else None
-    return path / "model.safetensors" if path.is_dir() else path
+    return (path / CLASSIFIER_FILE if path.is_dir() else path) if names_labels(path) else None
