@@ -35,7 +35,9 @@ from ssl_vit.train.distill import SelfTraining, check_teacher, record_teacher
 from ssl_vit.train.ema import EMA
 from ssl_vit.train.guard import one_line_errors, run_and_exit
 from ssl_vit.train.metrics import format_metrics
+from ssl_vit.train.probe_head import fit_probe_head
 from ssl_vit.train.recipe import BatchMixer, build_finetune_optimizer, recipe_loss
+from ssl_vit.train.rundir import release_new_run
 from ssl_vit.train.runner import TrainLoop
 from ssl_vit.train.runtime import start_run
 from ssl_vit.watchdog import watched
@@ -64,8 +66,8 @@ def check(cfg: FinetuneConfig, resume: bool):
     subset = None
     if cfg.data.labels_per_class:
         subset = choose_labelled(cfg.data.train, cfg.data.labels_per_class, cfg.data.labels_seed)
-        if resume:  # the run's own subset, or one error line before config.yaml is rewritten
-            check_recorded(subset, cfg.output_dir)
+    if resume:  # the run's own subset (or none), or one error line before anything is written
+        check_recorded(subset, cfg.output_dir)
     if cfg.data.eval:
         eval_names = preflight.check_labelled_source("data.eval", cfg.data.eval)
         preflight.check_same_labels(("data.train", label_names), ("data.eval", eval_names))
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
         # Before start_run: a bad init checkpoint or label budget makes no run directory.
         label_names, loaded, subset, note, teacher = check(cfg, args.resume)
         run = start_run(cfg, args.resume, args.overwrite)  # Accelerator, locked run dir, seeds
-        train_data = labelled_data(cfg, subset, run)
+        train_data = labelled_data(cfg, subset, run, args.resume)
         if teacher is not None and run.acc.is_main_process:
             record_teacher(run.run_dir, teacher)
     if note:
@@ -129,11 +131,20 @@ def main(argv: list[str] | None = None) -> dict:
     # --- Model, recipe, resume -------------------------------------------------------------
     pixels = PixelNorm(cfg.data.mean, cfg.data.std)  # the model takes the loaders' uint8
     model = Classifier(encoder, num_classes, cfg.pool, pixels).to(acc.device)
+    if cfg.init.head == "probe":  # LP-FT (a resumed run's head is then the checkpoint's)
+        fit_probe_head(
+            model, train_data.train, cfg.model.image_size, cfg.data.mean, cfg.data.std,
+            batch_size=cfg.train.batch_size, num_workers=cfg.data.num_workers, device=acc.device,
+        )  # fmt: skip
     optimizer = build_finetune_optimizer(model, cfg.parts, cfg.train)
     ema = EMA(model, cfg.ema) if cfg.ema else None  # updated on the device, no sync
     augment = device_augment(cfg, acc)
     record = {"label_names": label_names}  # in every checkpoint
-    loop = TrainLoop(run, cfg, model, optimizer, args.resume, augment, ema=ema, record=record)
+    parts = {"ema": ema} if ema is not None else {}  # the training state beside the model's
+    loop = TrainLoop(
+        run, cfg, model, optimizer, args.resume, augment,
+        parts=parts, record=record, eval_every=cfg.eval_every,
+    )  # fmt: skip
     # Self-training (distill.teacher): the frozen teacher and the unlabelled stream.
     selftrain = SelfTraining(cfg, loop, teacher, augment) if teacher is not None else None
     forward = classifier_forward(loop.model, cfg, acc)
@@ -153,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
     group = loader.lane_share  # mixup / cutmix pair images within a lane's share (any layout)
     mixer = BatchMixer(cfg.parts, num_classes, cfg.seed, group) if cfg.parts.mixes else None
 
-    # --- Loop: one micro-batch, a log row (with the periodic evaluation), the results ----
+    # --- Loop: one micro-batch, a log row, the periodic evaluation, the results ------------
     def micro(batch, index: int) -> dict:  # index: the micro-batch's place in the run
         x = batch.images.to(acc.device, non_blocking=True)
         if augment is not None:
@@ -177,12 +188,12 @@ def main(argv: list[str] | None = None) -> dict:
         if selftrain is not None:  # the distillation term, and how often student = teacher
             out.update(distill_loss=_div(sums["distill"], sums["micro"]))
             out.update(teacher_agree=_div(sums["agree"], sums["unlabelled"]))
-        if cfg.eval_every and done % cfg.eval_every == 0 and done != cfg.train.steps:
-            with loop.paused():
-                scores = evaluate_all(loop.model, ema, cfg, acc, label_names)
-            scores.pop("confusion", None)  # the final evaluation's goes into results.json
-            out.update(scores)
         return out
+
+    def periodic(done: int) -> dict:  # top1 (top1_ema): the final one's matrix is in results
+        scores = evaluate_all(loop.model, ema, cfg, acc, label_names)
+        scores.pop("confusion", None)
+        return scores
 
     def finish(last_row: dict) -> dict:  # the final evaluation completes the last row
         scores = evaluate_all(loop.model, ema, cfg, acc, label_names)
@@ -209,7 +220,7 @@ def main(argv: list[str] | None = None) -> dict:
     after_step = (lambda applied: ema.update(loop.raw, applied)) if ema is not None else None
     side = {SelfTraining.SIDE: selftrain.loader} if selftrain is not None else None
     return loop.run(
-        loader, micro, row, finish, SHOWN, after_step=after_step, hold_last_row=True, side=side
+        loader, micro, row, finish, SHOWN, after_step=after_step, evaluate=periodic, side=side
     )
 
 
@@ -304,13 +315,19 @@ def save_final(model, cfg: FinetuneConfig, label_names: list[str]) -> None:
     write_text(out / "labels.json", json.dumps(label_names, indent=1) + "\n")
 
 
-def labelled_data(cfg: FinetuneConfig, subset, run) -> FinetuneDataConfig:
+def labelled_data(cfg: FinetuneConfig, subset, run, resume: bool) -> FinetuneDataConfig:
     """The data section the training stream reads: with a label budget, its images copied once
     into the run directory by the main process, which every process then reads (config.yaml
-    keeps the source's name)."""
+    keeps the source's name). A new run whose copy fails or is stopped (SIGTERM) keeps no run
+    files, so the same command starts it again."""
     if subset is None:
         return cfg.data
-    spec = use_labelled(subset, run.run_dir, write=run.acc.is_main_process)
+    try:
+        spec = use_labelled(subset, run.run_dir, write=run.acc.is_main_process)
+    except BaseException:
+        if run.acc.is_main_process and not resume:
+            release_new_run(run.run_dir)
+        raise
     run.acc.wait_for_everyone()
     return dataclasses.replace(cfg.data, train=spec)
 

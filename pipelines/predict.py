@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
 from ssl_vit.atomic import write_text
 from ssl_vit.config import ConfigError, load_config, to_dict
 from ssl_vit.config.checks import auto_num_workers
+from ssl_vit.config.loader import read_yaml_file
 from ssl_vit.config.predict import PredictConfig
 from ssl_vit.data.predict_stream import num_batches, predict_loader
 from ssl_vit.data.sources import open_source
@@ -101,7 +101,8 @@ def check_output(out: Path, cfg: PredictConfig, overwrite: bool) -> None:
     """The output holds nothing or earlier predictions (replaced only with --overwrite); never
     a run of another job, a checkpoint, a dataset, or anything predict reads."""
     config = out / "config.yaml"
-    kind = run_kind(yaml.safe_load(config.read_text()) or {}) if config.is_file() else None
+    saved = read_yaml_file(config) if config.is_file() else None  # bounded: any folder's file
+    kind = run_kind(saved) if isinstance(saved, dict) else None
     if kind not in (None, "predict") or (kind is None and occupant(out)):
         what = f"holds a {kind} run" if kind else occupant(out)
         raise ConfigError(f"--output {out}: {what}; write predictions to a folder of their own")

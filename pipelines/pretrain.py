@@ -78,7 +78,11 @@ def main(argv: list[str] | None = None) -> dict:
         cfg.data, cfg.model.image_size, acc.device, cfg.seed, acc.process_index, acc.num_processes
     )
     hist = ColorHistogram(acc)
-    loop = TrainLoop(run, cfg, model, optimizer, args.resume, augment, target_hist=hist)
+    every = cfg.fewshot.every if cfg.fewshot.train else 0  # the periodic few-shot evaluation
+    parts = {"target_hist": hist}  # the training state beside model and optimizer
+    loop = TrainLoop(
+        run, cfg, model, optimizer, args.resume, augment, parts=parts, eval_every=every
+    )
     # forward+loss, one graph (the corruption draws come in as a tensor)
     step, encoder = loop.train_step(loop.model), loop.raw.encoder
     # Micro-batch u's corruption: this rank's slice of the global batch's draws from (seed, u).
@@ -111,16 +115,17 @@ def main(argv: list[str] | None = None) -> dict:
         return fewshot(cfg, encoder, acc, loop.metrics, done, loop.model)
 
     def finish(last_row: dict) -> dict:
+        last_row = loop.log(last_row)
         results = final_results(cfg, run, last_row, time.time() - t_start)
         if cfg.fewshot.train:
             results["fewshot"] = fewshot_at(cfg.train.steps)
         log.info("done: %s", format_metrics(results, ("loss", "color_acc", "wall_time_s")))
         return results
 
-    every = cfg.fewshot.every if cfg.fewshot.train else 0
-    return loop.run(
-        loader, micro, row, finish, SHOWN, after_step=hist.end_step, evaluate=(every, fewshot_at)
-    )
+    def periodic(done: int) -> None:  # logs its own rows: nothing joins the step's row
+        fewshot_at(done)
+
+    return loop.run(loader, micro, row, finish, SHOWN, after_step=hist.end_step, evaluate=periodic)
 
 
 def step_figures(out) -> dict:

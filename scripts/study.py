@@ -10,6 +10,8 @@ process, its output in `<output_dir>/<stage>/<name>/` and its log in `<output_di
 A finished job (results.json) is skipped and an interrupted pretraining or fine-tuning resumes
 from its newest checkpoint, so the study can be stopped (SIGTERM, Ctrl-C: the running job
 checkpoints, then the study exits 0) and started again; a failed job stops it with exit 1.
+Every job's config and overrides are checked before the first job runs, and a job dies with
+the study (even a SIGKILL of the study ends it: no orphan keeps its run directory).
 At the end: `summary.json` and `summary.md` (the table), then `ssl-vit report` over all runs.
 `--quick` picks the `quick` budget (a CPU), `--preset NAME` any (`full`, `quick`, `gpu`),
 default `full`. `--only NAME` runs one variant's chain (pretrain -> few-shot -> fine-tune;
@@ -37,7 +39,16 @@ from pathlib import Path
 
 import yaml
 
-from ssl_vit.config import ConfigError, load_config, save_config, to_dict
+from ssl_vit.children import die_with_parent, start_child, stop_child
+from ssl_vit.config import (
+    ConfigError,
+    FewshotConfig,
+    FinetuneConfig,
+    PretrainConfig,
+    load_config,
+    save_config,
+    to_dict,
+)
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig
 from ssl_vit.config.shipped import find_config
 from ssl_vit.config.study import StudyBudget, StudyConfig
@@ -114,9 +125,12 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
         ], chain=name, weight=images_trained(cfg.finetune_config, [*budget.finetune, *extra]),
         )  # fmt: skip
 
-    def finetune(name: str, ckpt: Callable[[], str]) -> list[Job]:
-        """One fine-tune per recipe x label budget x seed (their overrides after the budget's)."""
-        return [finetune_one(name, ckpt, name + tag, extra) for tag, extra in finetunes(cfg)]
+    def finetune(name: str, ckpt: Callable[[], str], own: list[str] = ()) -> list[Job]:
+        """One fine-tune per recipe x label budget x seed (their overrides after the budget's,
+        the encoder's `own` after theirs)."""
+        return [
+            finetune_one(name, ckpt, name + tag, [*extra, *own]) for tag, extra in finetunes(cfg)
+        ]
 
     jobs = [fewshot("random", lambda: "random"), *finetune("scratch", lambda: "none")]
     for v in cfg.variants:
@@ -128,9 +142,9 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
             *seed,
         ], weight=images_trained(cfg.pretrain_config, budget.pretrain)))  # fmt: skip
         ckpt = lambda pre_dir=pre_dir: checkpoint_of(pre_dir)  # noqa: E731
-        jobs += [fewshot(v.name, ckpt), *finetune(v.name, ckpt)]
-        for tag, st_tag, extra in self_trainings(cfg):  # after their teachers, the fine-tunes
-            teacher = out / "finetune" / (v.name + tag)
+        jobs += [fewshot(v.name, ckpt), *finetune(v.name, ckpt, v.finetune)]
+        for tag, st_tag, extra in self_trainings(cfg, v.finetune) if v.self_train else []:
+            teacher = out / "finetune" / (v.name + tag)  # after their teachers, the fine-tunes
             distill = [f"distill.teacher={teacher}", f"distill.unlabelled={d.train}"]
             jobs.append(finetune_one(v.name, ckpt, v.name + st_tag, [*distill, *extra]))
     return jobs
@@ -175,10 +189,11 @@ def finetunes(cfg: StudyConfig) -> list[tuple[str, list[str]]]:
 SELF_TRAINED = "-st"  # a self-training run's name: its teacher's with this after the budget
 
 
-def self_trainings(cfg: StudyConfig) -> list[tuple[str, str, list[str]]]:
+def self_trainings(cfg: StudyConfig, own: list[str] = ()) -> list[tuple[str, str, list[str]]]:
     """(its teacher's run-name suffix, its own, overrides) of each self-training fine-tune of
     one pretrained encoder: per label budget with `self_train` and per seed, with the first
-    recipe; the overrides are its teacher's, then the budget's `self_train`."""
+    recipe; the overrides are its teacher's (the encoder's `own` among them), then the
+    budget's `self_train`."""
     recipe = [(f"-{r.name}", r.finetune) for r in cfg.recipes[:1]] or [("", [])]
     seeds = [(f"-s{s}", [f"seed={s}"]) for s in cfg.finetune_seeds] or [("", [])]
     out = []
@@ -186,9 +201,39 @@ def self_trainings(cfg: StudyConfig) -> list[tuple[str, str, list[str]]]:
         r, budget = recipe[0][0], f"-l{labels_tag(b.per_class)}"
         base = [*recipe[0][1], f"data.labels_per_class={b.per_class}", *b.finetune]
         for tag, seed in seeds:
-            teacher, own = r + budget + tag, r + budget + SELF_TRAINED + tag
-            out.append((teacher, own, [*base, *seed, *b.self_train]))
+            teacher, name = r + budget + tag, r + budget + SELF_TRAINED + tag
+            out.append((teacher, name, [*base, *own, *seed, *b.self_train]))
     return out
+
+
+SCHEMAS = {"pretrain": PretrainConfig, "fewshot": FewshotConfig, "finetune": FinetuneConfig}
+
+
+def job_config(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(--config, overrides) of a job's command line, as its pipeline reads them (few-shot's
+    `--checkpoint C` is its `init.checkpoint`); other `--flags` are switches."""
+    config, overrides, args = None, [], iter(argv[2:])
+    for arg in args:
+        if arg == "--config":
+            config = next(args)
+        elif arg == "--checkpoint":
+            ckpt = next(args)
+            overrides.append(f"init.checkpoint={json.dumps('none' if ckpt == 'random' else ckpt)}")
+        elif not arg.startswith("--"):
+            overrides.append(arg)
+    return config, overrides
+
+
+def check_jobs(jobs: list[Job]) -> None:
+    """Every job's config file and overrides (the budget's, a recipe's, a label budget's, a
+    variant's) loaded against the job's schema before the first job runs: a bad key or value
+    is one line naming the job, not a failure hours later when that job starts."""
+    for job in jobs:
+        config, overrides = job_config(job.argv())
+        try:
+            load_config(SCHEMAS[job.stage], config, overrides)
+        except ConfigError as e:
+            sys.exit(f"error: {job.stage}/{job.name}: {e}")
 
 
 BASELINES = ("random", "scratch")  # the random-init rows' job names
@@ -266,14 +311,18 @@ def execute(argv: list[str], log, tick: Callable[[], None] = lambda: None) -> in
     `tick` every few seconds while it runs.
 
     The job runs in its own session, so a signal sent to the study's process group reaches the
-    job exactly once: forwarded here (a second SIGTERM would make it skip its checkpoint), and
-    noted in `STOPPED` so that the study stops after it."""
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    job exactly once: forwarded here, and noted in `STOPPED` so that the study stops after it;
+    a later Ctrl-C is forwarded too (the job's second Ctrl-C: it exits without checkpoint).
+    The job dies with the study: killed by the kernel when the study dies (SIGKILL included,
+    `ssl_vit.children`), and here on any other way out of this function (an exception)."""
+    proc = start_child(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def forward(signum: int, _frame) -> None:
         if not STOPPED:
             STOPPED.append(signal.Signals(signum).name)
-            proc.send_signal(signum)
+        elif signum != signal.SIGINT:  # the stop under way
+            return
+        proc.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -285,6 +334,7 @@ def execute(argv: list[str], log, tick: Callable[[], None] = lambda: None) -> in
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        stop_child(proc)  # still running only when leaving on an exception
 
 
 def finished(run_dir: Path) -> bool:
@@ -387,7 +437,7 @@ def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> 
                 if len(runs) > 1 else ft.get("wall_time_s"),
             },
         })  # fmt: skip
-        if v is not None and self_trainings(cfg):
+        if v is not None and v.self_train and self_trainings(cfg):
             rows.append(self_trained_row(cfg, rows[-1], out / "finetune", ft_name))
     walls = [w for r in rows for w in r["wall_time_s"].values() if w is not None]
     summary = {
@@ -488,7 +538,8 @@ def seeds_cell(top1: list[float]) -> str:
 def report(run_dirs: list[Path], out: Path) -> None:
     """`ssl-vit report` over all runs (its figures need the `report` extra, matplotlib)."""
     cmd = ["report", *map(str, run_dirs), "--output", str(out)]
-    rc = subprocess.run([sys.executable, "-m", "ssl_vit.cli", *cmd]).returncode
+    argv = [sys.executable, "-m", "ssl_vit.cli", *cmd]
+    rc = subprocess.run(argv, preexec_fn=die_with_parent()).returncode  # it dies with the study
     print(f"report: {out / 'report.html' if rc == 0 else f'failed (exit {rc})'}")
 
 
@@ -524,12 +575,14 @@ def main(argv: list[str] | None = None) -> dict | None:
     jobs = plan(cfg, budget, out)
     if args.copy_small:
         return copy_small(out, Path(args.copy_small))
+    planned = jobs
     if args.only:
         jobs = only(jobs, args.only)
     if args.summary:  # e.g. while a long study runs, or after it was stopped
         summarize(cfg, budget, out, preset)
         print((out / "summary.md").read_text())
         return None
+    check_jobs(planned)  # all of them, whichever run now
     if not args.dry_run:
         (out / "logs").mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "study.yaml")

@@ -118,11 +118,12 @@ def read_jsonl(path: str | os.PathLike) -> list[Any]:
             continue
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, RecursionError) as e:  # a line nested 10^5 deep: corrupt
+            why = getattr(e, "msg", "nested too deeply")
             if i == last:
-                log.warning("%s: dropping its torn last line %d (%s)", path, i + 1, e.msg)
+                log.warning("%s: dropping its torn last line %d (%s)", path, i + 1, why)
                 continue
-            raise ValueError(f"{path}:{i + 1}: corrupt line ({e.msg})") from None
+            raise ValueError(f"{path}:{i + 1}: corrupt line ({why})") from None
     return rows
 
 

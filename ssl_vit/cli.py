@@ -38,10 +38,11 @@ __all__ = [
 
 def cmd_make_shards(args: argparse.Namespace) -> int:
     """`ssl-vit make-shards`: image folder / HF dataset -> WebDataset shards + index.json."""
-    from ssl_vit.data.convert import available_cpus, make_shards
+    from ssl_vit.data.convert import available_cpus, cap_workers, make_shards
 
     start = time.perf_counter()
     workers = available_cpus() if args.workers is None else args.workers
+    workers = cap_workers(workers) if workers >= 1 else workers  # make_shards refuses < 1
     index = make_shards(
         args.source,
         args.output,
@@ -74,17 +75,18 @@ def cmd_make_synthetic(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.kind == "photos":
         return _make_photos(args, start)
-    if args.folder:
-        raise ValueError("--folder is for --kind photos")
+    if args.folder or args.overwrite:
+        raise ValueError(f"--{'folder' if args.folder else 'overwrite'} is for --kind photos")
+    image_size = 32 if args.image_size is None else args.image_size
     index = make_synthetic_shards(
         args.output,
         n=args.num,
-        image_size=args.image_size,
+        image_size=image_size,
         seed=args.seed,
         shard_size=args.shard_size,
     )
     print(
-        f"wrote {index['num_samples']} synthetic {args.image_size}px images "
+        f"wrote {index['num_samples']} synthetic {image_size}px images "
         f"({len(index['label_names'])} classes) in {len(index['shards'])} shards to "
         f"{args.output} in {time.perf_counter() - start:.1f}s"
     )
@@ -96,8 +98,15 @@ def _make_photos(args: argparse.Namespace, start: float) -> int:
 
     if args.num < 1:
         raise ValueError(f"--num must be >= 1, got {args.num}")
+    if args.image_size is not None:  # silently ignored, it would give 500 px images, not S px
+        raise ValueError(
+            "--image-size is for --kind shapes: photos have ImageNet's sizes (~500x375); "
+            "store them smaller with make-shards --max-size"
+        )
+    if args.overwrite and not args.folder:
+        raise ValueError("--overwrite is for --folder (shards replace a dataset as they are)")
     if args.folder:
-        write_photo_folder(args.output, n=args.num, seed=args.seed)
+        write_photo_folder(args.output, n=args.num, seed=args.seed, overwrite=args.overwrite)
         what = "an image folder"
     else:
         index = make_photo_shards(args.output, args.num, args.seed, args.shard_size)
@@ -167,13 +176,19 @@ def _add_make_synthetic(sub: argparse._SubParsersAction) -> None:
         help="shapes: procedural PNGs; photos: ImageNet-like JPEGs (~500x375) from the "
         "photographs scikit-image ships (the `photos` extra)",
     )
-    p.add_argument("--image-size", type=int, default=32, help="image side in pixels (shapes)")
+    p.add_argument("--image-size", type=int, help="image side in pixels (shapes only; default 32)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shard-size", type=int, default=2000, help="images per shard")
     p.add_argument(
         "--folder",
         action="store_true",
-        help="photos: write an image folder (OUTPUT/<photo>/<key>.jpg), e.g. for make-shards",
+        help="photos: write an image folder (OUTPUT/<photo>/<key>.jpg), e.g. for make-shards; "
+        "refused if OUTPUT is not empty",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="with --folder: replace a non-empty OUTPUT folder (everything in it)",
     )
     p.set_defaults(func=cmd_make_synthetic)
 

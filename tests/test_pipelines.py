@@ -146,6 +146,30 @@ def test_finetune_at_higher_resolution_improves(pretrained, synthetic_shards, tm
     assert results["init"] == str(ckpt / "checkpoints" / "step_00000060")
 
 
+def test_finetune_evaluates_every_eval_every_steps_between_log_steps(synthetic_shards, tmp_path):
+    """eval_every is its own period: 3 with log_every 2 evaluates at 3 and 6 (a row of its own
+    at 3, joined to the log row at 6), then the final evaluation at 7 completes the last row."""
+    main = pipeline("finetune")
+    extra = ["train.steps=7", "train.log_every=2", "eval_every=3", "train.warmup_steps=1"]
+    results = main(
+        [*finetune_args(synthetic_shards, tmp_path, *extra), f"data.eval={synthetic_shards}"]
+    )
+    log = rows(tmp_path)
+    assert [r["step"] for r in log] == [2, 3, 4, 6, 7]
+    assert [r["step"] for r in log if "top1" in r] == [3, 6, 7]
+    assert "loss" not in log[1] and "loss" in log[2]  # step 3: the evaluation's row only
+    assert results["top1"] == log[-1]["top1"]
+
+
+def test_finetune_from_a_probe_head_starts_at_the_probe(pretrained, synthetic_shards, tmp_path):
+    """init.head=probe (LP-FT): the first logged training accuracy is the probe's, far above
+    the zero head's (which predicts class 0 for everything: about 3 of a batch of 32)."""
+    extra = ["init.head=probe", "pool=gap", "train.steps=2", "train.log_every=1", "eval_every=0"]
+    results = pipeline("finetune")([*init_args(pretrained[0], synthetic_shards, tmp_path), *extra])
+    log = rows(tmp_path)
+    assert log[0]["train_acc"] > 0.15 and results["top1"] > 0.15
+
+
 def test_finetune_rejects_other_architecture(pretrained, synthetic_shards, tmp_path):
     ckpt = pretrained[0] / "checkpoints" / "step_00000060"
     with pytest.raises(SystemExit, match=r"model.width=64 disagrees .* \(width 32\)"):

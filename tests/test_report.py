@@ -428,3 +428,24 @@ def test_report_that_fails_writing_keeps_the_earlier_one(tmp_path):
     assert f"cannot write {out / 'report.html'}: File too large" in last, last
     assert "Traceback" not in proc.stderr
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # no leftovers
+
+
+def test_a_walk_never_follows_folder_symlinks(tmp_path, caplog):
+    """Issue 38 #4: two symlink loops (`a/up -> ..`, `self -> ../r`) and a link to a run outside
+    the folder: each run inside is listed once, no link is followed (each one logged), and a
+    run named twice (itself and inside a folder named) is listed once."""
+    root, outside = tmp_path / "r", tmp_path / "elsewhere"
+    _fake_finetune(root / "a", "ft-1", "none", 10, 0, 0.5)
+    _fake_finetune(root, "ft-2", "none", 10, 1, 0.6)
+    _fake_finetune(outside, "ft-3", "none", 10, 2, 0.7)
+    (root / "a" / "up").symlink_to("..")
+    (root / "self").symlink_to("../r")
+    (root / "out").symlink_to(outside / "ft-3")
+    with caplog.at_level("WARNING", logger="ssl_vit.report.runs"):
+        runs = load_runs([root])
+    assert [r.path for r in runs] == [root / "a" / "ft-1", root / "ft-2"]
+    links = {root / "a" / "up", root / "self", root / "out"}
+    assert {Path(m.split(":")[0]) for m in caplog.messages} == links
+    assert all("not followed" in m for m in caplog.messages)
+    again = load_runs([root / "ft-2", root, root / "a", root / "out"])  # named: taken
+    assert [r.path for r in again] == [root / "ft-2", root / "a" / "ft-1", root / "out"]

@@ -184,6 +184,13 @@ def test_the_schedule_reads_the_bad_step_counts_at_every_log_and_checkpoint_step
     assert not any(Schedule(10, 4, 0).checkpoints(s) for s in range(1, 11))
 
 
+def test_the_schedule_evaluates_at_its_own_period_whatever_the_log_period():
+    sched = Schedule(steps=7, log_every=2, checkpoint_every=0, eval_every=3)
+    assert [s for s in range(1, 8) if sched.evaluates(s)] == [3, 6]  # the 7th: the final one
+    assert [s for s in range(1, 8) if sched.logs(s)] == [2, 4, 6, 7]
+    assert not any(Schedule(7, 2, 0).evaluates(s) for s in range(1, 8))  # 0: final only
+
+
 def test_ema_on_the_device_matches_averaged_model():
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 

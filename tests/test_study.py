@@ -367,6 +367,34 @@ def test_self_training_follows_its_teacher_and_gets_a_row(tmp_path, capsys):
     assert table[-1].startswith(f"| {v} + self-trained |") and "| 31.0 (30.0 / 32.0) |" in table[-1]
 
 
+def test_a_variant_fine_tunes_its_own_way_and_only_the_chosen_one_self_trains(tmp_path, capsys):
+    """A variant's `finetune:` overrides follow the label budget's in its fine-tunes and its
+    self-trainings (before `self_train`'s); `self_train: false` plans none for that encoder and
+    gives it no self-trained row (configs/study/labels.yaml: the visible arm gently, the
+    paper's objective with the paper's recipe)."""
+    study = load_study()
+    config = str(REPO / "configs/study/labels.yaml")
+    over = [f"quick.output_dir={tmp_path}"]
+    study.main(["--config", config, "--quick", "--dry-run", *over])
+    plan = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[plan]")]
+    by_name = {line.split(":")[0].removeprefix("[plan] "): line for line in plan}
+    own = "pool=gap parts.layer_decay=0.7"
+    assert by_name["finetune/visible_75-l500-s1"].endswith(f"per_class=500 seed=1 {own}")
+    st = f"per_class=500 {own} seed=1 distill.temperature=2"
+    assert by_name["finetune/visible_75-l500-st-s1"].endswith(st)
+    assert by_name["finetune/paper_mpp-l500-s1"].endswith("data.labels_per_class=500 seed=1")
+    assert not any("paper_mpp-l" in n and "-st-" in n for n in by_name)
+    assert not any("scratch" in n and "layer_decay" in line for n, line in by_name.items())
+
+    cfg = study.load_config(StudyConfig, config, over)
+    rows = study.summarize(cfg, cfg.quick, tmp_path, "quick")["rows"]
+    names = ["random init", "visible_75", "visible_75 + self-trained", "paper_mpp"]
+    assert [r["variant"] for r in rows] == names
+    with pytest.raises(ConfigError, match="variants: v: finetune: .*'train.lr'"):
+        from_dict(StudyConfig, {"data": {"train": "a", "eval": "b"},
+                                "variants": [{"name": "v", "finetune": ["train.lr"]}]})  # fmt: skip
+
+
 def test_jobs_weigh_the_images_they_train_on():
     """The study's progress counts each job by train.steps x train.batch_size (x 2 when
     self-training with one unlabelled image per labelled one), so its ETA does not grow while

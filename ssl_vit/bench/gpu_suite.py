@@ -43,6 +43,7 @@ import torch
 
 from ssl_vit.bench.host_sync import sync_count_row, sync_debug_row
 from ssl_vit.bench.timing import make_train_step, step_flops, sync
+from ssl_vit.children import die_with_parent
 from ssl_vit.config.checks import auto_num_workers
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig
 
@@ -354,7 +355,8 @@ def pipeline_row(suite: Suite, compile: bool, processes: int = 1) -> dict:
     timeout = max(suite.left_s() - 5, 1)
     root = str(suite.pipeline.resolve().parent.parent)  # the pipeline imports ssl_vit from there
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=root)
+    run = dict(capture_output=True, text=True, timeout=timeout, env=env, cwd=root)
+    proc = subprocess.run(cmd, **run, preexec_fn=die_with_parent())  # it dies with this process
     if proc.returncode != 0:
         raise RuntimeError(f"exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
     laps = [r for r in _jsonl(out / "metrics.jsonl") if "img_per_s" in r]

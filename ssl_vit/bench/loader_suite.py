@@ -27,6 +27,7 @@ from typing import Any
 
 from ssl_vit.bench.loaders import imagefolder_loader, interleaved_rates, ours_loader
 from ssl_vit.bench.timing import median
+from ssl_vit.children import die_with_parent
 from ssl_vit.data import make_shards, resolve_shards
 from ssl_vit.data.photos import write_photo_folder
 from ssl_vit.data.sources import ShardSource
@@ -86,7 +87,8 @@ def pipeline_rate(shards: Path, out: Path, image_size: int, batch: int, steps: i
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
+    run = dict(capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
+    proc = subprocess.run(cmd, **run, preexec_fn=die_with_parent())  # it dies with this process
     if proc.returncode != 0:
         raise RuntimeError(f"pipelines/pretrain.py exit {proc.returncode}: {proc.stderr[-500:]}")
     laps = []

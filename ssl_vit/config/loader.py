@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
 import types
 import typing
 from pathlib import Path
@@ -27,6 +28,7 @@ __all__ = [
     "load_config",
     "migrate",
     "parse_overrides",
+    "read_yaml_file",
     "to_dict",
     "save_config",
 ]
@@ -81,8 +83,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         # YAML 1.1 reads `1e-3` (no dot) as a string; accept any numeric float spelling.
         try:
             number = float(value)
-        except ValueError:
-            raise ConfigError(f"{key}: expected float, got {value!r}") from None
+        except (ValueError, OverflowError):  # an int past 1e308 too
+            raise ConfigError(f"{key}: expected float, got {_clip(repr(value))}") from None
         if not math.isfinite(number):  # inf / nan would end a job "done" with a NaN loss
             raise ConfigError(f"{key}: must be a finite number, got {value!r}")
         return number
@@ -90,6 +92,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(f"{key}: expected true/false, got {value!r}")
     if tp is int and isinstance(value, bool):
         raise ConfigError(f"{key}: expected int, got {value!r}")
+    if tp is int and isinstance(value, int) and not -(2**63) <= value < 2**63:
+        # Counters and sizes reach torch and NumPy as 64-bit integers.
+        raise ConfigError(f"{key}: out of range (an integer of {len(str(abs(value)))} digits)")
     if not isinstance(value, tp):
         raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
     return value
@@ -140,13 +145,22 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override '{item}' conflicts with another override")
-        node[leaf] = _parse_yaml(raw, f"override '{item}'") if raw.strip() else ""
+        node[leaf] = _parse_yaml(raw, f"override '{_clip(item)}'") if raw.strip() else ""
     return out
 
 
+def _clip(item: str, keep: int = 60) -> str:
+    """An override as an error line shows it: the key and the start of a long value."""
+    return item if len(item) <= keep + 20 else f"{item[:keep]}... ({len(item)} characters)"
+
+
 # Values a config may expand to through YAML aliases (`*name`): a few hundred in a real config,
-# 10^9 in a 438-byte alias bomb (whose repr in an error line would take gigabytes).
+# 10^9 in a 438-byte alias bomb (whose repr in an error line would take gigabytes). The same
+# bound on the values written out, counted while parsing, and on the size and nesting of a file:
+# a 36 MB flow mapping took 109 s and 3.6 GB to parse in full (PyYAML is pure Python here).
 MAX_YAML_VALUES = 10_000
+MAX_YAML_DEPTH = 32
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few KB
 
 
 class _Refused(yaml.MarkedYAMLError):
@@ -178,7 +192,33 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int], pending: set[int]) ->
 
 class _ConfigLoader(yaml.SafeLoader):
     """`yaml.SafeLoader` that refuses a key given twice in one mapping (YAML keeps the last
-    silently) and aliases that expand beyond `MAX_YAML_VALUES` values."""
+    silently), more than `MAX_YAML_VALUES` values or `MAX_YAML_DEPTH` levels (as they are
+    parsed: a huge file fails after its first values) and aliases that expand beyond
+    `MAX_YAML_VALUES` values, and names an integer too long for Python's `int`."""
+
+    _nodes, _depth = 0, 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        self._nodes += 1
+        problem = None
+        if self._nodes > MAX_YAML_VALUES:
+            problem = f"more than {MAX_YAML_VALUES} values (a config has a few hundred)"
+        elif self._depth >= MAX_YAML_DEPTH:
+            problem = f"more than {MAX_YAML_DEPTH} levels of nesting (a config has 3 or 4)"
+        if problem is not None:
+            raise _Refused(problem=problem, problem_mark=self.peek_event().start_mark)
+        self._depth += 1  # the composer recurses per level: bounded before RecursionError
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:  # over int()'s digit limit: its message names no key
+            problem = f"an integer of {len(node.value)} characters is out of range"
+            raise _Refused(problem=problem, problem_mark=node.start_mark) from None
 
     def get_single_data(self) -> Any:
         node = self.get_single_node()
@@ -202,6 +242,26 @@ class _ConfigLoader(yaml.SafeLoader):
                 problem = f"key {key!r} given twice (YAML would keep only the last)"
                 raise _Refused(problem=problem, problem_mark=key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
+
+
+_ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_yaml_int)
+
+
+def read_yaml_file(path: str | Path) -> Any:
+    """The YAML value of the config file at `path` (`_parse_yaml`), read only when it holds at
+    most `MAX_CONFIG_BYTES` bytes; ConfigError naming it otherwise (OSError as `open`)."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        size = os.path.getsize(path)
+        raise ConfigError(
+            f"{path}: {size} bytes, too large for a config (at most {MAX_CONFIG_BYTES} bytes)"
+        )
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    return _parse_yaml(text, str(path))
 
 
 def _parse_yaml(text: str, where: str) -> Any:
@@ -245,7 +305,7 @@ def load_config(cls: type[T], path: str | Path | None, overrides: list[str] = ()
         path = find_config(path)  # a file, or the name of a shipped config (pretrain/smoke)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        data = _parse_yaml(path.read_text(), str(path)) or {}
+        data = read_yaml_file(path) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
     # Each part on its own: an override with an old name still wins over the file's new one.

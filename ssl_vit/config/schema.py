@@ -300,6 +300,9 @@ class InitConfig:
     pos_interp: Literal["bilinear", "bicubic"] = "bicubic"
     # auto: an ssl-vit checkpoint, timm ViT weights or a transformers ViT directory, detected
     format: Literal["auto", "ssl_vit", "timm", "hf"] = "auto"
+    # zero: the paper's zero-initialized head (3.2). probe (beyond the paper, LP-FT): the head
+    # starts as the frozen encoder's ridge probe on the labelled images (ssl_vit.train.probe_head).
+    head: Literal["zero", "probe"] = "zero"
 
     def validate(self) -> None:
         if not self.checkpoint.strip():
@@ -326,7 +329,7 @@ class FinetuneConfig:
     data: FinetuneDataConfig = field(default_factory=FinetuneDataConfig)
     train: FinetuneOptimConfig = field(default_factory=FinetuneOptimConfig)
     ema: float = 0.0  # Polyak averaging factor (0: off), e.g. 0.9999
-    eval_every: int = 500
+    eval_every: int = 500  # data.eval every N steps, whatever train.log_every (0: at the end)
     # paper (B.1.1) or modern (MAE Table 9): the defaults of `parts` and of train.lr,
     # weight_decay, betas that are not given explicitly (see ssl_vit.config.recipe).
     recipe: Literal["paper", "modern"] = "paper"

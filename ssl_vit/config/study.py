@@ -31,10 +31,17 @@ class StudyDataConfig:
 
 @dataclass
 class StudyVariant:
-    """One pretraining variant: its name and its `objective` section."""
+    """One pretraining variant: its name, its `objective` section, and how its encoder is
+    fine-tuned and self-trained."""
 
     name: str = ""  # run directory name, e.g. mean_color_50
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    # Overrides of this encoder's fine-tunes (and self-trainings), after the label budget's:
+    # e.g. a gentler fine-tune (`parts.layer_decay=0.7`) for an encoder that loses its features.
+    finetune: list[str] = field(default_factory=list)
+    # Whether the label budgets' `self_train` applies to this encoder (False: fine-tunes only,
+    # e.g. to self-train only the better encoder of the study).
+    self_train: bool = True
 
 
 @dataclass
@@ -81,7 +88,7 @@ class StudyBudget:
                 f"{self.finetune_image_size}, {self.pretrain_fewshot_every}"
             )
         for job in ("pretrain", "fewshot", "finetune"):
-            try:  # each is `key.sub=value`; the job checks the keys themselves when it starts
+            try:  # each is `key.sub=value`; the study checks the keys before its first job
                 parse_overrides(getattr(self, job))
             except ConfigError as e:
                 raise ConfigError(f"{job}: {e}") from None
@@ -124,8 +131,15 @@ class StudyConfig:
                     f"variants: name {name!r} must be a simple name (letters, digits, _ . -; "
                     "no '/' or '..'): it names a run directory in the study folder"
                 )
-        if {"random", "scratch"} & set(names):
-            raise ConfigError("variants: 'random' and 'scratch' name the random-init baselines")
+        for v in self.variants:
+            try:  # `key.sub=value` each; the study checks the keys before its first job
+                parse_overrides(v.finetune)
+            except ConfigError as e:
+                raise ConfigError(f"variants: {v.name}: finetune: {e}") from None
+        if {"random", "scratch", "baseline"} & set(names):  # `--only baseline` runs those
+            raise ConfigError(
+                "variants: 'random', 'scratch' and 'baseline' name the random-init baselines"
+            )
         budgets = [b.per_class for b in self.labels]
         for key, values in (
             ("labels: per_class", budgets),

@@ -7,29 +7,38 @@ With `workers` > 1, worker processes read, check and (with `max_size`) resize an
 images in chunks of consecutive positions of the write order, while this process writes their
 results strictly in that order: the shards, their bytes and index.json are exactly those one
 worker writes. A worker whose parent dies (SIGKILL) exits within a second; a worker that dies
-ends the job with an error (`BrokenProcessPool`), never a hang.
+ends the job with one error line naming how it died (`ChildProcessError`), never a hang, and
+the old dataset at the output stays as it was.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ssl_vit.data.parts import check_new_part, holds_parts, parse_part, part_indices
+from ssl_vit.data.parts import (
+    check_agrees_with_written,
+    check_new_part,
+    holds_parts,
+    parse_part,
+    part_indices,
+)
 from ssl_vit.data.prepare import Prepared, StoreSettings, image_error, prepare_image
-from ssl_vit.data.shards import ShardWriter
-from ssl_vit.data.sources import ImageSource, open_raw_source
+from ssl_vit.data.shards import ShardWriter, check_output
+from ssl_vit.data.sources import FolderSource, ImageSource, open_raw_source
 from ssl_vit.progress import progress_iter
 
-__all__ = ["available_cpus", "image_error", "make_shards"]
+__all__ = ["available_cpus", "cap_workers", "image_error", "make_shards"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +52,15 @@ def available_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def cap_workers(workers: int) -> int:
+    """`workers`, at most `available_cpus()` (one logged line when capped): more processes than
+    CPUs only compete for them, each with its own copy of the source's listing."""
+    cpus = available_cpus()
+    if workers > cpus:
+        log.warning("--workers %d: capped at the %d CPUs available", workers, cpus)
+    return min(workers, cpus)
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,19 +120,59 @@ def _prepared_in_order(
     init = (src, settings, os.getpid())
     pool = ProcessPoolExecutor(workers, initializer=_init_worker, initargs=init)
     pending: deque[Future] = deque()
+    procs: dict[int, Any] = {}  # every worker started, kept to tell how a dead one ended
     done = False
     try:
         for chunk in chunks:
             pending.append(pool.submit(_prepare_chunk, chunk))
+            procs.update(getattr(pool, "_processes", None) or {})
             if len(pending) >= 4 * workers:
                 yield from pending.popleft().result()
         while pending:
             yield from pending.popleft().result()
         done = True
+    except BrokenProcessPool:
+        raise ChildProcessError(
+            f"a make-shards worker died ({_how_ended(procs.values())})"
+        ) from None
     finally:
         if not done:  # an error, an interrupt or an abandoned generator: no waiting on a
             _kill_workers(pool)  # worker that may be stuck on a read
         pool.shutdown(wait=done, cancel_futures=True)
+
+
+def _how_ended(procs: Iterable[Any]) -> str:
+    """How the worker whose death broke the pool ended ("pid P, killed by SIGKILL"), as far as
+    its exit status tells: the pool terminates the other workers with SIGTERM afterwards."""
+    procs, deadline = list(procs), time.monotonic() + 1.0
+    while True:
+        # The pool's own thread reaps the workers too: a read that loses that race sees no
+        # status once, the next one sees what the pool's thread stored.
+        ended = [(p.pid, _exitcode(p)) for p in procs]
+        ended = [(pid, code) for pid, code in ended if code is not None]
+        first = next((e for e in ended if e[1] != -signal.SIGTERM), None)
+        if first is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    first = first or (ended[0] if ended else None)
+    if first is None:
+        return "its exit status is unknown"
+    pid, code = first
+    if code >= 0:
+        return f"pid {pid}, exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    oom = ", as the out-of-memory killer does" if -code == signal.SIGKILL else ""
+    return f"pid {pid}, killed by {name}{oom}"
+
+
+def _exitcode(proc: Any) -> int | None:
+    try:
+        return proc.exitcode
+    except ValueError:  # a closed Process object
+        return None
 
 
 def _kill_workers(pool: ProcessPoolExecutor) -> None:
@@ -172,10 +230,16 @@ def make_shards(
     (`ssl_vit.data.parts`). `max_size`, `quality`, `lossless`:
     store images at training size (`ssl_vit.data.prepare.StoreSettings`); the setting and every
     image's original size go into index.json.
+
+    Refused in one line before anything is written: an `output` (or part directory) that is a
+    symbolic link, more parts than the source has images, and a part that disagrees with the
+    parts `output` already holds (another source, split or conversion setting:
+    `ssl_vit.data.parts.part_identity`). `workers` is capped at the CPUs available.
     """
     settings = StoreSettings(verify, max_size, quality, lossless)
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
+    workers = cap_workers(workers)
     part = parse_part(part) if isinstance(part, str) else part
     if part:
         target = check_new_part(output, *part)
@@ -183,16 +247,68 @@ def make_shards(
         raise ValueError(f"--output {output} holds parts (part-*-of-*): give --part I/N")
     else:
         target = output
+    check_output(target)
     src = open_raw_source(str(source), split=split, source_format=source_format)
     if len(src) == 0:
         raise ValueError(f"no images found in {source}")
+    fields = _part_fields(src, source, split, source_format, settings, part) if part else {}
+    if part:
+        _check_part(source, output, target, part, len(src), fields)
     order = _write_order(src, shuffle_seed, part)
     prepared = _prepared_in_order(src, order, settings, min(workers, max(1, len(order))))
-    job = _Job(source, output, target, src, settings, shuffle_seed, part)
+    job = _Job(source, output, target, src, settings, shuffle_seed, part, fields)
     try:
         return _write_dataset(job, prepared, shard_size, len(order), progress)
+    except ChildProcessError as e:  # a dead worker: the staged shards were removed
+        raise ChildProcessError(f"{e}; {target} is left as it was") from None
     finally:
         prepared.close()  # on any failure: the workers are killed now, not at exit
+
+
+def _part_fields(
+    src: ImageSource,
+    source: str | os.PathLike,
+    split: str,
+    source_format: str,
+    settings: StoreSettings,
+    part: tuple[int, int],
+) -> dict[str, Any]:
+    """The index fields that make a part one of a dataset (`ssl_vit.data.parts.part_identity`):
+    its place, the source's size and what reads and converts it."""
+    reader = "folder" if isinstance(src, FolderSource) else source_format
+    reader = "hf" if reader == "auto" else reader
+    return {
+        "source": os.path.abspath(source),
+        "label_names": src.label_names,
+        "resize": settings.record(),
+        "part": list(part),
+        "source_samples": len(src),
+        # The split names the data only for an HF dataset (a folder has none).
+        "conversion": {
+            "format": reader,
+            "split": None if reader == "folder" else split,
+            "verify": settings.verify,
+        },
+    }
+
+
+def _check_part(
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    target: str | os.PathLike,
+    part: tuple[int, int],
+    num_images: int,
+    fields: dict[str, Any],
+) -> None:
+    """Before anything is written: a split whose every part can be written and read, and one
+    dataset with the parts `output` already holds."""
+    i, n = part
+    if n > num_images:
+        raise ValueError(
+            f"--part {i}/{n}: {source} has {num_images} images, fewer than the {n} parts (some "
+            f"would be empty and the split could never be completed): use at most {num_images}"
+        )
+    check_agrees_with_written(output, target, fields)
 
 
 class _Job(NamedTuple):
@@ -205,6 +321,7 @@ class _Job(NamedTuple):
     settings: StoreSettings
     shuffle_seed: int | None
     part: tuple[int, int] | None
+    fields: dict[str, Any]  # a part's identity (`_part_fields`); {} for a whole dataset
 
 
 def _write_dataset(
@@ -218,8 +335,10 @@ def _write_dataset(
             raise ValueError(f"all {skipped} images in {job.source} failed verification")
         extra: dict[str, Any] = {}
         if job.part:
-            check_new_part(job.output, *job.part)  # the same part written meanwhile elsewhere
-            extra = {"part": list(job.part), "source_samples": len(job.src)}
+            # The same part, or one that disagrees, written meanwhile by another job.
+            check_new_part(job.output, *job.part)
+            check_agrees_with_written(job.output, job.target, job.fields)
+            extra = {k: job.fields[k] for k in ("part", "source_samples", "conversion")}
         if job.settings.max_size is not None:
             extra["resize"] = _record_sizes(writer.shards, sizes, job.settings)
         return writer.close(

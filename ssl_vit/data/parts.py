@@ -6,24 +6,35 @@ own shards and index.json (`"part": [I, N]`). Keys come from the whole source's 
 they are unique across parts. The loaders read `ROOT` (all N parts, refused while one is
 missing), a brace pattern of part directories or a list of them as one dataset.
 
+Parts are one dataset only if they agree (`part_identity`): the same source (path, reader,
+split, number of images, classes), the same N and the same conversion settings. A part that
+disagrees with the parts already in `ROOT` is refused before it is written, and parts of one
+folder that disagree are refused when read, in one line naming the two parts and what differs:
+a part of the test split must never be read as training data.
+
 No torch, no PIL: the shard resolver (`ssl_vit.data.shards`) imports it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
+from typing import Any
+
+from ssl_vit.jsonfile import read_json
 
 __all__ = [
     "PART_DIR",
+    "check_agrees_with_written",
     "check_new_part",
+    "check_parts_agree",
     "complete_parts",
     "holds_parts",
     "parse_part",
     "part_dir",
     "part_indices",
+    "part_identity",
 ]
 
 # Zero-padded so that sorted names are the parts in order (SLURM arrays stay below 100,000).
@@ -68,6 +79,79 @@ def holds_parts(root: str | os.PathLike) -> bool:
     return bool(_parts_in(Path(root)))
 
 
+def part_identity(index: dict[str, Any]) -> dict[str, Any]:
+    """What the parts of one dataset share, read from a part's index.json (or the fields a part
+    is about to be written with): its source, the split into N and the conversion settings.
+    The order of a part's samples (`shuffle_seed`) is not compared: it changes no sample."""
+    # (A field of the wrong type reads as missing: the shape of an index is checked elsewhere.)
+    resize = _field(index, "resize", dict) or {}  # absent: images stored as given
+    stored = resize.get("max_size") is not None
+    part = _field(index, "part", list) or []
+    identity = {
+        "source": index.get("source"),
+        "source images": index.get("source_samples"),
+        "classes": index.get("label_names"),
+        "part count": part[1] if len(part) == 2 else None,
+        "max_size": resize.get("max_size"),
+        "quality": resize.get("quality") if stored else None,
+        "lossless": resize.get("lossless") if stored else None,
+    }
+    # Written since the parts are compared (absent from older parts: not compared there).
+    identity.update(_field(index, "conversion", dict) or {})
+    return identity
+
+
+def _field(index: dict[str, Any], key: str, kind: type) -> Any:
+    value = index.get(key)
+    return value if isinstance(value, kind) else None
+
+
+def _difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """'KEY A vs B' for the first field in which two parts' identities differ (None: they
+    agree); a field only one of them records is not compared."""
+    ia, ib = part_identity(a), part_identity(b)
+    for key, value in ia.items():
+        if key not in ib or value == ib[key]:
+            continue
+        other = ib[key]
+        if isinstance(value, list) and isinstance(other, list):  # class names: name the first
+            if len(value) != len(other):
+                return f"{key} {len(value)} vs {len(other)}"
+            k = next(k for k, (x, y) in enumerate(zip(value, other, strict=True)) if x != y)
+            return f"class {k} {value[k]!r} vs {other[k]!r}"
+        return f"{key} {value} vs {other}"
+    return None
+
+
+def check_parts_agree(parts: list[tuple[Path, dict[str, Any]]]) -> None:
+    """ValueError (one line) naming two of `parts` [(directory, its index)] and what differs,
+    unless they are parts of one dataset (`part_identity`)."""
+    for path, index in parts[1:]:
+        diff = _difference(parts[0][1], index)
+        if diff is not None:
+            raise ValueError(
+                f"{parts[0][0]} and {path} are not parts of one dataset ({diff}): write every "
+                "part from one source with the same settings"
+            )
+
+
+def check_agrees_with_written(root: str | os.PathLike, new: Path, fields: dict[str, Any]) -> None:
+    """ValueError (one line) if the part about to be written to `new` with the index `fields`
+    disagrees with a part already written in `root`: refused before it is written, so that the
+    written parts are never mixed with one of another source or conversion."""
+    for name in sorted(_parts_in(Path(root))):
+        index = Path(root) / name / "index.json"
+        if not index.is_file():
+            continue
+        written = read_json(index)
+        diff = _difference(fields, written)
+        if diff is not None:
+            raise ValueError(
+                f"{new} would not be one dataset with {index.parent} ({diff}): write it to "
+                "another --output, or remove the parts written before"
+            )
+
+
 def check_new_part(root: str | os.PathLike, i: int, n: int) -> Path:
     """The directory part I of N goes to; ValueError (one line) if it is already written, or
     if `root` holds parts of another split (another N: the parts would overlap or miss
@@ -93,7 +177,8 @@ def check_new_part(root: str | os.PathLike, i: int, n: int) -> Path:
 def complete_parts(root: str | os.PathLike) -> list[Path] | None:
     """The part directories of `root`, in order, if it is a dataset written in parts (None if
     it holds no part directory). ValueError (one line) if parts of several splits are mixed,
-    one is missing, or a part's index does not say it is that part."""
+    one is missing, a part's index does not say it is that part, or two parts disagree
+    (`check_parts_agree`)."""
     root = Path(root)
     parts = _parts_in(root)
     if not parts:
@@ -109,11 +194,15 @@ def complete_parts(root: str | os.PathLike) -> list[Path] | None:
             f"{root}: {len(missing)} of {n} parts not written yet (e.g. {missing[0]}); "
             "name the written ones (a list or a brace pattern) to read them alone"
         )
+    indexes = []
     for i, d in enumerate(dirs):
         index = d / "index.json"
         if not index.is_file():
             raise ValueError(f"{d}: no index.json (a part still being written?)")
-        recorded = json.loads(index.read_text()).get("part")
+        loaded = read_json(index)
+        recorded = loaded.get("part")
         if recorded != [i, n]:
             raise ValueError(f"{index} records part {recorded}, not [{i}, {n}]")
+        indexes.append((d, loaded))
+    check_parts_agree(indexes)
     return dirs

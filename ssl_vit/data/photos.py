@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageEnhance
 
-from ssl_vit.data.shards import ShardWriter
+from ssl_vit.atomic import staged_dir
+from ssl_vit.data.shards import ShardWriter, check_output
 from ssl_vit.progress import progress_iter
 
 __all__ = ["PHOTO_NAMES", "load_photos", "make_photo_shards", "photo_views", "write_photo_folder"]
@@ -111,15 +112,29 @@ def make_photo_shards(
         return writer.close(label_names=PHOTO_NAMES, source=f"synthetic-photos(n={n}, seed={seed})")
 
 
-def write_photo_folder(output: str | os.PathLike, n: int = 10000, seed: int = 0) -> int:
+def write_photo_folder(
+    output: str | os.PathLike, n: int = 10000, seed: int = 0, overwrite: bool = False
+) -> int:
     """Write `photo_views(n, seed)` as an image folder `output/<photo>/<key>.jpg` (the input of
-    `make-shards` and of torchvision's ImageFolder); return the number written. Files already
-    there with the same name are replaced."""
+    `make-shards` and of torchvision's ImageFolder); return the number written.
+
+    `output` must be missing or empty (ValueError, one line, before anything is written): an
+    image folder's classes are its sub-folders, so images already there would be mixed into
+    them. With `overwrite` a non-empty `output` is replaced, everything in it. The folder is
+    written beside `output` and renamed into place (`ssl_vit.atomic.staged_dir`)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     root = Path(output)
-    for key, data, label in progress_iter(photo_views(n, seed), n, desc="photos", unit="img"):
-        folder = root / PHOTO_NAMES[label]
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{key}.jpg").write_bytes(data)
+    check_output(root)
+    if root.is_dir() and any(root.iterdir()) and not overwrite:
+        raise ValueError(
+            f"--output {root} is not empty: its images would be mixed into the photos' classes "
+            "(write to a new folder, or --overwrite to replace it)"
+        )
+    with staged_dir(root) as staging:
+        views = progress_iter(photo_views(n, seed), n, desc="photos", unit="img")
+        for key, data, label in views:
+            folder = staging / PHOTO_NAMES[label]
+            folder.mkdir(exist_ok=True)
+            (folder / f"{key}.jpg").write_bytes(data)
     return n

@@ -10,8 +10,9 @@ members into samples by the part of the name before the first dot. `index.json`,
 holds `{"format", "num_samples", "num_skipped", "label_names", "shards": [{"name",
 "num_samples"}], "source"}`; with `--max-size` also `"resize"` (the setting, how many images
 were resized and copied) and per shard `"original_sizes"` ("WxH WxH ..." in sample order); a
-part of a dataset written in parts (`ssl_vit.data.parts`) also `"part": [I, N]` and
-`"source_samples"`."""
+part of a dataset written in parts (`ssl_vit.data.parts`) also `"part": [I, N]`,
+`"source_samples"` and `"conversion"` (`{"format", "split", "verify"}`: with the source and the
+resize setting, what parts of one dataset must share)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ import webdataset as wds
 from webdataset.gopen import Pipe
 
 from ssl_vit.atomic import staged_dir
-from ssl_vit.data.parts import complete_parts, holds_parts
+from ssl_vit.data.parts import PART_DIR, check_parts_agree, complete_parts, holds_parts
+from ssl_vit.jsonfile import read_json
 from ssl_vit.watchdog import track_pipe
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "INDEX_NAME",
     "SHARD_FORMAT",
     "ShardWriter",
+    "check_output",
     "is_shard_spec",
     "read_index",
     "resolve_shards",
@@ -64,6 +67,16 @@ _SHARD_NAME = re.compile(r"shard-[0-9]{6,}\.tar")
 _MTIME = 0
 
 
+def check_output(output: str | os.PathLike) -> None:
+    """ValueError (one line) if the dataset directory `output` is a symbolic link: a dataset is
+    built beside it and renamed over it, which would put the new folder in place of the link
+    and leave the user's link renamed, not write into the folder it points to."""
+    if os.path.islink(output):
+        raise ValueError(
+            f"{output} is a symbolic link (to {os.readlink(output)}): name the folder itself"
+        )
+
+
 class ShardWriter:
     """Write samples into `shard-NNNNNN.tar` files of `shard_size` samples, then `index.json`.
 
@@ -71,12 +84,14 @@ class ShardWriter:
     has written the index (`ssl_vit.atomic.staged_dir`): a failed or killed run leaves an
     existing dataset at `output` exactly as it was, never old and new shards mixed. Files of
     `output` that are not shards (a README) are carried over. Use as a context manager;
-    `close(...)` finishes the last shard, writes the index and puts the dataset in place.
+    `close(...)` finishes the last shard, writes the index and puts the dataset in place. An
+    `output` that is a symbolic link is refused (`check_output`).
     """
 
     def __init__(self, output: str | os.PathLike, shard_size: int = 10000) -> None:
         if shard_size < 1:
             raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+        check_output(output)
         self.target = Path(output)
         self.shard_size = shard_size
         self._staged = staged_dir(self.target)
@@ -243,19 +258,44 @@ def resolve_shards(spec: str) -> list[str]:
     (`dir/shard-{000000..000009}.tar`, or of directories: `dir/part-{00000..00003}-of-00016`),
     one tar path, or a `pipe:` command / URL (passed through, braces expanded); several can be
     joined with '::' or ','. Local paths must exist: FileNotFoundError with a one-line message
-    otherwise; a dataset in parts with a part missing: ValueError.
+    otherwise; a dataset in parts with a part missing, or parts of one folder that disagree
+    (`ssl_vit.data.parts.check_parts_agree`): ValueError.
     """
     urls = [url for part in _split_spec(str(spec)) for url in _resolve_one(part)]
     if not urls:
         raise FileNotFoundError(f"no shards found for {spec!r}")
+    _check_parts_agree(urls)
     return urls
 
 
+def _check_parts_agree(urls: list[str]) -> None:
+    """The part directories of one folder read together (a brace pattern or a list of them, as
+    `ROOT` itself) are one dataset: ValueError (one line) unless they agree. Parts of other
+    folders are other datasets, joined on purpose as any two datasets in a list."""
+    by_root: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
+    for folder in dict.fromkeys(os.path.dirname(u) for u in urls if not _REMOTE.match(u)):
+        index = os.path.join(folder, INDEX_NAME)
+        if PART_DIR.fullmatch(os.path.basename(folder)) and os.path.isfile(index):
+            root = os.path.realpath(os.path.dirname(folder))
+            by_root.setdefault(root, []).append((Path(folder), _load_index(index)))
+    for parts in by_root.values():
+        check_parts_agree(parts)
+
+
 def _load_index(path: str) -> dict[str, Any]:
-    with open(path) as f:
-        index = json.load(f)
-    if not isinstance(index, dict) or index.get("format") != SHARD_FORMAT:
+    index = read_json(path)  # bounded: an index nested 200,000 deep is one line naming it
+    if index.get("format") != SHARD_FORMAT:
         raise ValueError(f"{path} is not a shard index (format {SHARD_FORMAT!r})")
+    shards, names = index.get("shards"), index.get("label_names")
+    entries_ok = isinstance(shards, list) and all(
+        isinstance(s, dict) and isinstance(s.get("name"), str) and type(s.get("num_samples")) is int
+        for s in shards
+    )
+    if not entries_ok or not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise ValueError(
+            f"{path}: a damaged shard index (need shards: [{{name, num_samples}}], "
+            "label_names: [names])"
+        )
     return index
 
 

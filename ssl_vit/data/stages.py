@@ -4,6 +4,11 @@ Everything per sample (reading, decoding, augmenting, batching) runs in the Data
 the main process receives ready `Batch`es. Images stay uint8 end to end: normalization happens
 later on the accelerator, and uint8 batches are 4x cheaper to pin and copy than float32.
 
+The workers ignore SIGTERM / SIGINT (the main process handles a stop), so multiprocessing's exit
+handler, which terminates them with SIGTERM and then waits, would wait forever on a loader still
+alive when a script ends: every loader made here (`WorkerLoader`) ends its workers on `close()`,
+at the end of a `with` block, when it is deleted, and at interpreter exit, before that handler.
+
 A sample that fails to decode is skipped, counted in `Batch.skipped` and logged (the first 10,
 then every 1000th); after `max_consecutive_failures` failures in a row the loader raises instead
 of spinning. The one-pass evaluation loader is in `ssl_vit.data.eval_stream`, the endless,
@@ -12,8 +17,12 @@ resumable training streams in `ssl_vit.data.train_stream`.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import multiprocessing.util  # noqa: F401 - its exit handler is registered before ours (below)
 import signal
+import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -32,8 +41,10 @@ __all__ = [
     "ShardErrorHandler",
     "Stats",
     "StreamDataset",
+    "WorkerLoader",
     "collate",
     "decode_stage",
+    "end_workers",
     "make_loader",
     "rate_limited",
     "shard_samples",
@@ -239,14 +250,85 @@ def _ignore_stop_signals(_: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+# The iterators whose worker processes may still run (weak: a deleted one ends its own).
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+END_GRACE_S = 2.0  # how long workers get to stop on their own before they are killed
+
+
+def _kill(workers: list[Any]) -> None:
+    """SIGKILL (they ignore SIGTERM) to each worker not yet reaped. It reaps nothing itself, so
+    a timer thread may call it while the main thread joins them."""
+    for w in workers:
+        w.kill()
+
+
+def end_workers(iterator: Any) -> None:
+    """End a DataLoader iterator's worker processes, in bounded time: DataLoader's own orderly
+    shutdown (the call its finalizer makes), a worker that has not stopped `END_GRACE_S`
+    later (blocked in a read) killed, as is any left after it. No-op without workers."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    workers = list(getattr(iterator, "_workers", ()))
+    _LIVE.discard(iterator)
+    if shutdown is None or not workers:
+        return
+    timer = threading.Timer(END_GRACE_S, _kill, args=(workers,))
+    timer.daemon = True
+    try:
+        timer.start()
+    except RuntimeError:  # no new thread at interpreter shutdown (3.12+): DataLoader's bound
+        timer = None
+    try:
+        shutdown()
+    finally:
+        if timer is not None:
+            timer.cancel()
+        _kill(workers)  # any left (DataLoader's own bound: a SIGTERM they ignore)
+        for w in workers:
+            w.join(END_GRACE_S)
+
+
+@atexit.register  # after multiprocessing's and torch's registrations, so it runs before them
+def _end_all() -> None:
+    for it in list(_LIVE):
+        end_workers(it)
+
+
+class WorkerLoader(DataLoader):
+    """A DataLoader whose worker processes end with it: on `close()`, at the end of a `with`
+    block, when it and its iterators are deleted, and at interpreter exit."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._made: weakref.WeakSet = weakref.WeakSet()
+
+    def _get_iterator(self) -> Any:
+        it = super()._get_iterator()
+        if self.num_workers > 0:
+            _LIVE.add(it)
+            self._made.add(it)
+        return it
+
+    def close(self) -> None:
+        """End the workers of every iterator made so far (a new iteration starts new ones)."""
+        for it in list(self._made):
+            end_workers(it)
+        self._iterator = None  # the persistent iterator, if any
+
+    def __enter__(self) -> WorkerLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def make_loader(
     dataset: StreamDataset, num_workers: int, persistent: bool, prefetch: int, pin: bool = True
-) -> DataLoader:
+) -> WorkerLoader:
     """A DataLoader that only moves the workers' ready `Batch`es (batch_size=None), pinned with
     CUDA when `pin` (False: the caller copies them into pinned memory itself)."""
     # Its own generator: DataLoader draws a base seed per iterator, which would consume the
     # global RNG.
-    return DataLoader(
+    return WorkerLoader(
         dataset,
         batch_size=None,
         generator=torch.Generator().manual_seed(seeds.derive(dataset.seed, seeds.LOADER)),

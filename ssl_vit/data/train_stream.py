@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import get_worker_info
 
 from ssl_vit import seeds
 from ssl_vit.config.checks import auto_num_workers
@@ -51,6 +51,7 @@ from ssl_vit.data.stages import (
     Sample,
     Stats,
     StreamDataset,
+    WorkerLoader,
     collate,
     decode_stage,
     make_loader,
@@ -266,12 +267,23 @@ class _Assembled:
 
 class TrainLoader:
     """A rank's endless training batches (iterate it), and the `tracker` of its lanes'
-    positions for checkpoints."""
+    positions for checkpoints. Its worker processes end on `close()`, at the end of a `with`
+    block, when it is deleted and at interpreter exit (`stages.WorkerLoader`)."""
 
-    def __init__(self, loader: DataLoader, tracker: StreamTracker) -> None:
+    def __init__(self, loader: WorkerLoader, tracker: StreamTracker) -> None:
         self.loader, self.tracker = loader, tracker
         self.dataset, self.num_workers = loader.dataset, loader.num_workers
         self.prefetch_factor = loader.prefetch_factor
+
+    def close(self) -> None:
+        """End the worker processes now (iterating again starts new ones)."""
+        self.loader.close()
+
+    def __enter__(self) -> TrainLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def lane_share(self) -> int:

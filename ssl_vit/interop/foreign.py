@@ -11,7 +11,6 @@ never with pickle-executing loaders. Formats:
 
 from __future__ import annotations
 
-import json
 import logging
 import pickle
 import warnings
@@ -23,6 +22,7 @@ import torch
 from ssl_vit.interop.hf_format import from_hf
 from ssl_vit.interop.keymap import InteropError
 from ssl_vit.interop.timm_format import from_timm
+from ssl_vit.jsonfile import JsonFileError, read_json
 
 __all__ = ["FORMATS", "detect_format", "read_foreign", "read_weights"]
 
@@ -58,7 +58,12 @@ def _weights_in(directory: Path) -> dict[str, torch.Tensor]:
             return read_weights(directory / name)
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (directory / index).is_file():  # sharded: every file the index names
-            files = sorted(set(json.loads((directory / index).read_text())["weight_map"].values()))
+            weight_map = read_json(directory / index).get("weight_map")
+            if not isinstance(weight_map, dict) or not all(
+                isinstance(f, str) and Path(f).name == f for f in weight_map.values()
+            ):
+                raise InteropError(f"{directory / index}: no weight_map of tensor to file name")
+            files = sorted(set(weight_map.values()))
             return {k: v for f in files for k, v in read_weights(directory / f).items()}
     raise InteropError(f"{directory}: no weights ({' / '.join(_WEIGHT_FILES)})")
 
@@ -68,12 +73,9 @@ def _config(path: Path) -> dict[str, Any] | None:
     if not cfg.is_file():
         return None
     try:
-        data = json.loads(cfg.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InteropError(f"{cfg}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise InteropError(f"{cfg}: not a JSON object")
-    return data
+        return read_json(cfg)
+    except JsonFileError as e:
+        raise InteropError(str(e)) from None
 
 
 def detect_format(path: str | Path) -> str:
@@ -86,9 +88,14 @@ def detect_format(path: str | Path) -> str:
     if path.is_file() and path.suffix == ".safetensors":
         from safetensors import safe_open
 
-        with safe_open(str(path), framework="pt") as f:
-            if "model_config" in (f.metadata() or {}):
-                return "ssl_vit"
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+        except Exception as e:  # noqa: BLE001 - several types for damaged files (a 2^62 header)
+            first = (str(e).splitlines() or [type(e).__name__])[0]
+            raise InteropError(f"{path}: not a readable safetensors file ({first})") from None
+        if "model_config" in meta:
+            return "ssl_vit"
     cfg = _config(path)
     if cfg is not None and "model_type" in cfg:
         return "hf"

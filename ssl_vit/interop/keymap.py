@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ssl_vit.config.schema import ModelConfig
+from ssl_vit.model.shapes import size_mismatch
 
 __all__ = [
     "InteropError",
@@ -107,6 +108,13 @@ def check_complete(
     state: dict[str, torch.Tensor], cfg: dict[str, Any], source: str, unexpected: list[str]
 ) -> None:
     """Raise listing missing / unexpected keys and wrong shapes of an imported encoder."""
+    # The sizes first, by arithmetic: building the expected model even on the meta device takes
+    # time and memory in the depth a config.json claims (10^6 layers: minutes, gigabytes).
+    present = {k: tuple(v.shape) for k, v in state.items()}
+    if {"pos_embed", "patch_embed.weight"} <= set(present):
+        why = size_mismatch(ModelConfig.from_saved(cfg), present, claim="its config")
+        if why is not None:
+            raise InteropError(f"{source}: {why}")
     shapes = expected_shapes(cfg)
     missing = sorted(set(shapes) - set(state))
     if missing or unexpected:

@@ -135,27 +135,39 @@ def load_run(path: str | Path) -> Run:
 
 def _run_dirs(folder: Path) -> list[Path]:
     """Run directories at any depth below `folder` (a run's own subdirectories are not
-    searched), sorted by path: a study's `pretrain/x`, `fewshot/x`, ... included."""
+    searched), sorted by path: a study's `pretrain/x`, `fewshot/x`, ... included.
+
+    A symlink to a directory is not followed (logged): it may lead out of the tree, back up
+    into it (a loop, walked forever) or to a run found under its own path; a run it points to
+    is listed when named itself."""
     found: list[Path] = []
     for q in sorted(d for d in folder.iterdir() if d.is_dir()):
-        found.extend([q] if _is_run_dir(q) else _run_dirs(q))
+        if q.is_symlink():
+            log.warning("%s: symlink to a folder, not followed (name its target to include it)", q)
+        else:
+            found.extend([q] if _is_run_dir(q) else _run_dirs(q))
     return found
 
 
 def load_runs(paths: list[str | Path]) -> list[Run]:
     """Runs in the order given; a directory holding run directories (not a run itself) is
-    expanded to the runs below it, at any depth, sorted by path."""
+    expanded to the runs below it, at any depth, sorted by path (`_run_dirs`). A run reached
+    twice (named twice, or inside a folder also named) is listed once, where first reached."""
     runs: list[Run] = []
+    seen: set[Path] = set()
     for p in map(Path, paths):
         if not p.is_dir():
             raise ValueError(f"{p}: no such directory")
         if _is_run_dir(p):
-            runs.append(load_run(p))
+            subs = [p]
         else:
             subs = _run_dirs(p)
             if not subs:
                 raise ValueError(f"{p}: neither a run directory nor a folder of runs")
-            runs.extend(load_run(q) for q in subs)
+        for q in subs:
+            if q.resolve() not in seen:
+                seen.add(q.resolve())
+                runs.append(load_run(q))
     return runs
 
 

@@ -34,8 +34,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ssl_vit.atomic import writing
+from ssl_vit.config.loader import to_dict
 from ssl_vit.config.schema import SHAPE_KEYS, ModelConfig
 from ssl_vit.config.variants import resolve_variant
+from ssl_vit.jsonfile import JsonFileError, parse_json, read_json
+from ssl_vit.train.weights_file import read_header, saved_model
 
 __all__ = [
     "ArchitectureError",
@@ -184,7 +187,7 @@ def read_pixel_norm(path: str | Path) -> PixelStats | None:
     if raw is None:
         return None
     try:
-        stats = json.loads(raw)
+        stats = parse_json(raw, "pixel_norm", dict)
         mean, std = (tuple(float(v) for v in stats[k]) for k in ("mean", "std"))
         if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
             raise ValueError("need 3 values each, std > 0")
@@ -214,16 +217,20 @@ def load_encoder(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, A
         raise CheckpointError(f"no encoder weights at {path}")
     verify_if_checkpoint(path)
     try:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
+        meta, shapes = read_header(path)
+        if "model_config" not in meta:
+            raise CheckpointError(f"{path} has no model_config metadata: not an ssl-vit encoder")
+        # The metadata is untrusted: checked against the header's shapes before any tensor is
+        # read or model built (a 2 KB file may claim width 32768 and depth 48).
+        model = saved_model(meta, shapes, path)
         state = load_file(str(path))
-    except Exception as e:  # safetensors raises several types for damaged files
+    except CheckpointError:
+        raise
+    except ValueError as e:  # WeightsFileError, JsonFileError: one line naming the file
+        raise CheckpointError(str(e)) from None
+    except Exception as e:  # noqa: BLE001 - safetensors raises several types for damaged files
         raise CheckpointError(f"cannot read {path}: {e}") from None
-    if "model_config" not in meta:
-        raise CheckpointError(f"{path} has no model_config metadata: not an ssl-vit encoder")
-    return state, json.loads(meta["model_config"])
+    return state, to_dict(model)
 
 
 def checkpoint_dirs(root: str | Path) -> list[Path]:
@@ -315,16 +322,34 @@ def verify_checkpoint(path: Path) -> None:
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         raise CheckpointError(f"{path}: no {MANIFEST} (incomplete checkpoint)")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: unreadable {MANIFEST}: {e}") from None
-    for name, info in manifest["files"].items():
+    files = _manifest_files(manifest_path)
+    for name, info in files.items():
         f = path / name
         if not f.is_file():
             raise CheckpointError(f"{path}: missing {name}")
         if f.stat().st_size != info["bytes"] or file_sha256(f) != info["sha256"]:
             raise CheckpointError(f"{path}: {name} is truncated or corrupted (checksum mismatch)")
+
+
+def _manifest_files(manifest: Path) -> dict[str, dict[str, Any]]:
+    """The `files` of a manifest ({name: {bytes, sha256}}); CheckpointError naming it when it
+    is not that (truncated, another shape, a name outside its folder)."""
+    try:
+        files = read_json(manifest).get("files")
+        if not isinstance(files, dict):
+            raise ValueError("no 'files' mapping")
+        for name, info in files.items():
+            if (
+                Path(name).name != name
+                or not isinstance(info, dict)
+                or {"bytes", "sha256"} - set(info)
+            ):
+                raise ValueError(f"entry {name!r} is not a file name with bytes and sha256")
+    except JsonFileError as e:  # names the file
+        raise CheckpointError(f"unreadable {MANIFEST}: {e}") from None
+    except ValueError as e:
+        raise CheckpointError(f"{manifest}: unreadable {MANIFEST}: {e}") from None
+    return files
 
 
 def load_checkpoint(

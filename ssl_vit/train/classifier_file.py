@@ -25,6 +25,9 @@ from torch import nn
 from ssl_vit.atomic import writing
 from ssl_vit.config.errors import ConfigError
 from ssl_vit.config.schema import ModelConfig
+from ssl_vit.jsonfile import parse_json
+from ssl_vit.model.shapes import size_mismatch
+from ssl_vit.train.weights_file import WeightsFileError, read_header
 
 __all__ = [
     "CLASSIFIER_FILE",
@@ -92,9 +95,9 @@ class ClassifierSpec:
         if sum(len(v) for v in meta.values()) > _MAX_METADATA:
             raise ClassifierError(f"{path}: metadata over {_MAX_METADATA} bytes")
         try:
-            model = ModelConfig.from_saved(_json_dict(meta["model_config"]))
-            names = json.loads(meta["label_names"])
-            pre = _json_dict(meta["preprocess"])
+            model = ModelConfig.from_saved(parse_json(meta["model_config"], "model_config"))
+            names = parse_json(meta["label_names"], "label_names", list)
+            pre = parse_json(meta["preprocess"], "preprocess")
             mean, std = _triple(pre["mean"]), _triple(pre["std"])
             if pre["image_size"] != model.image_size or pre["resize"] != EVAL_RESIZE:
                 raise ValueError(f"unknown preprocessing {pre}")
@@ -109,13 +112,6 @@ class ClassifierSpec:
         from ssl_vit.config.loader import to_dict
 
         return cls(to_dict(model), meta["pool"], tuple(names), mean, std)
-
-
-def _json_dict(text: str) -> dict[str, Any]:
-    value = json.loads(text)
-    if not isinstance(value, dict):
-        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
-    return value
 
 
 def _triple(value: Any) -> tuple[float, float, float]:
@@ -174,15 +170,10 @@ def names_labels(path: str | Path) -> bool | None:
 
 def _header(path: Path) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:
     """(metadata, tensor shapes) from the safetensors header, without reading any tensor."""
-    from safetensors import safe_open
-
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = dict(f.metadata() or {})
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-    except Exception as e:  # safetensors raises several types for damaged files
-        raise ClassifierError(f"{path}: not a readable safetensors file ({e})") from None
-    return meta, shapes
+        return read_header(path)
+    except WeightsFileError as e:
+        raise ClassifierError(str(e)) from None
 
 
 def read_classifier_spec(path: str | Path) -> ClassifierSpec:
@@ -209,6 +200,12 @@ def load_classifier(path: str | Path) -> tuple[nn.Module, ClassifierSpec]:
     file = find_classifier(path)
     meta, shapes = _header(file)
     spec = ClassifierSpec.from_metadata(meta, file)
+    # The sizes first, by arithmetic: the meta-device build below takes time in the depth and
+    # width claimed (depth 10^6 would take minutes), the tensors bound them.
+    encoder = {k.removeprefix("encoder."): v for k, v in shapes.items() if k.startswith("encoder.")}
+    why = size_mismatch(ModelConfig.from_saved(spec.model_config), encoder)
+    if why is not None:
+        raise ClassifierError(f"{file}: {why}")
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in build_classifier(spec).state_dict().items()}
     if shapes != expected:

@@ -19,6 +19,7 @@ from torch import nn
 
 from ssl_vit.atomic import write_text
 from ssl_vit.config.errors import ConfigError
+from ssl_vit.jsonfile import read_json
 from ssl_vit.train.checkpoint import file_sha256
 
 __all__ = [
@@ -141,8 +142,8 @@ def _classifier_path(path: str) -> Path:
 def _teacher_top1(run_dir: Path) -> float | None:
     """The saved model's top-1 in its fine-tune's results.json (top1_ema with averaging)."""
     try:
-        results = json.loads((run_dir / "results.json").read_text())
-    except (OSError, ValueError):
+        results = read_json(run_dir / "results.json")
+    except (OSError, ValueError):  # none, or not ours: the top-1 is only shown
         return None
     top1 = results.get("top1_ema") if results.get("top1_ema") is not None else results.get("top1")
     return top1 if isinstance(top1, (int, float)) else None
@@ -152,9 +153,9 @@ def _check_same_teacher(recorded: Path, teacher: Teacher) -> None:
     if not recorded.is_file():
         return  # stopped before its first record: nothing trained with another teacher
     try:
-        before = json.loads(recorded.read_text())
-    except ValueError:
-        raise ConfigError(f"{recorded}: unreadable; start a new run (--overwrite)") from None
+        before = read_json(recorded)
+    except ValueError as e:  # JsonFileError: truncated, another shape, nested too deep
+        raise ConfigError(f"{e}; start a new run (--overwrite)") from None
     if before.get("teacher_sha256") != teacher.sha256:
         raise ConfigError(
             f"--resume: distill.teacher is not the teacher this run started with "

@@ -8,7 +8,10 @@ A job that hangs burns its allocation and never reports failure, so the entry po
 - SIGTERM / SIGINT during training: the step finishes, every rank agrees, a checkpoint is
   written and the job exits 0 with `"preempted": true` in results.json (resume with --resume).
   During the final evaluation (the final checkpoint already written): exit 0 at once, without
-  results.json; --resume repeats only the evaluation. A second signal exits 1 at once.
+  results.json; --resume repeats only the evaluation.
+- More stop signals are the same request: a wrapper (`timeout`) or launcher (torchrun) relays
+  the one the process group got, a scheduler signals every process of the job. Only an explicit
+  second Ctrl-C (SIGINT more than `REPEAT_WINDOW_S` after the first signal) exits 1 at once.
 - A graceful stop that has not ended `timeouts.stop_s` after the signal (a rank gone, a stuck
   collective, a read that never returns) is cut short: exit 1, the last complete checkpoint
   stays the resume point. The timer thread ends the process itself (`watchdog.hard_exit`).
@@ -29,6 +32,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -54,6 +58,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_ERROR = 0, 1
+# A stop signal this soon after the first is a copy of it (relayed by a launcher; Ctrl-C also
+# reaches the launcher, which passes it on); a Ctrl-C after it is the user's second one.
+REPEAT_WINDOW_S = 2.0
 # Errors of the user's making: one line, no traceback.
 USER_ERRORS = (
     *(FileNotFoundError, NotADirectoryError, PermissionError, ValueError, CheckpointError),
@@ -154,12 +161,16 @@ class StopRequest:
     During the loop (`graceful`, the default) the handler only sets the flag: the loop finishes
     its step, then all ranks agree on the OR of their flags (one tiny all-reduce per step, on a
     CPU gloo group so the GPU stream is never synchronized), write a checkpoint and exit 0.
-    After `finish_loop()` a signal raises `Preempted` where the job is. A second signal exits at
-    once; a graceful stop still running `timeout_s` after the signal is cut short (exit 1).
+    After `finish_loop()` a signal raises `Preempted` where the job is. Further signals are the
+    same request (logged once), except a SIGINT more than `REPEAT_WINDOW_S` after the first
+    signal (a second Ctrl-C), which exits at once; a graceful stop still running `timeout_s`
+    after the signal is cut short (exit 1).
     """
 
     def __init__(self, world_size: int, timeout_s: float = 300.0) -> None:
         self.flag = 0
+        self.since = 0.0  # time.monotonic() of the first stop signal
+        self.repeats = 0  # stop signals after it taken as the same request
         self.graceful = True
         self.timeout_s = timeout_s
         self.group = None
@@ -195,14 +206,28 @@ class StopRequest:
     def _handle(self, signum: int, _frame: Any) -> None:
         name = signal.Signals(signum).name
         if self.flag:
-            raise SystemExit(f"error: second {name}: exiting without checkpoint")
-        self.flag = signum
+            self._again(signum, name)
+            return
+        self.flag, self.since = signum, time.monotonic()
         self.watchdog = threading.Timer(self.timeout_s, self._overdue, args=(name,))
         self.watchdog.daemon = True
         self.watchdog.start()
         if not self.graceful:
             raise Preempted(f"{name} received during the final evaluation")
         log.warning("%s received: stopping after this step (checkpoint, exit 0)", name)
+
+    def _again(self, signum: int, name: str) -> None:
+        """A stop signal after the first: a second Ctrl-C exits now, anything else (a relayed
+        copy, the scheduler's signal to every process) is the stop already under way."""
+        if signum == signal.SIGINT and time.monotonic() - self.since > REPEAT_WINDOW_S:
+            raise SystemExit(f"error: second {name}: exiting without checkpoint")
+        self.repeats += 1
+        if self.repeats == 1:
+            log.warning(
+                "%s again: the same stop request (a relayed copy), already under way; a second "
+                "Ctrl-C exits without checkpoint",
+                name,
+            )
 
     def _overdue(self, name: str) -> None:
         print(

@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import re
@@ -35,8 +34,10 @@ import yaml
 
 from ssl_vit.atomic import write_text
 from ssl_vit.config import ConfigError, to_dict
+from ssl_vit.config.loader import read_yaml_file
 from ssl_vit.config.schema import SHAPE_KEYS
 from ssl_vit.data.shards import INDEX_NAME
+from ssl_vit.jsonfile import parse_json
 from ssl_vit.train.checkpoint import ENCODER_FILE, MANIFEST, STATE_FILE, checkpoint_dirs
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "lock_run_dir",
     "occupant",
     "read_paths",
+    "release_new_run",
     "run_files",
     "run_kind",
     "source_root",
@@ -71,7 +73,11 @@ _RESUME_SHAPE = (
 )
 # Keys of the training stream's sample order: a saved position means other samples under
 # another value (the shard list is compared by the loader, by content: a moved dataset resumes).
-STREAM_KEYS = ("seed", "data.shuffle_buffer", "data.resampled")
+# A label budget's K and seed choose the samples (its labelled.json is compared before this).
+STREAM_KEYS = (
+    *("seed", "data.shuffle_buffer", "data.resampled"),
+    *("data.labels_per_class", "data.labels_seed"),
+)
 # The model keys a checkpoint's encoder records that --resume must keep.
 _CHECKPOINT_SHAPE = ("image_size", *SHAPE_KEYS)
 
@@ -160,10 +166,7 @@ def _check_resumed_config(run_dir: Path, cfg: Any) -> None:
     if not saved_file.is_file():
         _check_checkpoint_shape(run_dir, cfg)
         return
-    try:
-        saved_tree = yaml.safe_load(saved_file.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{saved_file}: unreadable ({str(e).splitlines()[0]})") from None
+    saved_tree = read_yaml_file(saved_file) or {}  # bounded in size, depth and values
     if not isinstance(saved_tree, dict):
         raise ConfigError(f"{saved_file}: unreadable (not a mapping of config keys)")
     kinds = run_kind(saved_tree), run_kind(to_dict(cfg))
@@ -203,7 +206,7 @@ def _check_checkpoint_shape(run_dir: Path, cfg: Any) -> None:
     for ckpt in reversed(checkpoint_dirs(run_dir / "checkpoints")):
         try:
             with safe_open(str(ckpt / ENCODER_FILE), framework="pt") as f:
-                saved = json.loads((f.metadata() or {})["model_config"])
+                saved = parse_json((f.metadata() or {})["model_config"], "model_config")
         except Exception:  # noqa: BLE001 - an unreadable checkpoint: resume skips it too
             continue
         new = to_dict(cfg.model)
@@ -254,7 +257,7 @@ def _apply_policy(run_dir: Path, cfg: Any, resume: bool, overwrite: bool) -> Non
     if existing and overwrite:
         log.warning("--overwrite: removing the earlier run's files in %s", run_dir)
         for p in existing:
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
+            _remove(p)
     elif existing and not resume:
         names = ", ".join(p.name for p in existing[:4]) + (", ..." if len(existing) > 4 else "")
         raise ConfigError(
@@ -263,6 +266,22 @@ def _apply_policy(run_dir: Path, cfg: Any, resume: bool, overwrite: bool) -> Non
         )
     elif resume:
         _check_resumed_config(run_dir, cfg)
+
+
+def _remove(path: Path) -> None:
+    """Remove a run file or folder; a symbolic link itself, never what it points to."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def release_new_run(run_dir: str | Path) -> None:
+    """A new run (not --resume) that failed before its first step, e.g. stopped while its label
+    subset was copied: remove the run files its start wrote (config.yaml, ...), all of them its
+    own (`claim_run_dir` found none or removed them), so the same command starts it again."""
+    for path in run_files(Path(run_dir)):
+        _remove(path)
 
 
 # --- what a command must not write into, replace or remove ------------------------------------

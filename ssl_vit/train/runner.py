@@ -8,11 +8,11 @@ micro-batch, at each log step, at its periodic evaluation and at the end is pass
     results = loop.run(loader, micro, log_row, finish=..., ...)
 
 One small class, no hierarchy and no callback registry (as torchtitan's and big_vision's loops).
+One schedule for every job: log, evaluate and checkpoint, each at its own period.
 The checkpoint's resume-state keys are defined here and nowhere else: per rank (`rng_rank*.pt`)
 the RNG states, "stream" (`StreamTracker`) and "augment" (the resolved augmentation mode and the
-device augmentation's generator, `run_state`); in the training state (main process) "target_hist"
-(pretraining's colour histogram, summed over ranks) and "ema" (fine-tuning's Polyak average),
-each the `state_dict()` of the object passed in, and "scaler" (fp16's loss scale, `run_state`).
+device augmentation's generator, `run_state`); in the training state (main process) each of the
+job's `parts` under its name (its `state_dict()`), and "scaler" (fp16's loss scale, `run_state`).
 """
 
 from __future__ import annotations
@@ -45,8 +45,6 @@ __all__ = ["Resumed", "Schedule", "TrainLoop", "load_resume_point"]
 
 log = logging.getLogger(__name__)
 
-STATE_PARTS = ("target_hist", "ema")  # main process's training state, restored on resume
-
 
 class Stateful(Protocol):
     def state_dict(self) -> Any: ...
@@ -55,15 +53,22 @@ class Stateful(Protocol):
 
 @dataclass(frozen=True)
 class Schedule:
-    """When a step (1-based, counted after it ran) logs, checkpoints, or reads the bad-step
-    counts (at both: a run of skipped steps stops the job by the next of them at the latest)."""
+    """When a step (1-based, counted after it ran) logs, evaluates, checkpoints, or reads the
+    bad-step counts (at log and checkpoint steps: a run of skipped steps stops the job by the
+    next of them at the latest). Each period is independent of the others."""
 
     steps: int
     log_every: int
     checkpoint_every: int  # 0: only the final checkpoint
+    eval_every: int = 0  # 0: only the final evaluation (the job's `finish`)
 
     def logs(self, step: int) -> bool:
         return step % self.log_every == 0 or step == self.steps
+
+    def evaluates(self, step: int) -> bool:
+        """The periodic evaluation (the last step's is the job's final one, after the loop)."""
+        every = self.eval_every
+        return bool(every) and step % every == 0 and step != self.steps
 
     def checkpoints(self, step: int) -> bool:
         """The periodic checkpoint (the last step's is always written, after the loop)."""
@@ -116,8 +121,10 @@ class TrainLoop:
     them to Accelerate: `model`, `optimizer`, `raw` the unwrapped model), run once.
 
     augment: the device augmentation (None: crop + flip in the loader workers).
-    target_hist, ema: the training state's parts (`STATE_PARTS`), or None.
-    record: further entries of every checkpoint's training state (e.g. label names)."""
+    parts: the job's stateful parts by checkpoint key (e.g. {"ema": ...}): saved in the
+        training state and restored on resume.
+    record: further entries of every checkpoint's training state (e.g. label names).
+    eval_every: the period of the job's evaluation (`run(evaluate=...)`; 0: only the final)."""
 
     def __init__(
         self,
@@ -128,15 +135,15 @@ class TrainLoop:
         resume: bool,
         augment: Stateful | None = None,
         *,
-        target_hist: Stateful | None = None,
-        ema: Stateful | None = None,
+        parts: dict[str, Stateful] | None = None,
         record: dict[str, Any] | None = None,
+        eval_every: int = 0,
     ) -> None:
         self.ctx, self.cfg, self.acc = run, cfg, run.acc
         tc = cfg.train
-        self.schedule = Schedule(tc.steps, tc.log_every, tc.checkpoint_every)
+        self.schedule = Schedule(tc.steps, tc.log_every, tc.checkpoint_every, eval_every)
         self.augment, self.record = augment, record or {}
-        self.parts = dict(zip(STATE_PARTS, (target_hist, ema), strict=True))
+        self.parts = dict(parts or {})
         self.start = load_resume_point(run, resume, model, optimizer)
         self.counters = self.start.counters
         self._load_parts()
@@ -183,8 +190,6 @@ class TrainLoop:
         if not self.start.state:
             return
         for key, part in self.parts.items():
-            if part is None:
-                continue
             if self.start.state.get(key) is None:
                 raise ckpt.CheckpointError(
                     f"{self.start.path}: no {key!r} state to resume (the run was started "
@@ -225,8 +230,7 @@ class TrainLoop:
         shown: tuple[str, ...],
         *,
         after_step: Callable[[torch.Tensor | bool], None] | None = None,
-        evaluate: tuple[int, Callable[[int], None]] | None = None,
-        hold_last_row: bool = False,
+        evaluate: Callable[[int], dict[str, Any] | None] | None = None,
         side: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Train from the resumed step to `train.steps`; returns the job's results.
@@ -238,10 +242,11 @@ class TrainLoop:
         log_row(sums, lap, step): the metrics row at a log step, from the lap's sums over ranks
             and `lap` (lr, throughput, data wait, the run's counters).
         after_step(applied): after each optimizer step (applied: the device flag).
-        evaluate: (every, fn(step)) a periodic evaluation, not at the last step (fn logs).
-        finish(row): after the final checkpoint, the final evaluation and save -> results.
+        evaluate(step): the periodic evaluation at `eval_every` (never the last step): its
+            scores join that step's row, or make a row of their own between log steps.
+        finish(row): after the final checkpoint, the final evaluation and save -> results;
+            `row` is the last step's, unlogged: `finish` logs it (with its final scores).
         shown: the keys of a row the progress bar prints.
-        hold_last_row: the last step's row goes to `finish` unlogged (it adds evaluations).
         side: {name: loader} streams `micro` reads with `side_batch(name)`, each checkpointed
             under its own key and counted in `images_<name>`.
         Preempted (a stop signal): the checkpoint of the step reached, `{"preempted": True}`."""
@@ -257,14 +262,17 @@ class TrainLoop:
             for done in range(self.start.step + 1, last + 1):
                 lr = self._one_step(done, micro, after_step)
                 self.bar.update(1)
+                due = None
                 if self.schedule.logs(done):
                     lap = {"lr": lr, **self._lap(done - last_log)}
-                    row, last_log = log_row(self.stats.reduce(self.acc), lap, done), done
-                    if not (hold_last_row and done == last):
-                        row = self.log(row)
-                if evaluate and evaluate[0] and done % evaluate[0] == 0 and done != last:
+                    row = due = log_row(self.stats.reduce(self.acc), lap, done)
+                    last_log = done
+                if evaluate is not None and self.schedule.evaluates(done):
                     with self.paused():
-                        evaluate[1](done)
+                        scores = evaluate(done) or {}
+                    due = {**(due or {"step": done}), **scores} if scores else due
+                if due is not None and done != last:  # the last row: `finish` logs it
+                    row = self.log(due)
                 if stop.agreed():  # preemption: every rank stops after the same step
                     break
                 if self.schedule.checkpoints(done) and not self.bad.in_a_row:

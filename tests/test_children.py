@@ -1,0 +1,97 @@
+"""A parent that dies takes its children (ssl_vit.children): a job the study started in its own
+session dies when the study is SIGKILLed (PR_SET_PDEATHSIG), and the study kills a running job
+on every way out of `execute` that it sees itself. Real subprocesses."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from test_study import REPO, load_study
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl: Linux")
+
+# A job that runs until killed, writing its pid first (it ignores SIGTERM, as a stuck job might).
+LONG_JOB = "import os, signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+LONG_JOB += "open(sys.argv[1], 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
+
+
+def _gone(pid: int) -> bool:
+    """Dead: no such process, or a zombie nobody reaped yet (a container's init may not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
+
+
+def _wait_for(path: Path, proc: subprocess.Popen | None, timeout: float = 120.0) -> int:
+    end = time.monotonic() + timeout
+    while not (path.is_file() and path.read_text().strip()):
+        assert proc is None or proc.poll() is None, "the parent ended before its job started"
+        assert time.monotonic() < end, f"{path} never written"
+        time.sleep(0.02)
+    return int(path.read_text())
+
+
+def test_a_killed_study_takes_its_job(tmp_path):
+    """SIGKILL of a study-like parent's process group while its job (own session, deaf to
+    SIGTERM) runs: the job is gone within seconds, not an orphan holding its run."""
+    job, pid_file = tmp_path / "job.py", tmp_path / "job.pid"
+    job.write_text(LONG_JOB)
+    parent = textwrap.dedent(f"""
+        import importlib.util, sys
+        spec = importlib.util.spec_from_file_location("study", {str(REPO / "scripts/study.py")!r})
+        study = importlib.util.module_from_spec(spec)
+        sys.modules["study"] = study
+        spec.loader.exec_module(study)
+        with open({str(tmp_path / "job.log")!r}, "w") as log:
+            study.execute([sys.executable, {str(job)!r}, {str(pid_file)!r}], log)
+    """)
+    study = subprocess.Popen([sys.executable, "-c", parent], start_new_session=True)
+    child = None
+    try:
+        child = _wait_for(pid_file, study)
+        assert os.getsid(child) == child  # its own session: the group's signal misses it
+        os.killpg(study.pid, signal.SIGKILL)
+        study.wait(10)
+        end = time.monotonic() + 5
+        while not _gone(child) and time.monotonic() < end:
+            time.sleep(0.02)
+        assert _gone(child), "the study's job outlived the study"
+    finally:
+        for pid in (study.pid, child):
+            if pid is not None and not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_leaving_execute_kills_the_running_job(tmp_path, monkeypatch):
+    """An exception while the job runs (here from the progress tick) kills the job before
+    it propagates: the study never leaves a job behind on a way out it sees."""
+    study = load_study()
+    monkeypatch.setattr(study, "POLL_S", 0.05)
+    job, pid_file = tmp_path / "job.py", tmp_path / "job.pid"
+    job.write_text(LONG_JOB)
+
+    def tick() -> None:
+        if pid_file.is_file() and pid_file.read_text():
+            raise RuntimeError("a bug in the study")
+
+    with open(tmp_path / "job.log", "w") as log, pytest.raises(RuntimeError, match="a bug"):
+        study.execute([sys.executable, str(job), str(pid_file)], log, tick)
+    assert _gone(int(pid_file.read_text()))
+
+
+def test_children_get_sigkill_when_their_parent_dies(tmp_path):
+    """`start_child` asks the kernel for SIGKILL at the parent's death (PR_GET_PDEATHSIG)."""
+    from ssl_vit.children import start_child
+
+    probe = "import ctypes; v = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(v))\n"
+    probe += "print(v.value)"
+    proc = start_child([sys.executable, "-c", probe], stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=60)
+    assert int(out) == signal.SIGKILL

@@ -1,0 +1,61 @@
+"""scripts/study.py refuses a bad study before its first job (issue 38): a variant named like
+the baselines' chain, and a bad key or value in any job's overrides (a label budget's
+`finetune` or `self_train`, a variant's `finetune`), each one line naming the job."""
+
+import pytest
+from test_study import REPO, load_study
+
+from ssl_vit.config import ConfigError, StudyConfig, from_dict
+
+LABELS = REPO / "configs/study/labels.yaml"
+
+
+@pytest.mark.parametrize("name", ["baseline", "random", "scratch"])
+def test_a_variant_cannot_take_a_baseline_name(name):
+    """`--only baseline` runs the random-init rows: a variant of that name could never run
+    alone, so the name is refused with the config."""
+    data = {"data": {"train": "a", "eval": "b"}, "variants": [{"name": name}]}
+    with pytest.raises(ConfigError, match="'baseline' name the random-init baselines"):
+        from_dict(StudyConfig, data)
+
+
+@pytest.mark.parametrize(
+    ("override", "job", "key"),
+    [
+        ("labels=[{per_class: 50, finetune: [train.stepz=2]}]", "finetune/scratch-l50-s0", "stepz"),
+        (
+            "labels=[{per_class: 50, self_train: [distill.temperature=hot]}]",
+            "finetune/visible_75-l50-st-s0",
+            "distill.temperature",
+        ),
+        (
+            "variants=[{name: v, finetune: [parts.layer_decai=0.7]}]",
+            "finetune/v-l50-s0",
+            "parts.layer_decai",
+        ),
+    ],
+)
+def test_bad_job_overrides_stop_the_study_before_its_first_job(
+    override, job, key, tmp_path, monkeypatch
+):
+    study = load_study()
+    ran = []
+    monkeypatch.setattr(study, "execute", lambda argv, *_: ran.append(argv) or 0)
+    argv = ["--config", str(LABELS), "--quick", f"quick.output_dir={tmp_path / 'q'}", override]
+    for only in ([], ["--only", "scratch"], ["--dry-run"]):  # every job checked, any run
+        with pytest.raises(SystemExit) as stop:
+            study.main([*argv, *only])
+        assert str(stop.value.code).startswith(f"error: {job}: "), stop.value.code
+        assert key in str(stop.value.code)
+    assert not ran and not (tmp_path / "q" / "logs").exists()  # nothing ran, nothing written
+
+
+def test_the_shipped_studies_pass_the_check(tmp_path):
+    """Every job of every shipped study config loads against its schema (`check_jobs`)."""
+    study = load_study()
+    for config in sorted((REPO / "configs/study").glob("*.yaml")):
+        cfg = study.load_config(StudyConfig, config, [])
+        for preset in study.BUDGETS:
+            budget = getattr(cfg, preset)
+            if budget.output_dir:
+                study.check_jobs(study.plan(cfg, budget, tmp_path / preset))
