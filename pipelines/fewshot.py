@@ -11,25 +11,23 @@ config -> checks -> encoder -> features (once) -> closed-form solves for every s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import time
 from pathlib import Path
-
-from accelerate import Accelerator
-from accelerate.utils import set_seed
+from typing import Any, NamedTuple
 
 from ssl_vit.atomic import write_text
 from ssl_vit.config import FewshotConfig, load_config, to_dict
+from ssl_vit.config.frozen import freeze
 from ssl_vit.eval.fewshot_job import fewshot_evaluate
 from ssl_vit.eval.readouts import format_layer_table
 from ssl_vit.model import build_vit
 from ssl_vit.train import preflight
 from ssl_vit.train.guard import one_line_errors, run_and_exit
 from ssl_vit.train.metrics import MetricsWriter
-from ssl_vit.train.rundir import claim_run_dir
-from ssl_vit.train.runtime import resolve_mixed_precision, setup_logging
-from ssl_vit.watchdog import set_data_timeout
+from ssl_vit.train.runtime import resolve_mixed_precision, setup_logging, start_run
 
 log = logging.getLogger("fewshot")
 
@@ -48,6 +46,42 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_intermixed_args(argv)
 
 
+class Checked(NamedTuple):
+    """What `check` resolved before any compute."""
+
+    cfg: FewshotConfig  # frozen; init.checkpoint resolved, the checkpoint's shape and pixels
+    encoder: Any  # the loaded encoder, None for random init (built after the seed is set)
+    reads: dict[str, str]  # what --overwrite never removes: the run being evaluated
+    note: str | None  # the line to log about the checkpoint
+
+
+def check(cfg: FewshotConfig, checkpoint: str) -> Checked:
+    """Everything the job will touch, before any compute: both labelled sources, the
+    checkpoint (loaded: the config's copy takes its shape and pixel normalisation), the output
+    directory."""
+    train_names = preflight.check_labelled_source("fewshot.train", cfg.fewshot.train)
+    eval_names = preflight.check_labelled_source("fewshot.eval", cfg.fewshot.eval)
+    preflight.check_same_labels(("fewshot.train", train_names), ("fewshot.eval", eval_names))
+    encoder = note = None
+    if checkpoint != "random":
+        i = cfg.init
+        checkpoint, (encoder, model, _) = preflight.load_init_encoder(
+            "--checkpoint", checkpoint, cfg.model, i.pos_interp, i.format
+        )
+        data = dataclasses.replace(cfg.data)  # its null mean / std: the checkpoint's
+        pixels_from = preflight.resolve_pixel_norm(data, checkpoint)
+        init = dataclasses.replace(i, checkpoint=checkpoint)  # recorded in config.yaml
+        cfg = freeze(dataclasses.replace(cfg, init=init, model=model, data=data))
+        note = preflight.checkpoint_note("--checkpoint", cfg, pixels_from)
+    else:  # recorded as such in config.yaml
+        init = dataclasses.replace(cfg.init, checkpoint="random")
+        cfg = freeze(dataclasses.replace(cfg, init=init))
+    preflight.check_writable("output_dir", cfg.output_dir)
+    # --overwrite never removes the run (or checkpoint) being evaluated.
+    reads = {"--checkpoint": checkpoint} if checkpoint != "random" else {}
+    return Checked(cfg, encoder, reads, note)
+
+
 def main(argv: list[str] | None = None) -> dict:
     t_start = time.time()
     args = parse_args(argv)
@@ -57,63 +91,58 @@ def main(argv: list[str] | None = None) -> dict:
         # pixel normalisation are its own, a config file's serve random init only.
         init = "none" if args.checkpoint == "random" else args.checkpoint
         overrides = [*args.overrides, f"init.checkpoint={json.dumps(init)}"]  # quoted YAML
-        cfg = load_config(FewshotConfig, args.config, overrides)
-        train_names = preflight.check_labelled_source("fewshot.train", cfg.fewshot.train)
-        eval_names = preflight.check_labelled_source("fewshot.eval", cfg.fewshot.eval)
-        preflight.check_same_labels(("fewshot.train", train_names), ("fewshot.eval", eval_names))
-        set_seed(cfg.seed)
-        if args.checkpoint == "random":
-            encoder = build_vit(cfg.model)
-        else:
-            args.checkpoint, (encoder, cfg.model, _) = preflight.load_init_encoder(
-                "--checkpoint", args.checkpoint, cfg.model, cfg.init.pos_interp, cfg.init.format
-            )
-        cfg.init.checkpoint = args.checkpoint  # recorded in config.yaml (resolved)
-        if args.checkpoint != "random":
-            pixels_from = preflight.resolve_pixel_norm(cfg.data, args.checkpoint)
-            log.info(preflight.checkpoint_note("--checkpoint", cfg, pixels_from))
-        preflight.check_writable("output_dir", cfg.output_dir)
-        run_dir = Path(cfg.output_dir)
-        # --overwrite never removes the run (or checkpoint) being evaluated.
-        reads = {"--checkpoint": args.checkpoint} if args.checkpoint != "random" else {}
-        lock = claim_run_dir(  # noqa: F841 (held)
-            run_dir, cfg, overwrite=args.overwrite, reads=reads
-        )
-    set_data_timeout(cfg.timeouts.data_s)
-    # The device as Accelerate picks it for the training jobs; the features' autocast as their
-    # mixed_precision `auto` (bf16 on a GPU that has it). Not passed to Accelerator: a process
-    # that already ran a job with another precision (tests, notebooks) keeps its state.
-    acc = Accelerator()
-    metrics = MetricsWriter(run_dir, log_with=cfg.trackers, config=to_dict(cfg))
+        job = check(load_config(FewshotConfig, args.config, overrides), args.checkpoint)
+        cfg = job.cfg  # frozen and resolved: read from here on
+        # The device as Accelerate picks it for the training jobs (no plan: nothing trains).
+        run = start_run(cfg, overwrite=args.overwrite, reads=job.reads)
+    if job.note:
+        log.info(job.note)
+    encoder = job.encoder if job.encoder is not None else build_vit(cfg.model)
+    res = evaluate(encoder, cfg, run.acc.device)
+    res.update(checkpoint=cfg.init.checkpoint, image_size=cfg.model.image_size)
+    res.update(wall_time_s=time.time() - t_start)
+    write_text(run.run_dir / "results.json", json.dumps(res, indent=2, default=str) + "\n")
+    record(run.run_dir, cfg, res)
+    print(format_results(cfg, res))
+    return res
+
+
+def evaluate(encoder: Any, cfg: FewshotConfig, device: Any) -> dict:
+    """`fewshot_evaluate` of `encoder` on `device`; the features' autocast as mixed_precision
+    `auto` (bf16 on a GPU that has it)."""
     norm = dict(image_size=cfg.model.image_size, mean=cfg.data.mean, std=cfg.data.std)
-    res = fewshot_evaluate(
-        encoder.to(acc.device), cfg.fewshot, **norm, device=acc.device, compile=cfg.compile,
+    return fewshot_evaluate(
+        encoder.to(device), cfg.fewshot, **norm, device=device, compile=cfg.compile,
         precision=resolve_mixed_precision("auto"),
     )  # fmt: skip
-    res.update(
-        checkpoint=args.checkpoint,
-        image_size=cfg.model.image_size,
-        wall_time_s=time.time() - t_start,
-    )
-    write_text(run_dir / "results.json", json.dumps(res, indent=2, default=str) + "\n")
+
+
+def record(run_dir: Path, cfg: FewshotConfig, res: dict) -> None:
+    """The summary (and k-NN) as one metrics.jsonl row at step 0, as the training jobs log."""
+    metrics = MetricsWriter(run_dir, log_with=cfg.trackers, config=to_dict(cfg))
     metrics.log({"step": 0, **{f"fewshot/{k}": v for k, v in res["summary"].items()}})
     if "knn" in res:
         metrics.log({"step": 0, "knn/top1": res["knn"]["top1"]})
     metrics.close()
+
+
+def format_results(cfg: FewshotConfig, res: dict) -> str:
+    """The printed table: each shot's accuracy per l2, the layer table, the k-NN line."""
+    lines = []
     for k in cfg.fewshot.shots:
         row = res["shots"][k]["l2_reg"]
-        print(
+        lines.append(
             f"{k:>3}-shot: "
             + ", ".join(
                 f"l2={l2}: {100 * r['mean']:.2f} +- {100 * r['std']:.2f}%" for l2, r in row.items()
             )
         )
     if "layers" in res:
-        print(format_layer_table(res["layers"]))
+        lines.append(format_layer_table(res["layers"]))
     if "knn" in res:
-        print(f"k-NN (k={cfg.fewshot.knn_k}, {res['knn']['num_train']} train images): "
-              f"{100 * res['knn']['top1']:.2f}%")  # fmt: skip
-    return res
+        lines.append(f"k-NN (k={cfg.fewshot.knn_k}, {res['knn']['num_train']} train images): "
+                     f"{100 * res['knn']['top1']:.2f}%")  # fmt: skip
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -23,6 +24,7 @@ import torch
 
 from ssl_vit.atomic import write_text
 from ssl_vit.config import FinetuneConfig, load_config, to_dict
+from ssl_vit.config.frozen import freeze
 from ssl_vit.config.schema import FinetuneDataConfig
 from ssl_vit.data import eval_loader, open_source, train_loader
 from ssl_vit.data.device_augment import build_device_augment
@@ -55,12 +57,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_intermixed_args(argv)
 
 
-def check(cfg: FinetuneConfig, resume: bool):
+class Checked(NamedTuple):
+    """What `check` resolved before any compute."""
+
+    cfg: FinetuneConfig  # frozen; from a checkpoint: its path, shape and pixel normalisation
+    label_names: list[str]
+    loaded: Any  # the loaded encoder (preflight.load_init_encoder), None for random init
+    subset: Any  # the label budget's subset, None for every label
+    note: str | None  # the line to log about the checkpoint
+    teacher: Any  # the self-training teacher, None without distill.teacher
+
+
+def check(cfg: FinetuneConfig, resume: bool) -> Checked:
     """Everything the job will touch, before any compute: sources with labels, the init
-    checkpoint (loaded: cfg.model and cfg.data.mean / std become its shape and pixel
-    normalisation, given ones must agree), the label budget's subset, the output directory.
-    -> (label names, the loaded encoder or None for random init, the subset or None, the line
-    to log about the checkpoint or None, the self-training teacher or None)"""
+    checkpoint (loaded: the config's copy takes its shape and pixel normalisation, given ones
+    must agree), the label budget's subset, the output directory."""
     label_names = preflight.check_labelled_source("data.train", cfg.data.train)
     # Drawn on every process (labels only; the same on all): a class too small fails here.
     subset = None
@@ -75,28 +86,32 @@ def check(cfg: FinetuneConfig, resume: bool):
     if not cfg.init.scratch:
         i = cfg.init
         # A run directory -> its newest valid checkpoint, recorded as such in config.yaml.
-        i.checkpoint, loaded = preflight.load_init_encoder(
+        path, loaded = preflight.load_init_encoder(
             "init.checkpoint", i.checkpoint, cfg.model, i.pos_interp, i.format
         )
-        cfg.model = loaded.model_config  # the checkpoint's shape, at this image size
-        pixels_from = preflight.resolve_pixel_norm(cfg.data, i.checkpoint)
+        data = dataclasses.replace(cfg.data)  # its null mean / std: the checkpoint's
+        pixels_from = preflight.resolve_pixel_norm(data, path)
+        init = dataclasses.replace(i, checkpoint=path)
+        # The checkpoint's shape (at this image size) and pixel normalisation: a resolved copy.
+        cfg = freeze(dataclasses.replace(cfg, init=init, model=loaded.model_config, data=data))
         note = preflight.checkpoint_note("init.checkpoint", cfg, pixels_from)
     teacher = check_teacher(cfg, label_names, resume) if cfg.distill.enabled else None
     preflight.check_writable("output_dir", cfg.output_dir)
-    return label_names, loaded, subset, note, teacher
+    return Checked(cfg, label_names, loaded, subset, note, teacher)
 
 
 @torch.no_grad()
-def evaluate(model, source: str, cfg: FinetuneConfig, acc, num_classes: int) -> torch.Tensor:
+def evaluate(model, source: str, cfg: FinetuneConfig, run, num_classes: int) -> torch.Tensor:
     """The confusion matrix [K, K] (rows: true class) over the whole eval split, on the host:
     each rank counts a disjoint part on its device, the counts are summed."""
     model.eval()
+    acc = run.acc
     conf = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=acc.device)
     loader = eval_loader(
         source,
-        cfg.train.batch_size // acc.num_processes,
+        run.plan.eval_batch,
         cfg.model.image_size,
-        num_workers=cfg.data.num_workers,
+        num_workers=run.plan.num_workers,
         rank=acc.process_index,
         world_size=acc.num_processes,
         limit=cfg.data.max_eval,
@@ -114,39 +129,29 @@ def main(argv: list[str] | None = None) -> dict:
     t_start = time.time()
     args = parse_args(argv)
     with one_line_errors():
-        cfg = load_config(FinetuneConfig, args.config, args.overrides)
         # Before start_run: a bad init checkpoint or label budget makes no run directory.
-        label_names, loaded, subset, note, teacher = check(cfg, args.resume)
-        run = start_run(cfg, args.resume, args.overwrite)  # Accelerator, locked run dir, seeds
-        train_data = labelled_data(cfg, subset, run, args.resume)
-        if teacher is not None and run.acc.is_main_process:
-            record_teacher(run.run_dir, teacher)
-    if note:
-        log.info(note)
-    acc, num_classes = run.acc, len(label_names)
-    # Random init is built after the seeds are set, so a from-scratch run is reproducible.
-    encoder = build_vit(cfg.model) if loaded is None else loaded.encoder
-    encoder.set_drop_path(cfg.parts.drop_path)  # the recipe's stochastic depth (0: none)
+        job = check(load_config(FinetuneConfig, args.config, args.overrides), args.resume)
+        cfg = job.cfg  # frozen and resolved: read from here on
+        run = start_run(cfg, args.resume, args.overwrite)  # Accelerator, plan, run dir, seeds
+        train_data = labelled_data(cfg, job.subset, run, args.resume)
+        if job.teacher is not None and run.acc.is_main_process:
+            record_teacher(run.run_dir, job.teacher)
+    if job.note:
+        log.info(job.note)
+    acc, num_classes = run.acc, len(job.label_names)
 
     # --- Model, recipe, resume -------------------------------------------------------------
-    pixels = PixelNorm(cfg.data.mean, cfg.data.std)  # the model takes the loaders' uint8
-    model = Classifier(encoder, num_classes, cfg.pool, pixels).to(acc.device)
-    if cfg.init.head == "probe":  # LP-FT (a resumed run's head is then the checkpoint's)
-        fit_probe_head(
-            model, train_data.train, cfg.model.image_size, cfg.data.mean, cfg.data.std,
-            batch_size=cfg.train.batch_size, num_workers=cfg.data.num_workers, device=acc.device,
-        )  # fmt: skip
+    model = build_classifier(cfg, job.loaded, num_classes, train_data, run)
     optimizer = build_finetune_optimizer(model, cfg.parts, cfg.train)
     ema = EMA(model, cfg.ema) if cfg.ema else None  # updated on the device, no sync
     augment = device_augment(cfg, acc)
-    record = {"label_names": label_names}  # in every checkpoint
-    parts = {"ema": ema} if ema is not None else {}  # the training state beside the model's
     loop = TrainLoop(
         run, cfg, model, optimizer, args.resume, augment,
-        parts=parts, record=record, eval_every=cfg.eval_every,
+        parts={"ema": ema} if ema is not None else {},  # the training state beside the model's
+        record={"label_names": job.label_names}, eval_every=cfg.eval_every,
     )  # fmt: skip
     # Self-training (distill.teacher): the frozen teacher and the unlabelled stream.
-    selftrain = SelfTraining(cfg, loop, teacher, augment) if teacher is not None else None
+    selftrain = SelfTraining(cfg, loop, job.teacher, augment) if job.teacher is not None else None
     forward = classifier_forward(loop.model, cfg, acc)
     if selftrain is not None:
         forward = selftrain.forward(loop.model, recipe_loss(cfg.parts))
@@ -159,13 +164,49 @@ def main(argv: list[str] | None = None) -> dict:
         load_size=augment.load_size if augment else None,  # device: only decode + resize
         num_classes=num_classes,  # a label outside [0, K): a counted skip, not a crash
         randaugment=cfg.parts.randaugment,
-        paired=cfg.parts.mixes,
+        paired=run.plan.paired,
     )
-    group = loader.lane_share  # mixup / cutmix pair images within a lane's share (any layout)
-    mixer = BatchMixer(cfg.parts, num_classes, cfg.seed, group) if cfg.parts.mixes else None
+    mixer = None  # mixup / cutmix pair images within a lane's share (any layout)
+    if run.plan.paired:
+        mixer = BatchMixer(cfg.parts, num_classes, cfg.seed, loader.lane_share)
 
     # --- Loop: one micro-batch, a log row, the periodic evaluation, the results ------------
-    def micro(batch, index: int) -> dict:  # index: the micro-batch's place in the run
+    micro = micro_step(step, augment, mixer, selftrain, acc)
+    evaluated = functools.partial(evaluate_all, loop.model, ema, cfg, run, job.label_names)
+    finish = functools.partial(finish_run, job, loop, ema, evaluated, t_start)
+    log.info(
+        "fine-tuning %d classes at %d px, %s recipe, from %s",
+        *(num_classes, cfg.model.image_size, cfg.recipe),
+        "random init" if cfg.init.scratch else cfg.init.checkpoint,
+    )
+    after_step = (lambda applied: ema.update(loop.raw, applied)) if ema is not None else None
+    side = {SelfTraining.SIDE: selftrain.loader} if selftrain is not None else None
+    return loop.run(
+        loader, micro, functools.partial(log_row, selftrain), finish, SHOWN,
+        after_step=after_step, evaluate=lambda done: periodic(evaluated), side=side,
+    )  # fmt: skip
+
+
+def build_classifier(cfg: FinetuneConfig, loaded, num_classes: int, train_data, run):
+    """The classifier on the device: the loaded encoder (random init is built here, after
+    the seeds are set, so a from-scratch run is reproducible), its head zero or the probe's."""
+    encoder = build_vit(cfg.model) if loaded is None else loaded.encoder
+    encoder.set_drop_path(cfg.parts.drop_path)  # the recipe's stochastic depth (0: none)
+    pixels = PixelNorm(cfg.data.mean, cfg.data.std)  # the model takes the loaders' uint8
+    model = Classifier(encoder, num_classes, cfg.pool, pixels).to(run.acc.device)
+    if cfg.init.head == "probe":  # LP-FT (a resumed run's head is then the checkpoint's)
+        fit_probe_head(
+            model, train_data.train, cfg.model.image_size, cfg.data.mean, cfg.data.std,
+            batch_size=cfg.train.batch_size, num_workers=run.plan.num_workers,
+            device=run.acc.device,
+        )  # fmt: skip
+    return model
+
+
+def micro_step(step, augment, mixer, selftrain, acc):
+    """The loop's `micro`: one micro-batch (`index`: its place in the run) -> its sums."""
+
+    def micro(batch, index: int) -> dict:
         x = batch.images.to(acc.device, non_blocking=True)
         if augment is not None:
             x = augment(x, index)
@@ -182,46 +223,44 @@ def main(argv: list[str] | None = None) -> dict:
         correct = (out.logits.argmax(-1) == y).sum()
         return {"loss": out.loss, "micro": 1, "correct": correct, "seen": len(y), **more}
 
-    def row(sums: dict, lap: dict, done: int) -> dict:
-        out = {"step": done, "loss": _div(sums["loss"], sums["micro"])}
-        out.update(train_acc=_div(sums["correct"], sums["seen"]), **lap)
-        if selftrain is not None:  # the distillation term, and how often student = teacher
-            out.update(distill_loss=_div(sums["distill"], sums["micro"]))
-            out.update(teacher_agree=_div(sums["agree"], sums["unlabelled"]))
-        return out
+    return micro
 
-    def periodic(done: int) -> dict:  # top1 (top1_ema): the final one's matrix is in results
-        scores = evaluate_all(loop.model, ema, cfg, acc, label_names)
-        scores.pop("confusion", None)
-        return scores
 
-    def finish(last_row: dict) -> dict:  # the final evaluation completes the last row
-        scores = evaluate_all(loop.model, ema, cfg, acc, label_names)
-        confusion = scores.pop("confusion", None)
-        last_row = loop.log({**last_row, "step": cfg.train.steps, **scores})
-        results = final_results(cfg, last_row, loop.counters, subset, label_names)
-        if confusion is not None:  # per-class accuracy and the matrix of the saved model
-            summary = confusion_summary(confusion, label_names)
-            results.update(per_class_top1=summary["per_class_top1"])
-            results.update(confusion_matrix=summary["confusion_matrix"])
-        if teacher is not None:
-            results["distill"] = distill_results(cfg, teacher, loop.counters)
-        results["wall_time_s"] = time.time() - t_start
-        if acc.is_main_process:  # the averaged weights when there are any (what top1_ema scored)
-            save_final(ema.module if ema is not None else loop.raw, cfg, label_names)
-        log.info("done: %s", format_metrics(results, ("top1", "top1_ema", "wall_time_s")))
-        return results
+def log_row(selftrain, sums: dict, lap: dict, done: int) -> dict:
+    """A lap's row: loss and training accuracy (with self-training, its term and agreement)."""
+    out = {"step": done, "loss": _div(sums["loss"], sums["micro"])}
+    out.update(train_acc=_div(sums["correct"], sums["seen"]), **lap)
+    if selftrain is not None:  # the distillation term, and how often student = teacher
+        out.update(distill_loss=_div(sums["distill"], sums["micro"]))
+        out.update(teacher_agree=_div(sums["agree"], sums["unlabelled"]))
+    return out
 
-    log.info(
-        "fine-tuning %d classes at %d px, %s recipe, from %s",
-        *(num_classes, cfg.model.image_size, cfg.recipe),
-        "random init" if cfg.init.scratch else cfg.init.checkpoint,
-    )
-    after_step = (lambda applied: ema.update(loop.raw, applied)) if ema is not None else None
-    side = {SelfTraining.SIDE: selftrain.loader} if selftrain is not None else None
-    return loop.run(
-        loader, micro, row, finish, SHOWN, after_step=after_step, evaluate=periodic, side=side
-    )
+
+def periodic(evaluated) -> dict:
+    """top1 (top1_ema) for the step's row; the final evaluation's matrix is in the results."""
+    scores = evaluated()
+    scores.pop("confusion", None)
+    return scores
+
+
+def finish_run(job: Checked, loop, ema, evaluated, t_start: float, last_row: dict) -> dict:
+    """The final evaluation completes the last row; results.json; the saved classifier."""
+    cfg, label_names = job.cfg, job.label_names
+    scores = evaluated()
+    confusion = scores.pop("confusion", None)
+    last_row = loop.log({**last_row, "step": cfg.train.steps, **scores})
+    results = final_results(cfg, last_row, loop.counters, job.subset, label_names)
+    if confusion is not None:  # per-class accuracy and the matrix of the saved model
+        summary = confusion_summary(confusion, label_names)
+        results.update(per_class_top1=summary["per_class_top1"])
+        results.update(confusion_matrix=summary["confusion_matrix"])
+    if job.teacher is not None:
+        results["distill"] = distill_results(cfg, job.teacher, loop.counters)
+    results["wall_time_s"] = time.time() - t_start
+    if loop.acc.is_main_process:  # the averaged weights when there are any (what top1_ema scored)
+        save_final(ema.module if ema is not None else loop.raw, cfg, label_names)
+    log.info("done: %s", format_metrics(results, ("top1", "top1_ema", "wall_time_s")))
+    return results
 
 
 def device_augment(cfg: FinetuneConfig, acc):
@@ -289,16 +328,16 @@ def distill_results(cfg: FinetuneConfig, teacher, counters: dict) -> dict:
     }
 
 
-def evaluate_all(model, ema, cfg: FinetuneConfig, acc, label_names) -> dict[str, Any]:
+def evaluate_all(model, ema, cfg: FinetuneConfig, run, label_names) -> dict[str, Any]:
     """top1 (and top1_ema with Polyak averaging) on data.eval, with `confusion` the summary of
     the model that is saved (the averaged one when there is one); {} without an eval split."""
     if not cfg.data.eval:
         return {}
     K = len(label_names)
-    conf = evaluate(model, cfg.data.eval, cfg, acc, K)
+    conf = evaluate(model, cfg.data.eval, cfg, run, K)
     row = {"top1": confusion_summary(conf, label_names)["top1"] or 0.0}
     if ema is not None:
-        conf = evaluate(ema.module, cfg.data.eval, cfg, acc, K)
+        conf = evaluate(ema.module, cfg.data.eval, cfg, run, K)
         row["top1_ema"] = confusion_summary(conf, label_names)["top1"] or 0.0
     row["confusion"] = conf
     return row

@@ -68,21 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
         urls = check(cfg)
         run = start_run(cfg, args.resume, args.overwrite)  # Accelerator, locked run dir, seeds
     acc = run.acc
-
-    # --- Model and its random draws --------------------------------------------------------
-    model = MaskedPatchPrediction(build_vit(cfg.model), cfg.objective, cfg.data.mean, cfg.data.std)
-    model.to(acc.device)
-    optimizer = build_adam(model, cfg.train)
-    # data.augment=device: crop + flip on the device, from a generator of its own (None: workers)
-    augment = build_device_augment(
-        cfg.data, cfg.model.image_size, acc.device, cfg.seed, acc.process_index, acc.num_processes
-    )
-    hist = ColorHistogram(acc)
-    every = cfg.fewshot.every if cfg.fewshot.train else 0  # the periodic few-shot evaluation
-    parts = {"target_hist": hist}  # the training state beside model and optimizer
-    loop = TrainLoop(
-        run, cfg, model, optimizer, args.resume, augment, parts=parts, eval_every=every
-    )
+    loop, augment, hist = build_loop(cfg, run, args.resume)  # model, optimizer, resume
     # forward+loss, one graph (the corruption draws come in as a tensor)
     step, encoder = loop.train_step(loop.model), loop.raw.encoder
     # Micro-batch u's corruption: this rank's slice of the global batch's draws from (seed, u).
@@ -128,6 +114,24 @@ def main(argv: list[str] | None = None) -> dict:
     return loop.run(loader, micro, row, finish, SHOWN, after_step=hist.end_step, evaluate=periodic)
 
 
+def build_loop(cfg: PretrainConfig, run, resume: bool):
+    """The model, its optimizer and augmentation, the colour histogram, and the `TrainLoop`
+    that resumes them -> (loop, device augmentation or None, histogram)."""
+    acc = run.acc
+    model = MaskedPatchPrediction(build_vit(cfg.model), cfg.objective, cfg.data.mean, cfg.data.std)
+    model.to(acc.device)
+    optimizer = build_adam(model, cfg.train)
+    # data.augment=device: crop + flip on the device, from a generator of its own (None: workers)
+    augment = build_device_augment(
+        cfg.data, cfg.model.image_size, acc.device, cfg.seed, acc.process_index, acc.num_processes
+    )
+    hist = ColorHistogram(acc)
+    every = cfg.fewshot.every if cfg.fewshot.train else 0  # the periodic few-shot evaluation
+    parts = {"target_hist": hist}  # the training state beside model and optimizer
+    loop = TrainLoop(run, cfg, model, optimizer, resume, augment, parts=parts, eval_every=every)
+    return loop, augment, hist
+
+
 def step_figures(out) -> dict:
     """What a micro-batch adds to the step's statistics (`TrainLoop.run`'s `micro`)."""
     # correct None: colour accuracy undefined for the target (0 of 0: NaN in the log)
@@ -148,7 +152,7 @@ def final_results(cfg: PretrainConfig, run, last_row: dict, wall_time_s: float) 
         step=steps,
         checkpoint=str(run.ckpt_dir / f"step_{steps:08d}"),
         wall_time_s=wall_time_s,
-        num_processes=run.acc.num_processes,
+        num_processes=run.plan.processes,
     )
     return results
 

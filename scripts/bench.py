@@ -57,32 +57,14 @@ from ssl_vit.bench.loaders import (
     ours_loader,
     streaming_peak_rss,
 )
-from ssl_vit.bench.timing import (
-    PeakRSS,
-    autocast_dtype,
-    cpu_has_native_bf16,
-    make_train_step,
-    matmul_step,
-    median,
-    plain_train_step,
-    step_flops,
-    time_interleaved,
-)
-from ssl_vit.bench.timm_baseline import TimmMaskedPatch, copy_weights
+from ssl_vit.bench.timing import PeakRSS, median
+from ssl_vit.bench.train_suite import SHAPES, bf16_supported, training_figures
+from ssl_vit.bench.train_table import print_table
 from ssl_vit.config.checks import auto_num_workers
-from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig
 from ssl_vit.data import resolve_shards
-from ssl_vit.model import build_vit
-from ssl_vit.objectives import MaskedPatchPrediction, corrupt_patches, mean_color_classes
-from ssl_vit.train.optim import build_adam
 from ssl_vit.train.runtime import resolve_mixed_precision
 
 # Batch sizes chosen so one step takes ~1-3 s on 2 CPU cores; --batch-size overrides.
-SHAPES = {
-    "small": dict(image_size=32, patch_size=4, width=192, depth=12, heads=3, batch=64, gpu=256),
-    "base": dict(image_size=224, patch_size=16, width=768, depth=12, heads=12, batch=8, gpu=128),
-    "tiny": dict(image_size=16, patch_size=4, width=32, depth=2, heads=2, batch=8, gpu=8),
-}
 # Where docs/results.md's data steps put CIFAR-10 (relative to the repo root): the shards made by
 # `ssl-vit make-shards` and the PNG folder they were made from.
 ROOT = Path(__file__).resolve().parent.parent
@@ -161,12 +143,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def bf16_supported(device: torch.device) -> bool:
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return cpu_has_native_bf16()  # emulated bf16 would only be slower
-
-
 def machine(device: torch.device) -> dict:
     info = {
         "torch": torch.__version__,
@@ -186,109 +162,6 @@ def machine(device: torch.device) -> dict:
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
-
-
-def training_figures(name: str, args, device: torch.device, default_precision: str) -> dict:
-    """Step timings of ours and timm's (like-for-like and defaults), FLOPs, utilization,
-    overhead, peak accelerator memory."""
-    s = SHAPES[name]
-    batch = args.batch_size or (s["gpu"] if device.type == "cuda" else s["batch"])
-    mcfg = ModelConfig(
-        image_size=s["image_size"],
-        patch_size=s["patch_size"],
-        width=s["width"],
-        depth=s["depth"],
-        heads=s["heads"],
-    )
-    ocfg, tcfg = ObjectiveConfig(), OptimConfig()
-    torch.manual_seed(0)
-    ours = MaskedPatchPrediction(build_vit(mcfg), ocfg).to(device)
-    timm_model = TimmMaskedPatch(
-        mcfg.image_size, mcfg.patch_size, mcfg.width, mcfg.depth, mcfg.heads, mcfg.mlp_ratio
-    ).to(device)
-    copy_weights(ours, timm_model)
-    opt_ours, opt_timm = build_adam(ours, tcfg), build_adam(timm_model, tcfg)
-    # What a timm user gets by default: timm's optimizer factory (torch AdamW, its defaults).
-    from timm.optim import create_optimizer_v2
-
-    opt_timm_default = create_optimizer_v2(
-        timm_model, "adamw", lr=tcfg.lr, weight_decay=tcfg.weight_decay
-    )
-    fwd_ours, fwd_timm = ours, timm_model
-    if args.compile:
-        fwd_ours, fwd_timm = torch.compile(ours), torch.compile(timm_model)
-
-    g = torch.Generator(device).manual_seed(0)
-    images = torch.randint(0, 256, (batch, 3, s["image_size"], s["image_size"]), generator=g,
-                           dtype=torch.uint8, device=device)  # fmt: skip
-    clip = tcfg.grad_clip
-    precisions = ["no"] + (["bf16"] if bf16_supported(device) else [])
-    fns = {}
-    for prec in precisions:
-        fns[f"ours_{prec}"] = make_train_step(fwd_ours, opt_ours, images, g, prec, clip)
-        fns[f"timm_{prec}"] = make_train_step(fwd_timm, opt_timm, images, g, prec, clip)
-    # timm's defaults: its own loop's step (torch AdamW has no on-device skip to time)
-    fns["timm_default"] = plain_train_step(timm_model, opt_timm_default, images, g, clip)
-    fns["corrupt_targets"] = overhead_step(ours, images, g, default_precision)
-    mm = 8192 if device.type == "cuda" else 2048
-    for prec in precisions:
-        fns[f"matmul_{prec}"] = matmul_step(mm, autocast_dtype(prec) or torch.float32, device)
-
-    flops = step_flops(make_train_step(ours, opt_ours, images, g, "no", clip))
-    times = time_interleaved(fns, device, args.rounds, args.steps, args.warmup)
-    peak_mem = None
-    if device.type == "cuda":  # our default step alone, after the others have freed theirs
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        fns[f"ours_{default_precision}"]()
-        torch.cuda.synchronize(device)
-        peak_mem = torch.cuda.max_memory_allocated(device) / 2**20
-    med = {k: median(v) for k, v in times.items()}
-    ips = {k: batch / med[k] for k in fns if not k.startswith(("matmul", "corrupt"))}
-    peak = {p: 2 * mm**3 / med[f"matmul_{p}"] for p in precisions}
-    d = default_precision
-    out = {
-        "model": name,
-        "shape": {k: v for k, v in s.items() if k not in ("batch", "gpu")},
-        "batch_size": batch,
-        "default_precision": d,
-        "images_per_s": ips,
-        "step_s": {k: med[k] for k in ips},
-        "ratio_vs_timm_same_precision": ips[f"ours_{d}"] / ips[f"timm_{d}"],
-        "ratio_vs_timm_fp32": ips["ours_no"] / ips["timm_no"],
-        "ratio_vs_timm_defaults": ips[f"ours_{d}"] / ips["timm_default"],
-        "step_gflop": flops / 1e9,
-        "matmul_peak_gflops": {p: v / 1e9 for p, v in peak.items()},
-        "achieved_gflops": {p: flops / med[f"ours_{p}"] / 1e9 for p in precisions},
-        "utilization": flops / med[f"ours_{d}"] / peak[d],
-        "utilization_by_precision": {p: flops / med[f"ours_{p}"] / peak[p] for p in precisions},
-        "overhead_fraction": med["corrupt_targets"] / med[f"ours_{d}"],
-        "peak_accel_mem_mb": peak_mem,  # includes the timm model's weights, still resident
-        "timing_spread": {k: [min(v), max(v)] for k, v in times.items()},
-    }
-    del fns, ours, timm_model, opt_ours, opt_timm, opt_timm_default, fwd_ours, fwd_timm
-    gc.collect()
-    return out
-
-
-def overhead_step(model: MaskedPatchPrediction, images, generator, precision: str):
-    """Corruption + targets + the corrupted-token index, as the objective computes them."""
-    dtype = autocast_dtype(precision)
-    with torch.no_grad(), torch.autocast(images.device.type, dtype=dtype, enabled=bool(dtype)):
-        emb_BND = model.encoder.embed_patches(images.float())
-    emb_BND.requires_grad_(True)  # the corruption is recorded for backward, as in training
-    p, n = model.encoder.patch_size, model.num_corrupted
-
-    def step():
-        targets_BN = mean_color_classes(images, p)
-        noise = model.draw_noise(len(images), generator)
-        _, kind_BN = corrupt_patches(
-            emb_BND, model.mask_embedding, noise, model.cfg.mask_ratio, model.cfg.probs
-        )
-        idx_Bn = (kind_BN == 0).to(torch.uint8).argsort(dim=1, stable=True)[:, :n]
-        return targets_BN.gather(1, idx_Bn)
-
-    return step
 
 
 def loader_figures(name: str, args, shards: str, folder: str, train_ips: float) -> dict:
@@ -349,57 +222,6 @@ def find_data(args, tmp: Path) -> tuple[str, str, str]:
             sys.exit("error: give both --shards and --image-folder (the same images, two forms)")
     s, f = make_synthetic_data(tmp, n=400 if args.quick else 4000)
     return str(s), str(f), "synthetic shapes, 32 px PNG (same images as shards and folder)"
-
-
-TABLE = [  # (label, key, sub-key); {d} = default precision, {w} = default worker count
-    ("train img/s ours (default precision)", "images_per_s", "ours_{d}"),
-    ("train img/s timm (same precision)", "images_per_s", "timm_{d}"),
-    ("train img/s ours fp32", "images_per_s", "ours_no"),
-    ("train img/s timm fp32", "images_per_s", "timm_no"),
-    ("train img/s ours bf16 autocast", "images_per_s", "ours_bf16"),
-    ("train img/s timm bf16 autocast", "images_per_s", "timm_bf16"),
-    ("train img/s timm defaults (fp32, its AdamW)", "images_per_s", "timm_default"),
-    ("ratio ours/timm same precision", "ratio_vs_timm_same_precision", None),
-    ("ratio ours/timm fp32", "ratio_vs_timm_fp32", None),
-    ("ratio ours-default/timm-default", "ratio_vs_timm_defaults", None),
-    ("step GFLOP (counted)", "step_gflop", None),
-    ("achieved GFLOP/s (default precision)", "achieved_gflops", "{d}"),
-    ("matmul peak GFLOP/s (same dtype)", "matmul_peak_gflops", "{d}"),
-    ("utilization (fraction of that peak)", "utilization", None),
-    ("utilization fp32", "utilization_by_precision", "no"),
-    ("utilization bf16", "utilization_by_precision", "bf16"),
-    ("corruption+targets / step", "overhead_fraction", None),
-    ("loader img/s ours, 1 worker", "loader_images_per_s", "ours_1"),
-    ("loader img/s ImageFolder, 1 worker", "loader_images_per_s", "imagefolder_1"),
-    ("loader img/s ours, all workers", "loader_images_per_s", "ours_{w}"),
-    ("loader img/s ImageFolder, all workers", "loader_images_per_s", "imagefolder_{w}"),
-    ("loader ours/ImageFolder per worker", "loader_vs_imagefolder", None),
-    ("loader (all workers) / training", "loader_vs_training", None),
-    ("RSS MB before streaming (this process)", "rss_mb_before", None),
-    ("peak RSS MB streaming 1x shards", "rss_mb_1x", None),
-    ("peak RSS MB streaming 4x shards", "rss_mb_4x", None),
-    ("peak accelerator memory MB", "peak_accel_mem_mb", None),
-]
-
-
-def _cell(fig: dict, key: str, sub: str | None) -> str:
-    v = fig.get(key)
-    if sub is not None and isinstance(v, dict):
-        v = v.get(sub.format(d=fig["default_precision"], w=fig.get("loader_workers", 1)))
-    if not isinstance(v, int | float):
-        return "-"
-    return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
-
-
-def print_table(result: dict) -> None:
-    shapes = result["shapes"]
-    print(f"\n{'':46s}" + "".join(f"{s['model']:>14s}" for s in shapes))
-    for label, key, sub in TABLE:
-        print(f"{label:46s}" + "".join(f"{_cell(s, key, sub):>14s}" for s in shapes))
-    m = result["machine"]
-    where = f"{result['device']}, {m.get('gpu', m['cpu'])}, {m['threads']} threads"
-    print(f"\ndevice {where}, torch {m['torch']}, timm {m.get('timm')}; data: {result['data']}")
-    print(result["timing"])
 
 
 def gpu_suite(args, device: torch.device) -> dict:

@@ -36,7 +36,8 @@ from ssl_vit.data import eval_loader
 from ssl_vit.model import normalize_pixels
 from ssl_vit.publish import export_checkpoint, import_weights
 from ssl_vit.publish.model_card import run_config
-from ssl_vit.train.checkpoint import encoder_from_checkpoint, load_encoder, save_encoder
+from ssl_vit.train.checkpoint import load_encoder, save_encoder
+from ssl_vit.train.encoder_init import encoder_from_checkpoint
 
 
 def images(source: str, n: int, size: int, mean, std) -> torch.Tensor:
@@ -203,13 +204,7 @@ def check_encoder(args: argparse.Namespace, out: Path) -> None:
         tm2 = timm.create_model(f"local-dir:{out / 'timm'}", pretrained=True, img_size=args.size)
         res[f"timm_{args.size}px_img_size"] = gap(f1, tm2.eval().forward_features(x1))
 
-        # Import back (theirs -> ours) and compare with the original encoder.
-        for fmt in ("timm", "hf"):
-            import_weights(out / fmt, fmt, out / f"imported_{fmt}")
-            back = encoder_from_checkpoint(out / f"imported_{fmt}", ModelConfig(image_size=size0))
-            res[f"import_{fmt}"] = gap(f0, back[0].eval().forward_features(x0))
-            b1 = encoder_from_checkpoint(out / f"imported_{fmt}", ModelConfig(image_size=args.size))
-            res[f"import_{fmt}_{args.size}px"] = gap(f1, b1[0].eval().forward_features(x1))
+        res.update(import_gaps(out, (size0, x0, f0), (args.size, x1, f1)))
     if args.png_dir:
         res["preprocessing"] = preprocessing_gaps(
             Path(args.png_dir), args.num, size0, mean, std, out
@@ -217,12 +212,31 @@ def check_encoder(args: argparse.Namespace, out: Path) -> None:
         print(f"preprocessing (max |pixel difference|): {res['preprocessing']}")
     res["feature_scale"] = {"max_abs": f0.abs().max().item(), "std": f0.std().item()}
     (out / "check_export.json").write_text(json.dumps(res, indent=2) + "\n")
+    print_gaps(res, out / "check_export.json")
+
+
+def import_gaps(out: Path, at0: tuple, at1: tuple) -> dict[str, dict[str, float]]:
+    """Import back (theirs -> ours) and compare with the original encoder's features; `at0`,
+    `at1`: (image size, images, our features) at the pretraining and the second resolution."""
+    (size0, x0, f0), (size1, x1, f1) = at0, at1
+    res = {}
+    for fmt in ("timm", "hf"):
+        import_weights(out / fmt, fmt, out / f"imported_{fmt}")
+        back = encoder_from_checkpoint(out / f"imported_{fmt}", ModelConfig(image_size=size0))
+        res[f"import_{fmt}"] = gap(f0, back[0].eval().forward_features(x0))
+        b1 = encoder_from_checkpoint(out / f"imported_{fmt}", ModelConfig(image_size=size1))
+        res[f"import_{fmt}_{size1}px"] = gap(f1, b1[0].eval().forward_features(x1))
+    return res
+
+
+def print_gaps(res: dict, written: Path) -> None:
+    """One line per compared pair, then the feature scale."""
     for k, v in res.items():
         if isinstance(v, dict) and "cls" in v:
             print(f"{k:<36} cls {v['cls']:.3g}  patches {v['patches']:.3g}")
     print(
         f"feature scale: max |x| {res['feature_scale']['max_abs']:.3g}, "
-        f"std {res['feature_scale']['std']:.3g}; wrote {out / 'check_export.json'}"
+        f"std {res['feature_scale']['std']:.3g}; wrote {written}"
     )
 
 

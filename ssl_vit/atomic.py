@@ -7,6 +7,14 @@
 - `read_jsonl(path)`: an append-only log read back tolerating a torn last line (disk full,
   power loss, a kill mid-write), which is dropped with a warning naming the file; a bad line
   anywhere else is corruption: one error naming file:line.
+- `replacing(path)`: THE way to write a file the project promises is atomic. A context
+  manager yielding a temporary sibling path to write (any writer: `open`, `torch.save`,
+  safetensors' `save_file`); when the block ends normally the file is fsynced and renamed over
+  `path` (POSIX `rename`), then the directory is fsynced. An exception (or a kill) inside the
+  block leaves the old `path` exactly as it was and no temporary file behind; a storage failure
+  becomes one `WriteError` naming `path`. `write_bytes` / `write_text` / `write_json` are the
+  one-call forms; `publish_dir(staging, target)` is the same for a directory that several
+  processes fill (a checkpoint), `staged_dir` for one that this process fills.
 - `writing(path)`: a failed write (disk full, quota, file too large, read-only) becomes one
   `WriteError` line naming the path instead of a traceback.
 """
@@ -29,8 +37,11 @@ __all__ = [
     "WriteError",
     "clean_staging",
     "read_jsonl",
+    "publish_dir",
+    "replacing",
     "staged_dir",
     "write_bytes",
+    "write_json",
     "write_text",
     "writing",
 ]
@@ -86,22 +97,46 @@ def _storage_cause(e: BaseException) -> OSError | None:
     return None
 
 
-def write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Replace the file `path` by `data` atomically (a temporary sibling renamed over it): a
-    failed write leaves the old file as it was and raises one `WriteError` naming `path`."""
+def _fsync(path: Path) -> None:
+    """Flush `path` (a file or a directory: a rename is durable once its directory is)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def replacing(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary sibling of `path` to write; on normal exit it is fsynced and renamed
+    over `path`. On an exception `path` is left as it was and the temporary file is removed;
+    a storage failure (disk full, read-only...) is one `WriteError` naming `path`."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with writing(path):
-            tmp.write_bytes(data)
+            yield tmp
+            _fsync(tmp)
             os.replace(tmp, path)
+        _fsync(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
 
 
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Replace the file `path` by `data` atomically (`replacing`)."""
+    with replacing(path) as tmp:
+        tmp.write_bytes(data)
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
-    """Replace the file `path` by `text` atomically (a temporary sibling renamed over it)."""
+    """Replace the file `path` by `text` atomically (`replacing`)."""
     write_bytes(path, text.encode())
+
+
+def write_json(path: str | os.PathLike, value: Any, indent: int | None = 1) -> None:
+    """Replace the file `path` by `value` as JSON and a newline, atomically (`replacing`)."""
+    write_text(path, json.dumps(value, indent=indent) + "\n")
 
 
 def read_jsonl(path: str | os.PathLike) -> list[Any]:
@@ -165,8 +200,16 @@ def _exchange(a: Path, b: Path) -> bool:
     return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
-def _publish(staging: Path, target: Path) -> None:
-    """Put the complete `staging` directory at `target`, replacing what is there."""
+def publish_dir(staging: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Put the complete directory `staging` (a hidden sibling) at `target`, replacing what is
+    there, and make the rename durable. The caller has fsynced the files in `staging`."""
+    staging, target = Path(staging), Path(target)
+    with writing(target):
+        _swap_in(staging, target)
+        _fsync(target.parent)
+
+
+def _swap_in(staging: Path, target: Path) -> None:
     if target.is_dir() and not any(target.iterdir()):
         target.rmdir()
     if not target.exists():
@@ -197,7 +240,6 @@ def staged_dir(target: str | os.PathLike) -> Iterator[Path]:
     staging.mkdir()
     try:
         yield staging
-        with writing(target):
-            _publish(staging, target)
+        publish_dir(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

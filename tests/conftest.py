@@ -1,10 +1,25 @@
-"""Shared fixtures."""
+"""Shared fixtures and helpers."""
 
+import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from ssl_vit.data.synthetic import make_synthetic_shards
+from ssl_vit.datasets.synthetic import make_synthetic_shards
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pipeline(name: str) -> Callable:
+    """`pipelines/<name>.py`'s `main`, run in this process (a fresh module on every call, so
+    no state from one run reaches the next)."""
+    spec = importlib.util.spec_from_file_location(
+        f"pipeline_{name}", ROOT / "pipelines" / f"{name}.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
 
 
 @pytest.fixture(scope="session")

@@ -15,15 +15,16 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import pipeline
 from PIL import Image
 from test_guard import _alive, _exit_within, _launch, _log, _pipeline, _wait_until
-from test_pipelines import pipeline, pretrain_args
+from test_pipelines import pretrain_args
 
 import ssl_vit.atomic as ssl_atomic
 from ssl_vit.atomic import WriteError, read_jsonl
 from ssl_vit.cli import main as cli
 from ssl_vit.config import ConfigError
-from ssl_vit.data.synthetic import make_synthetic_shards
+from ssl_vit.datasets.synthetic import make_synthetic_shards
 from ssl_vit.train import preflight
 from ssl_vit.train.checkpoint import load_checkpoint
 from ssl_vit.train.metrics import MetricsWriter
@@ -90,6 +91,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.system
 def test_killed_make_shards_keeps_the_dataset(tmp_path):
     data = tmp_path / "data"
     make_synthetic_shards(data, n=8, image_size=16, seed=0, shard_size=4)
@@ -137,6 +139,7 @@ def test_export_needs_overwrite_and_replaces_whole(trained, tmp_path, capsys):
     assert _leftovers(out) == []
 
 
+@pytest.mark.system
 def test_export_that_fails_writing_keeps_the_folder(trained, tmp_path):
     """A full disk mid-export (a file-size limit: writes fail with EFBIG) leaves the old
     export as it was, with one error line naming the folder."""
@@ -161,6 +164,7 @@ def test_export_that_fails_writing_keeps_the_folder(trained, tmp_path):
     assert _snapshot(out) == before and _leftovers(out) == []
 
 
+@pytest.mark.system
 def test_corrupt_checkpoint_is_refused_everywhere(trained, tmp_path, capsys):
     ckpt = tmp_path / "step_00000004"
     subprocess.run(["cp", "-r", str(trained / "checkpoints" / "step_00000004"), str(ckpt)])
@@ -187,6 +191,7 @@ def test_corrupt_checkpoint_is_refused_everywhere(trained, tmp_path, capsys):
 # --- append-only logs --------------------------------------------------------------------
 
 
+@pytest.mark.system
 def test_torn_last_metrics_line_is_dropped_on_resume(synthetic_shards, trained, tmp_path):
     run = tmp_path / "run"
     subprocess.run(["cp", "-r", str(trained), str(run)], check=True)
@@ -222,6 +227,7 @@ def test_metrics_write_on_a_full_disk_is_one_line(tmp_path, monkeypatch):
         writer.log({"step": 1, "loss": 0.5})
 
 
+@pytest.mark.system
 def test_checkpoint_on_a_full_disk_is_one_line(synthetic_shards, tmp_path):
     out = tmp_path / "run"
     limit = 40_000  # bytes: config and metrics fit, the checkpoint's files do not
@@ -240,6 +246,7 @@ def test_checkpoint_on_a_full_disk_is_one_line(synthetic_shards, tmp_path):
     assert list((out / "checkpoints").iterdir()) == []  # no partial checkpoint left
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("limit", [10_000, 200_000])  # bytes: the RNG file / the state fails
 def test_torch_save_on_a_full_disk_keeps_the_last_checkpoint(synthetic_shards, tmp_path, limit):
     """torch.save's own failure ("[enforce fail at inline_container.cc]") is one line too,
@@ -290,6 +297,7 @@ def _stalled_source(args: list[str], fifo: Path, opened: Path) -> list[str]:
     return [source if a.startswith("data.train_shards=") else a for a in args]
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stalled_source_ends_the_job(synthetic_shards, fifo, tmp_path, workers):
     """The 3 s are the watchdog under test, not a guess at how long anything takes: the read
@@ -316,6 +324,7 @@ def _running(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stalled_pipe_command_dies_with_the_job(synthetic_shards, tmp_path, workers):
     """A `pipe:` command's own child (here `sleep`, which would outlive its shell) is killed
@@ -345,6 +354,7 @@ def _catches_sigterm(pid: int) -> bool:
     return bool(caught & (1 << (signal.SIGTERM - 1)))
 
 
+@pytest.mark.system
 def test_stop_that_times_out_exits(synthetic_shards, fifo, tmp_path):
     """The 2 s are the stop timeout under test: the step waits on a read that never returns,
     so on any machine the graceful stop can only be cut short."""
@@ -380,6 +390,7 @@ run_and_exit(main)
 """
 
 
+@pytest.mark.system
 def test_error_line_names_a_dead_worker_whatever_surfaced():
     """The worker-killed race of test_guard made deterministic: the main process sees a reset
     connection before DataLoader's own check; the error line still names the dead worker."""
@@ -411,6 +422,7 @@ def test_staged_dir_replaces_whole_or_not_at_all(tmp_path, monkeypatch):
         assert _leftovers(target) == []
 
 
+@pytest.mark.system
 def test_a_swap_cut_short_is_undone(tmp_path):
     """Killed between the two renames: the old directory is set aside, the target is gone;
     the next writer puts the old one back before anything else."""

@@ -16,15 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import pipeline
 from PIL import Image
 
 from ssl_vit.config import ConfigError, from_dict, load_config, to_dict
 from ssl_vit.config.schema import FewshotConfig, FinetuneConfig, PretrainConfig
 from ssl_vit.config.study import StudyConfig
 from ssl_vit.data import decode_image, eval_loader
-from ssl_vit.data.convert import make_shards
 from ssl_vit.data.decode import MAX_PIXELS, _header_size
-from ssl_vit.data.shards import ShardWriter
+from ssl_vit.data.write.convert import make_shards
+from ssl_vit.data.write.writer import ShardWriter
 from ssl_vit.objectives.targets import mean_color_classes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,6 +187,7 @@ def _folders(root: Path, classes: list[str], n: int = 3, size: int = 16) -> Path
     return root
 
 
+@pytest.mark.system
 def test_fewshot_job_refuses_other_class_names_in_one_line(tmp_path):
     train = _folders(tmp_path / "train", ["a", "b"])
     test = _folders(tmp_path / "test", ["a", "c"])
@@ -198,15 +200,6 @@ def test_fewshot_job_refuses_other_class_names_in_one_line(tmp_path):
         "(only in fewshot.train: ['b'], only in fewshot.eval: ['c'])"
     )
     assert "Traceback" not in proc.stderr and not out.exists()
-
-
-def pipeline(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"p_{name}", ROOT / "pipelines" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
 
 
 def _shards(out: Path, samples: list[tuple[bytes, int]], names: list[str]) -> Path:
@@ -351,7 +344,7 @@ BAD_CONFIGS = [
     (PretrainConfig, "fewshot.l2_reg=[0.0]", "fewshot.l2_reg: every value must be > 0"),
     (PretrainConfig, "fewshot.every=-5", "fewshot.every: must be >= 0"),
     (FewshotConfig, "fewshot.shots=[0, 5]", "fewshot.shots: expected distinct counts >= 1"),
-    (FewshotConfig, "shots=[0, 5]", "fewshot.shots: expected distinct counts >= 1"),  # old key
+    (FewshotConfig, "fewshot.shots=[0, 5]", "fewshot.shots: expected distinct counts >= 1"),
     (FewshotConfig, "fewshot.seeds=[]", "fewshot.seeds: an empty list"),
     (FewshotConfig, "fewshot.seeds=[-1]", "fewshot.seeds: every value must be >= 0"),
     (FewshotConfig, "fewshot.l2_reg=[-1.0]", "fewshot.l2_reg: every value must be > 0"),
@@ -536,7 +529,8 @@ def test_absurd_aspect_ratio_is_a_counted_skip_everywhere(tmp_path, caplog):
 
 _READ_FOLDER = """
 import json, sys
-from ssl_vit.data import eval_loader, make_shards
+from ssl_vit.data import eval_loader
+from ssl_vit.data.write.convert import make_shards
 folder, out = sys.argv[1:]
 index = make_shards(folder, out, progress=False)
 batches = list(eval_loader(folder, 8, 8, num_workers=0))
@@ -545,6 +539,7 @@ print(json.dumps([index["num_samples"], index["num_skipped"], sum(len(b.labels) 
 """
 
 
+@pytest.mark.system
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
 def test_fifo_and_device_in_a_class_folder_are_counted_skips(tmp_path):
     """A FIFO named zz.png and a symlink to /dev/zero: make-shards and the eval loader neither
@@ -679,6 +674,7 @@ def test_mlp_without_hidden_units_is_refused_naming_the_key():
     assert int(cfg.model.width * cfg.model.mlp_ratio) == 1
 
 
+@pytest.mark.system
 def test_missing_tracker_package_is_one_line_before_the_run_dir(tmp_path, synthetic_shards):
     """Issue 29 #14: the tracker's package is checked before config.yaml is written."""
     import importlib.util
@@ -701,6 +697,7 @@ def _fewshot_args(tmp_path: Path, checkpoint: str, eval_spec: str | None = None)
     return ["--checkpoint", checkpoint, *TINY, f"fewshot.train={train}", f"fewshot.eval={spec}"]
 
 
+@pytest.mark.system
 def test_fewshot_on_a_finetuned_classifier_is_one_line_naming_it(tmp_path):
     """Issue 29 #15: a fine-tune's model.safetensors is not an encoder: one line, not
     KeyError 'pos_embed'."""
@@ -726,6 +723,7 @@ def test_fewshot_on_a_finetuned_classifier_is_one_line_naming_it(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.system
 def test_fewshot_on_an_offline_hub_dataset_is_one_line_naming_the_key(tmp_path):
     out = tmp_path / "out"
     args = _fewshot_args(tmp_path, "random", "hf://no-such-user/no-such-set:test")

@@ -73,6 +73,7 @@ def test_time_interleaved_alternates_rounds():
     assert {k: len(v) for k, v in times.items()} == {"a": 2, "b": 2, "c": 2}
 
 
+@pytest.mark.system
 def test_bench_quick_tiny_writes_every_figure(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(ROOT / "scripts/bench.py"), "--model", "tiny", "--quick"]
@@ -99,6 +100,7 @@ def test_bench_quick_tiny_writes_every_figure(tmp_path):
     assert "ratio ours/timm same precision" in proc.stdout
 
 
+@pytest.mark.system
 def test_loader_suite_tiny_writes_every_figure(tmp_path):
     """`--suite loader` on a few photos at 32 px: both make-shards runs wrote the same bytes,
     every loader answered (the figures themselves are the lead's measurement, not a test)."""
@@ -120,6 +122,7 @@ def test_loader_suite_tiny_writes_every_figure(tmp_path):
     assert len(runs) == 2 and all(r["img_per_s"] > 0 for r in runs.values())
 
 
+@pytest.mark.system
 def test_gpu_suite_tiny_on_cpu_writes_every_row(tmp_path):
     """`--suite gpu --tiny` on the CPU: every section answers, CUDA-only rows say so. The time
     budget is unlimited: how fast this machine is decides no row (the budget's own test is
@@ -189,6 +192,7 @@ def test_gpu_suite_guards_sections_and_budget():
     assert "| peak | matmul peak | skipped: time budget" in markdown_table(res)
 
 
+@pytest.mark.system
 def test_gpu_suite_sections_and_batch():
     """--sections runs only the sections named; --batch-size replaces every shape's batch."""
     from ssl_vit.bench.gpu_suite import Suite, run_suite

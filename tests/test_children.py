@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 from test_study import REPO, load_study
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl: Linux")
+pytestmark = [
+    pytest.mark.system,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl: Linux"),
+]
 
 # A job that runs until killed, writing its pid first (it ignores SIGTERM, as a stuck job might).
 LONG_JOB = "import os, signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"

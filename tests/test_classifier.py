@@ -7,7 +7,8 @@ import torch
 
 from ssl_vit.config import ModelConfig
 from ssl_vit.model import Classifier, ViT
-from ssl_vit.train.checkpoint import CheckpointError, encoder_from_checkpoint, save_encoder
+from ssl_vit.train.checkpoint import CheckpointError, save_encoder
+from ssl_vit.train.encoder_init import encoder_from_checkpoint
 
 
 def test_zero_initialized_head_gives_zero_logits():

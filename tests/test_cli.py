@@ -41,6 +41,7 @@ def test_configs_lists_and_copies(tmp_path, capsys, monkeypatch):
     assert main(["configs", "nope/x"]) == 1
 
 
+@pytest.mark.system
 def test_the_wheel_runs_the_jobs_outside_the_checkout(synthetic_shards, tmp_path):
     """Build the wheel, install it into a folder, run `ssl-vit configs` and the pretraining
     job as `python -m ssl_vit.pipelines.pretrain` (what `accelerate launch -m` runs)."""
@@ -86,6 +87,7 @@ def test_the_wheel_runs_the_jobs_outside_the_checkout(synthetic_shards, tmp_path
     assert json.loads((work / "run/results.json").read_text())["step"] == 2
 
 
+@pytest.mark.system
 def test_help_and_configs_do_not_import_torch():
     """`ssl-vit --help` and `ssl-vit configs` answer without loading torch (seconds of CPU);
     the public API still imports on first use."""

@@ -6,7 +6,8 @@ import logging
 
 import pytest
 import torch
-from test_pipelines import ROOT, finetune_args, pipeline, pretrain_args
+from conftest import pipeline
+from test_pipelines import ROOT, finetune_args, pretrain_args
 
 from ssl_vit.config import FinetuneConfig, PretrainConfig, load_config
 from ssl_vit.config.loader import ConfigError
@@ -17,6 +18,7 @@ from ssl_vit.train import compile as compile_mod
 from ssl_vit.train.compile import Compiled, compile_enabled
 
 
+@pytest.mark.system
 def test_pretraining_forward_and_loss_is_one_graph():
     model = MaskedPatchPrediction(ViT(16, 4, 32, 2, 2), ObjectiveConfig())
     images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
@@ -82,6 +84,7 @@ def _losses(out) -> list:
     return [json.loads(line)["loss"] for line in lines if "loss" in json.loads(line)]
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("job", ["pretrain", "finetune"])
 def test_pipelines_compile_one_graph_or_fall_back(job, synthetic_shards, tmp_path, monkeypatch):
     def run(out, *extra):

@@ -1,6 +1,6 @@
-"""make-shards at scale (ssl_vit/data/convert.py, prepare.py, parts.py): N workers write exactly
-what one writes, parts make the whole and read as one dataset, --max-size stores images at
-training size, a killed run leaves the old dataset and no worker behind."""
+"""make-shards at scale (ssl_vit/data/write/: convert.py, prepare.py, parts.py): N workers
+write exactly what one writes, parts make the whole and read as one dataset, --max-size stores
+images at training size, a killed run leaves the old dataset and no worker behind."""
 
 import io
 import json
@@ -17,8 +17,9 @@ from PIL import Image
 from test_atomic_writes import STALLED_READ  # make-shards whose read of zzz.png never returns
 
 from ssl_vit.cli import main as cli
-from ssl_vit.data import eval_loader, make_shards, open_source, resolve_shards
-from ssl_vit.data.parts import part_indices
+from ssl_vit.data import eval_loader, open_source, resolve_shards
+from ssl_vit.data.write.convert import make_shards
+from ssl_vit.data.write.parts import part_indices
 
 
 def _image(path: Path, width: int, height: int, seed: int) -> bytes:
@@ -175,6 +176,7 @@ def _running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.system
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
 def test_killed_parallel_make_shards_keeps_the_dataset_and_no_worker(tmp_path):
     data = tmp_path / "data"

@@ -33,6 +33,7 @@ def test_exact_count_per_image(N, ratio):
         assert ((kind != UNTOUCHED).sum(dim=1) == round(ratio * N)).all()
 
 
+@pytest.mark.system
 def test_fractions_and_replacements_over_many_draws():
     B, N, D = 16, 64, 32
     emb, mask = make_batch(B, N, D)

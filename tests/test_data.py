@@ -16,17 +16,16 @@ from PIL import Image
 from ssl_vit.cli import main
 from ssl_vit.config import FinetuneDataConfig, PretrainDataConfig
 from ssl_vit.data import (
-    SYNTHETIC_LABELS,
     decode_image,
     eval_loader,
-    make_shards,
     open_source,
     pretrain_loader,
     read_index,
     resolve_shards,
-    synthetic_shapes,
     train_loader,
 )
+from ssl_vit.data.write.convert import make_shards
+from ssl_vit.datasets.synthetic import SYNTHETIC_LABELS, synthetic_shapes
 
 
 def _data(train_shards: str = "", shuffle_buffer: int = 1000, **kw) -> PretrainDataConfig:
@@ -423,7 +422,7 @@ def test_synthetic_shape_colour_is_the_class_hue(monkeypatch):
     the jitter is used (the hues spread), so neighbouring classes overlap in colour."""
     import colorsys
 
-    from ssl_vit.data import synthetic as syn
+    from ssl_vit.datasets import synthetic as syn
 
     masks = []
     real_mask = syn._shape_mask
@@ -565,7 +564,7 @@ def test_lanes_resolve_and_split_in_order():
     assert resolve_lanes(0, 96, 1, None, paired=True) == 48  # not 32: 3 a lane
     with pytest.raises(ValueError, match="^data.lanes: 32 lanes give 3 images each"):
         resolve_lanes(32, 96, 1, None, paired=True)
-    with pytest.raises(ValueError, match="global micro-batch 7 .* must be even"):
+    with pytest.raises(ValueError, match="data.lanes: 3 .auto. does not divide .* 7"):
         resolve_lanes(0, 7, 1, None, paired=True)
     with pytest.raises(ValueError, match="data.lanes: 50 .auto. lanes do not split over 8"):
         resolve_lanes(0, 1000, 8, None)
@@ -582,14 +581,6 @@ def test_lanes_resolve_and_split_in_order():
             assert order == list(range(lanes))  # rank-major, worker-major, contiguous
             sizes = [len(lane_range(lanes, 0, world, w, workers)) for w in range(workers)]
             assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
-
-
-def test_a_stream_saved_per_worker_is_refused():
-    from ssl_vit.data.stream_state import start_positions
-
-    old = {"layout": [1, 2], "positions": {0: [0, 8]}, "next_role": 1}  # an older checkpoint's
-    with pytest.raises(ValueError, match="older version"):
-        start_positions(old, {"source": "x", "seed": 0}, 8, {"source": "data.train_shards"})
 
 
 def test_a_resumed_lane_rereads_at_most_its_shard_up_to_its_position(synthetic_shards, monkeypatch):
@@ -616,3 +607,49 @@ def test_a_resumed_lane_rereads_at_most_its_shard_up_to_its_position(synthetic_s
     monkeypatch.setattr(train_stream, "shard_samples", counted)
     next(iter(pretrain_loader(data, resume=state, **kw)))
     assert len(read) == 2 * 16  # per lane: blocks 0 and 1 of its shard (12 consumed, 4 next)
+
+
+def test_share_gives_each_sample_to_one_unit():
+    """`share`, the one split of a source over ranks, workers or lanes: every unit gets data,
+    every sample of every item goes to exactly one unit, and units reading whole items read
+    u, u + units, ..."""
+    from ssl_vit.data.stages import share
+
+    for n in range(1, 7):
+        for units in range(1, 9):
+            seen = []
+            for u in range(units):
+                mine, keep, of = share(n, u, units)
+                items = range(n)[mine]
+                assert items, (n, u, units)
+                if n >= units:
+                    assert list(items) == list(range(u, n, units)) and (keep, of) == (0, 1)
+                seen += [(j, i) for j in items for i in range(12) if i % of == keep]
+            assert sorted(seen) == [(j, i) for j in range(n) for i in range(12)]
+
+
+def test_tar_groups_reads_a_truncated_shard_up_to_the_cut(tmp_path):
+    """The one tar reader: a shard cut inside a member yields the samples before the cut and
+    the one it cut (as read so far), then reports one error (with the URL) to `on_error`;
+    without `on_error` it raises."""
+    import tarfile
+
+    from ssl_vit.data.tar import tar_groups
+    from ssl_vit.data.write.writer import ShardWriter
+
+    with ShardWriter(tmp_path / "ds", shard_size=10) as w:
+        for i in range(4):
+            w.write(f"s{i}", "png", bytes(2000), label=i)
+        w.close(label_names=[str(i) for i in range(4)], source="test")
+    shard = tmp_path / "ds" / "shard-000000.tar"
+    whole = [(i, g["__key__"], g["cls"]) for i, g in tar_groups(str(shard))]
+    assert whole == [(i, f"s{i}", str(i).encode()) for i in range(4)]
+    cut = tmp_path / "cut.tar"
+    # A sample is 3584 bytes (512 + 512 label, 512 + 2048 image): cut inside s2's image.
+    cut.write_bytes(shard.read_bytes()[: 2 * 3584 + 1024 + 512 + 100])
+    errors = []
+    got = [g for _, g in tar_groups(str(cut), on_error=errors.append)]
+    assert [g["__key__"] for g in got] == ["s0", "s1", "s2"] and "png" not in got[2]
+    assert len(errors) == 1 and str(cut) in errors[0].args
+    with pytest.raises(tarfile.ReadError):
+        list(tar_groups(str(cut)))

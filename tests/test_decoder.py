@@ -2,7 +2,6 @@
 the paper's objective bit for bit; the decoder and the arm are the objective's, not the
 encoder's; the arm's encoder sees exactly N - n patches and its loss is on exactly the n."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import pipeline
 from test_objective import params_without_gradient
 from torch import nn
 
@@ -25,13 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 DECODER = {"decoder_depth": 1}
 VISIBLE = {"decoder_depth": 2, "decoder_width": 16, "encoder": "visible", "mask_ratio": 0.75}
-
-
-def pipeline(name: str):
-    spec = importlib.util.spec_from_file_location(f"pipeline_{name}", ROOT / f"pipelines/{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
 
 
 def pretrain(shards, out, *extra) -> list[float]:
@@ -90,6 +83,7 @@ def final_weights(run) -> dict[str, torch.Tensor]:
     return state["model"]
 
 
+@pytest.mark.system
 def test_no_decoder_all_patches_is_the_paper_objective_bit_for_bit(
     synthetic_shards, tmp_path, monkeypatch
 ):
@@ -204,6 +198,7 @@ def test_decoder_shapes_and_defaults():
     assert tiny_model(**VISIBLE).mask_embedding.shape == (16,)  # a decoder input there
 
 
+@pytest.mark.system
 def test_visible_arm_compiles_to_one_graph():
     model = tiny_model(**VISIBLE)
     images = torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8)
@@ -227,6 +222,7 @@ def test_config_errors_name_the_key(overrides, match):
         from_dict(PretrainConfig, {**raw, "objective": overrides})
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("kind", ["decoder", "visible"])
 def test_finetune_and_fewshot_load_only_the_encoder(kind, synthetic_shards, tmp_path):
     """A pretraining checkpoint with a decoder: encoder.safetensors holds exactly the encoder's

@@ -1,7 +1,6 @@
 """ssl_vit.data.device_augment: the batched crop + flip is exact where it should be, draws
 torchvision's boxes, never syncs with the host, and a resumed run sees the same batches."""
 
-import importlib.util
 import json
 import math
 import shutil
@@ -9,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import pipeline
 from torchvision import transforms
 
 from ssl_vit.bench.host_sync import HostReads
@@ -174,13 +174,6 @@ def test_loader_with_load_size_delivers_unaugmented_images(synthetic_shards):
         assert torch.equal(image, raw[key])  # 32 px images at load 32: exactly the decoded ones
 
 
-def _pipeline(name: str):
-    spec = importlib.util.spec_from_file_location(f"p_{name}", ROOT / "pipelines" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
-
-
 def _losses(run_dir: Path) -> dict[int, float]:
     rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
@@ -198,11 +191,12 @@ def _job_args(job: str, shards: Path) -> list[str]:
     ]
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("job", ["pretrain", "finetune"])
 def test_resumed_run_sees_the_same_batches(job, synthetic_shards, tmp_path):
     """Device augmentation on the CPU: a run resumed from its step-10 checkpoint logs the same
     losses as the uninterrupted run (the augmentation generator is saved and restored)."""
-    main, args = _pipeline(job), _job_args(job, synthetic_shards)
+    main, args = pipeline(job), _job_args(job, synthetic_shards)
     full, cut = tmp_path / "full", tmp_path / "cut"
     main([*args, f"output_dir={full}"])
     shutil.copytree(full, cut)

@@ -9,11 +9,12 @@ import subprocess
 
 import pytest
 import torch
+from conftest import pipeline
 from safetensors.torch import load_file
 from test_compile import Backend, _losses
 from test_distributed import LAUNCH
 from test_faults import stop_after_step
-from test_pipelines import ROOT, finetune_args, pipeline
+from test_pipelines import ROOT, finetune_args
 from test_step_sync import EVERY, STEPS, _between_log_steps, _run_counting
 
 from ssl_vit.config import FinetuneConfig, from_dict
@@ -77,6 +78,7 @@ def test_the_teacher_gets_no_gradient_and_a_step_leaves_it_unchanged():
     assert all(p.grad is not None for p in student.parameters())
 
 
+@pytest.mark.system
 def test_a_self_training_step_is_one_graph_and_never_waits_on_the_host(
     synthetic_shards, teacher, tmp_path, monkeypatch
 ):
@@ -96,6 +98,7 @@ def test_a_self_training_step_is_one_graph_and_never_waits_on_the_host(
     assert _losses(tmp_path / "c") == pytest.approx(_losses(tmp_path / "e"), rel=1e-4)
 
 
+@pytest.mark.system
 def test_stopped_and_resumed_both_streams_continue_exactly(
     synthetic_shards, teacher, tmp_path, monkeypatch
 ):
@@ -123,6 +126,7 @@ def test_stopped_and_resumed_both_streams_continue_exactly(
     assert results["teacher_top1"] == json.loads((teacher / "results.json").read_text())["top1"]
 
 
+@pytest.mark.system
 def test_two_processes_self_train_as_one(synthetic_shards, teacher, tmp_path):
     torch.manual_seed(0)
     pipeline("finetune")(distill_args(synthetic_shards, teacher, tmp_path / "one"))
@@ -146,6 +150,7 @@ def _classifier_file(folder, names, image_size=24):
     return folder
 
 
+@pytest.mark.system
 def test_bad_teachers_are_one_line_before_any_compute(synthetic_shards, teacher, tmp_path):
     names = json.loads((teacher / "labels.json").read_text())
     pretrain_run = tmp_path / "pre"
@@ -173,6 +178,7 @@ def test_bad_teachers_are_one_line_before_any_compute(synthetic_shards, teacher,
         pipeline("finetune")(args)
 
 
+@pytest.mark.system
 def test_without_a_teacher_the_paper_path_records_no_distillation(synthetic_shards, tmp_path):
     """The paper's path itself is pinned, in this process, to the code before recipes existed by
     test_recipe's test_paper_recipe_is_the_path_before_recipes (same losses, same weights)."""

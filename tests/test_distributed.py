@@ -16,8 +16,7 @@ from accelerate.utils import DistributedType
 from test_pipelines import ROOT, pretrain_args, rows
 
 from ssl_vit.config import PretrainConfig, from_dict
-from ssl_vit.data import synthetic_shapes
-from ssl_vit.data.synthetic import make_synthetic_shards
+from ssl_vit.datasets.synthetic import make_synthetic_shards, synthetic_shapes
 from ssl_vit.model import build_vit
 from ssl_vit.objectives import MaskedPatchPrediction
 from ssl_vit.train.runtime import replica_checksum
@@ -110,6 +109,7 @@ def test_replica_checksum_ends_a_run_whose_replicas_differ():
         replica_checksum(model, _TwoRanks(2.0**-20))
 
 
+@pytest.mark.system
 def test_two_processes(eight_shards, tmp_path):
     cmd = [
         *LAUNCH,
@@ -125,6 +125,7 @@ def test_two_processes(eight_shards, tmp_path):
     _check_run(tmp_path)
 
 
+@pytest.mark.system
 def test_two_machines_on_loopback(eight_shards, tmp_path):
     port = str(_free_port())
     procs = [

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import pipeline
 from test_distributed import LAUNCH, _free_port
-from test_pipelines import ROOT, finetune_args, pipeline, pretrain_args, rows
+from test_pipelines import ROOT, finetune_args, pretrain_args, rows
 
 STEPS = 16
 BATCH = 16  # global; auto lanes: 16
@@ -76,12 +77,14 @@ def _stop_after(proc: subprocess.Popen, out: Path, step: int, timeout: float = 1
     return results["step"]
 
 
+@pytest.mark.system
 def test_worker_count_changes_nothing(synthetic_shards, tmp_path, reference):
     _run(synthetic_shards, tmp_path, "data.num_workers=1")
     assert losses(tmp_path) == reference[0]  # bit-identical at every step
     assert keys_per_step(tmp_path, 1, STEPS) == reference[1]
 
 
+@pytest.mark.system
 def test_stopped_with_two_workers_resumed_with_one(synthetic_shards, tmp_path, reference):
     cmd = [
         *(sys.executable, str(ROOT / "pipelines/pretrain.py")),
@@ -97,6 +100,7 @@ def test_stopped_with_two_workers_resumed_with_one(synthetic_shards, tmp_path, r
     assert keys_per_step(tmp_path, 1, STEPS) == reference[1]
 
 
+@pytest.mark.system
 def test_two_processes_match_one_and_resume_on_one(synthetic_shards, tmp_path, reference):
     """2 processes x 1 worker, stopped by SIGTERM, resumed as 1 process x 2 workers."""
     cmd = [
@@ -129,6 +133,7 @@ def test_two_processes_match_one_and_resume_on_one(synthetic_shards, tmp_path, r
         assert got[s] == pytest.approx(ref_losses[s], rel=1e-4, abs=0), (s, got[s], ref_losses[s])
 
 
+@pytest.mark.system
 def test_a_mixup_fine_tune_on_two_processes_matches_one(synthetic_shards, tmp_path):
     """Mixup / cutmix pair images within a lane's share of the micro-batch, and a process
     holds whole lanes: 2 processes (gloo) mix the images 1 process mixes, so the fine-tune's
@@ -153,7 +158,7 @@ def test_a_mixup_fine_tune_on_two_processes_matches_one(synthetic_shards, tmp_pa
 def test_a_stream_that_cannot_continue_is_refused(synthetic_shards, tmp_path):
     """--resume with another seed (or shuffle) is refused before config.yaml is touched; with
     other shards (the same file names) by the loader, before step 1; both one line."""
-    from ssl_vit.data.synthetic import make_synthetic_shards
+    from ssl_vit.datasets.synthetic import make_synthetic_shards
 
     out = tmp_path / "run"
     short = ["train.steps=2", "train.log_every=1", "train.checkpoint_every=0"]

@@ -7,13 +7,13 @@ PNG files of several sizes, square and not, that go through the resize-and-crop 
 """
 
 import dataclasses
-import importlib.util
 import io
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import pipeline
 from PIL import Image
 from torchvision.transforms.v2 import functional as TF
 
@@ -21,7 +21,7 @@ from ssl_vit.cli import main as cli
 from ssl_vit.config.schema import ModelConfig
 from ssl_vit.data.decode import decode_image
 from ssl_vit.data.images import eval_transform
-from ssl_vit.data.synthetic import make_synthetic_shards, synthetic_shapes
+from ssl_vit.datasets.synthetic import make_synthetic_shards, synthetic_shapes
 from ssl_vit.interop import InteropError
 from ssl_vit.model.vit import build_vit
 from ssl_vit.publish import export_checkpoint, export_classifier, import_weights, is_classifier
@@ -52,12 +52,9 @@ def run(tmp_path_factory) -> Path:
     """A finished fine-tuning run directory (model.safetensors, results.json, config.yaml)."""
     tmp = tmp_path_factory.mktemp("finetune")
     make_synthetic_shards(tmp / "shards", n=160, image_size=16, seed=0, shard_size=80)
-    spec = importlib.util.spec_from_file_location("pipeline_ft", ROOT / "pipelines/finetune.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     argv = ["--config", str(ROOT / "configs/finetune/smoke.yaml"), f"output_dir={tmp / 'run'}"]
     argv += [f"data.train={tmp / 'shards'}", f"data.eval={tmp / 'shards'}", "train.steps=40"]
-    module.main([*argv, "eval_every=0", "ema=0.9", "data.labels_per_class=12"])
+    pipeline("finetune")([*argv, "eval_every=0", "ema=0.9", "data.labels_per_class=12"])
     return tmp / "run"
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_pipelines import ROOT, finetune_args, pipeline, pretrain_args, rows
+from conftest import pipeline
+from test_pipelines import ROOT, finetune_args, pretrain_args, rows
 
 from ssl_vit.objectives import masked_patch
 from ssl_vit.train.checkpoint import latest_valid_checkpoint
@@ -52,6 +53,7 @@ def _wait_for(cond, proc: subprocess.Popen, timeout: float = 120) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.system
 def test_resume_after_sigkill_is_exact(synthetic_shards, tmp_path, reference):
     proc = _start(synthetic_shards, tmp_path)
     _wait_for(lambda: (tmp_path / "checkpoints/step_00000004/manifest.json").is_file(), proc)
@@ -70,6 +72,7 @@ def test_resume_after_sigkill_is_exact(synthetic_shards, tmp_path, reference):
     assert [got[s] for s in after] == [reference[s] for s in after]  # exactly equal
 
 
+@pytest.mark.system
 def test_sigterm_checkpoints_and_exits_zero(synthetic_shards, tmp_path, reference):
     proc = _start(synthetic_shards, tmp_path)
     _wait_for(
@@ -158,6 +161,7 @@ def stop_after_step(monkeypatch, step: int) -> None:
     monkeypatch.setattr(StopRequest, "agreed", agreed)
 
 
+@pytest.mark.system
 def test_finetune_preempted_and_resumed_is_exact(synthetic_shards, tmp_path, monkeypatch):
     """Fine-tuning: a stop request after step 5 (as SIGTERM would set it), then --resume."""
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import pipeline
 
 from ssl_vit.config import FewshotConfig, load_config
 from ssl_vit.config.loader import ConfigError
@@ -30,13 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 def fewshot_linear_accuracy(xtr, ytr, xte, yte, l2_reg=1024.0, num_classes=None, standardize=True):
     """One l2_reg's accuracy (the library solves several at once: `ridge_accuracies`)."""
     return ridge_accuracies(xtr, ytr, xte, yte, [l2_reg], num_classes, standardize)[0]
-
-
-def pipeline(name: str):
-    spec = importlib.util.spec_from_file_location(f"pipeline_{name}", ROOT / f"pipelines/{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
 
 
 @pytest.mark.parametrize("n, d", [(40, 7), (7, 40), (12, 12)])

@@ -88,6 +88,7 @@ def _steps_logged(out: Path) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("job", ["pretrain", "finetune"])
 def test_killed_loader_worker_ends_the_job(job, synthetic_shards, tmp_path):
     out = tmp_path / "run"
@@ -119,6 +120,7 @@ def test_killed_loader_worker_ends_the_job(job, synthetic_shards, tmp_path):
     print(f"{job}: killed worker -> exit {rc} in {seconds:.1f}s")
 
 
+@pytest.mark.system
 def test_exception_after_the_last_step_exits_with_checkpoint_named(synthetic_shards, tmp_path):
     out = tmp_path / "run"
     (out / "results.json").mkdir(parents=True)  # writing the results fails after the last step
@@ -139,6 +141,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.system
 def test_failing_rank_ends_every_rank(synthetic_shards, tmp_path):
     out = tmp_path / "run"
     (out / "keys_rank1.txt").mkdir(parents=True)  # rank 1 fails at its first batch, rank 0 not
@@ -158,6 +161,7 @@ def test_failing_rank_ends_every_rank(synthetic_shards, tmp_path):
     print(f"one rank raising -> launcher exit {rc} in {seconds:.1f}s from the start")
 
 
+@pytest.mark.system
 def test_sigterm_during_final_evaluation(synthetic_shards, tmp_path):
     out = tmp_path / "run"
     shard = sorted(synthetic_shards.glob("*.tar"))[0]
@@ -193,6 +197,7 @@ def _final(out: Path) -> bool:
     return (out / "checkpoints/step_00000004/manifest.json").is_file()
 
 
+@pytest.mark.system
 @pytest.mark.parametrize(
     "job, key",
     [("pretrain", "fewshot.train"), ("pretrain", "fewshot.eval"), ("finetune", "data.eval")],

@@ -13,7 +13,9 @@ from ssl_vit.data.images import torchvision_train_transform, train_transform
         ((3, 32, 32), 16, (0.35, 1.0), False),
         ((3, 40, 24), 48, (0.5, 1.0), True),
         ((3, 4, 64), 8, (0.9, 1.0), True),  # extreme aspect: mostly the central-crop fallback
-        ((3, 300, 400), 224, (0.08, 1.0), True),  # a photo: downscaled and upscaled crops
+        pytest.param(  # a photo: downscaled and upscaled crops; seconds, so the system tier
+            (3, 300, 400), 224, (0.08, 1.0), True, marks=pytest.mark.system
+        ),
     ],
 )
 def test_train_transform_is_bit_identical_to_torchvision(shape, size, scale, hflip):
@@ -110,7 +112,8 @@ def test_stream_of_jpegs_resumes_exactly_through_the_reduced_decode(tmp_path):
     """Through the loader workers, with most crops decoded at reduced scale: a stream stopped
     and resumed from its tracker state yields the same keys and the same pixels."""
     from ssl_vit.config import PretrainDataConfig
-    from ssl_vit.data import make_shards, pretrain_loader
+    from ssl_vit.data import pretrain_loader
+    from ssl_vit.data.write.convert import make_shards
 
     for i in range(24):
         (tmp_path / "src").mkdir(exist_ok=True)

@@ -4,12 +4,12 @@ Tiny random models (width 32, depth 2, 16 px, patch 4) whose every weight, Layer
 included, is perturbed away from its initialization, so a misplaced tensor cannot hide.
 """
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import pipeline
 from safetensors.torch import load_file, save_file
 
 from ssl_vit.cli import main as cli
@@ -17,7 +17,8 @@ from ssl_vit.config.schema import ModelConfig
 from ssl_vit.interop import InteropError, from_hf, from_timm, to_timm
 from ssl_vit.model.vit import ViT
 from ssl_vit.publish import export_checkpoint, import_weights
-from ssl_vit.train.checkpoint import encoder_from_checkpoint, load_encoder, save_encoder
+from ssl_vit.train.checkpoint import load_encoder, save_encoder
+from ssl_vit.train.encoder_init import encoder_from_checkpoint
 
 timm = pytest.importorskip("timm")  # the `interop` extra; imported once per module (slow)
 transformers = pytest.importorskip("transformers")
@@ -234,7 +235,8 @@ def test_cli_export_import_round_trip_is_bitwise(ckpt, tmp_path, capsys):
 
 
 def test_cli_export_of_a_run_directory_uses_its_newest_valid_checkpoint(ckpt, tmp_path, caplog):
-    from ssl_vit.train.checkpoint import rng_state, save_checkpoint
+    from ssl_vit.train.checkpoint import save_checkpoint
+    from ssl_vit.train.rng import rng_state
 
     enc, run = ckpt[1], tmp_path / "run"
     for step in (1, 2):
@@ -308,10 +310,7 @@ def test_fewshot_pipeline_evaluates_a_transformers_model(exported, synthetic_sha
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("fewshot_job", root / "pipelines/fewshot.py")
-    fewshot = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fewshot)
-    res = fewshot.main(
+    res = pipeline("fewshot")(
         [
             "--checkpoint",
             str(exported["hf"]),

@@ -11,15 +11,17 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from conftest import pipeline
 from PIL import Image
 from test_distributed import LAUNCH, _free_port
 from test_faults import stop_after_step
-from test_pipelines import ROOT, finetune_args, pipeline
+from test_pipelines import ROOT, finetune_args
 
 from ssl_vit.config import ConfigError
-from ssl_vit.data import make_shards, open_source
+from ssl_vit.data import open_source
 from ssl_vit.data.labelled import choose_labelled
-from ssl_vit.data.synthetic import SYNTHETIC_LABELS, make_synthetic_shards
+from ssl_vit.data.write.convert import make_shards
+from ssl_vit.datasets.synthetic import SYNTHETIC_LABELS, make_synthetic_shards
 
 K = 4  # per class: 40 of the 96 fixture images
 
@@ -99,6 +101,7 @@ def _keys_seen(out) -> list[str]:
     return [k for f in sorted(out.glob("keys_rank*.txt")) for k in f.read_text().split()]
 
 
+@pytest.mark.system
 def test_finetune_trains_only_on_the_subset_and_records_it(synthetic_shards, tmp_path):
     out = tmp_path / "ft"
     run = ["data.labels_per_class=4", "data.record_keys=true", "data.num_workers=2"]
@@ -119,12 +122,14 @@ def test_finetune_trains_only_on_the_subset_and_records_it(synthetic_shards, tmp
     assert open_source(str(out / "labelled")).sample_keys() != []
 
 
+@pytest.mark.system
 def test_finetune_without_a_budget_records_every_label(synthetic_shards, tmp_path):
     results = pipeline("finetune")(finetune_args(synthetic_shards, tmp_path / "ft"))
     assert results["labels_per_class"] == 0 and results["num_labelled"] == 96
     assert not (tmp_path / "ft" / "labelled.json").exists()
 
 
+@pytest.mark.system
 def test_same_subset_across_seeds_inits_workers_and_resume(synthetic_shards, tmp_path, monkeypatch):
     """Every run trains on the same keys, whatever its seed, init or worker count; a stopped and
     resumed run continues exactly (same losses) and refuses another budget on resume."""
@@ -159,6 +164,7 @@ def test_same_subset_across_seeds_inits_workers_and_resume(synthetic_shards, tmp
     assert losses[0] == losses[1]  # within this process: resumed == uninterrupted
 
 
+@pytest.mark.system
 def test_two_processes_train_on_the_same_subset(tmp_path):
     shards = tmp_path / "shards"
     make_synthetic_shards(shards, n=96, image_size=32, seed=0, shard_size=12)
@@ -180,6 +186,7 @@ def test_two_processes_train_on_the_same_subset(tmp_path):
     assert json.loads((out / "results.json").read_text())["num_labelled"] == 40
 
 
+@pytest.mark.system
 def test_drawn_keys_are_spread_over_the_sorted_keys(synthetic_shards):
     """The draw is a permutation of each class's sorted keys: over many seeds, every key of a
     class is chosen about equally often (a sorted prefix or a fixed stride would not be)."""

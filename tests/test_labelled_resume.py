@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import pipeline
 from PIL import Image
 from test_faults import stop_after_step
-from test_pipelines import ROOT, finetune_args, pipeline
+from test_pipelines import ROOT, finetune_args
 
 from ssl_vit.config import ConfigError, FinetuneConfig, load_config
 from ssl_vit.data import labelled as labelled_module
@@ -30,7 +31,8 @@ from ssl_vit.data.labelled import (
     choose_labelled,
     use_labelled,
 )
-from ssl_vit.train.rundir import LOCK_NAME, claim_run_dir, run_files
+from ssl_vit.train.run_lock import LOCK_NAME
+from ssl_vit.train.rundir import claim_run_dir, run_files
 
 LOGGER = "ssl_vit.data.labelled"
 
@@ -253,7 +255,7 @@ def test_images_training_cannot_decode_are_left_out_and_not_counted(tmp_path, ca
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_stop_signal_during_the_copy_leaves_nothing_behind(tmp_path, monkeypatch, sig):
+def test_a_stop_signal_during_the_copy_leaves_nothing_behind(tmp_path, monkeypatch, request, sig):
     """Issue 38 #6, in-process: SIGTERM / SIGINT at the third image copied: one line, no staging
     folder, no copy, no record; the handlers before are back."""
     src = _folder(tmp_path / "src", {"cat": 4, "dog": 4})
@@ -267,6 +269,10 @@ def test_a_stop_signal_during_the_copy_leaves_nothing_behind(tmp_path, monkeypat
             super().write(*args, **kwargs)
 
     monkeypatch.setattr(labelled_module, "ShardWriter", Signalled)
+    # As in a job started in the foreground: a shell's background job starts with SIGINT ignored,
+    # and the copy leaves an ignored signal alone.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, before))
     handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     run_dir = tmp_path / "run"
     with pytest.raises(CopyInterruptedError) as e:
@@ -292,6 +298,7 @@ runpy.run_path({str(ROOT / "pipelines/finetune.py")!r}, run_name="__main__")
 """
 
 
+@pytest.mark.system
 def test_sigterm_during_the_copy_ends_in_one_line_and_the_same_command_starts(tmp_path):
     """Issue 38 #6, the job: SIGTERM while the subset is copied ends it with one line (exit 1),
     no staging folder and no run files left, so the same command starts again; it then counts
@@ -323,6 +330,7 @@ def test_sigterm_during_the_copy_ends_in_one_line_and_the_same_command_starts(tm
     assert results["num_labelled"] == 7 and results["labels_per_class"] == 4
 
 
+@pytest.mark.system
 def test_resume_checks_the_run_s_own_files_before_writing(synthetic_shards, tmp_path, monkeypatch):
     """Issue 38 #5 and #7, the job: with labelled.json lost, --resume with another K (or K = 0;
     or, with the copy gone too, a K that config.yaml contradicts) is one line and rewrites

@@ -19,6 +19,8 @@ from test_pipelines import ROOT, pretrain_args
 
 from ssl_vit.train.checkpoint import checkpoint_dirs, latest_valid_checkpoint, verify_checkpoint
 
+pytestmark = pytest.mark.system  # every test here launches a job
+
 BIG = [
     *("model.width=640", "model.depth=8", "model.heads=8", "train.batch_size=4"),
     *("train.steps=100000", "train.log_every=1", "train.checkpoint_every=0"),

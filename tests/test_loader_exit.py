@@ -35,6 +35,7 @@ print("END", time.monotonic(), flush=True)
 """
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_script_with_live_loaders_exits(workers, synthetic_shards, tmp_path):
     script = tmp_path / "script.py"

@@ -18,8 +18,10 @@ from PIL import Image
 
 from ssl_vit.cli import main as cli
 from ssl_vit.config import ConfigError
-from ssl_vit.data import convert, make_shards, open_source, read_index, resolve_shards, sources
-from ssl_vit.data.synthetic import make_synthetic_shards
+from ssl_vit.data import open_source, read_index, resolve_shards, sources
+from ssl_vit.data.write import convert
+from ssl_vit.data.write.convert import make_shards
+from ssl_vit.datasets.synthetic import make_synthetic_shards
 from ssl_vit.train.preflight import check_shards
 
 
@@ -166,6 +168,7 @@ def test_a_symlinked_output_is_refused_and_left_as_it_was(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real", "src"]
 
 
+@pytest.mark.system
 @pytest.mark.skipif(
     multiprocessing.get_start_method() != "fork", reason="the patched read reaches forked workers"
 )

@@ -90,6 +90,7 @@ def test_every_parameter_gets_a_gradient_after_one_step(kw):
     assert missing == []
 
 
+@pytest.mark.system
 def test_overfits_a_fixed_batch():
     model = tiny_model()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)

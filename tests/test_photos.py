@@ -1,4 +1,4 @@
-"""make-synthetic --kind photos (ssl_vit/data/photos.py): ImageNet-like JPEGs from the
+"""make-synthetic --kind photos (ssl_vit/datasets/photos.py): ImageNet-like JPEGs from the
 photographs scikit-image ships, deterministic per (seed, i), as shards or an image folder."""
 
 import io
@@ -10,7 +10,7 @@ from PIL import Image
 from ssl_vit.cli import main as cli
 
 pytest.importorskip("skimage")
-from ssl_vit.data.photos import PHOTO_NAMES, load_photos, photo_views  # noqa: E402
+from ssl_vit.datasets.photos import PHOTO_NAMES, load_photos, photo_views  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,22 +1,13 @@
 """End-to-end runs of the three jobs on the synthetic 2-shard fixture (seconds each)."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
+from conftest import pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def pipeline(name: str):
-    spec = importlib.util.spec_from_file_location(
-        f"pipeline_{name}", ROOT / "pipelines" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -125,6 +116,7 @@ def test_bad_config_stops_before_starting(synthetic_shards, tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+@pytest.mark.system
 def test_finetune_at_higher_resolution_improves(pretrained, synthetic_shards, tmp_path):
     ckpt = pretrained[0]  # a run directory: its newest valid checkpoint, recorded as such
     results = pipeline("finetune")(

@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import pipeline
 from PIL import Image
 from test_distributed import LAUNCH
-from test_pipelines import ROOT, pipeline
+from test_pipelines import ROOT
 
-from ssl_vit.data.synthetic import make_synthetic_shards
+from ssl_vit.datasets.synthetic import make_synthetic_shards
 from ssl_vit.eval.confusion import add_confusion, confusion_summary
 from ssl_vit.train.classifier_file import (
     ClassifierError,
@@ -77,6 +78,7 @@ def same_predictions(a: list[dict], b: list[dict]) -> None:
     np.testing.assert_allclose(pa, pb, rtol=0, atol=1e-5)
 
 
+@pytest.mark.system
 def test_rows_are_in_source_order_for_any_batch_and_worker_count(finetuned, tmp_path):
     runs = {}
     for batch, workers in ((9, 0), (9, 1), (9, 2), (256, 0), (1, 2)):
@@ -94,6 +96,7 @@ def test_rows_are_in_source_order_for_any_batch_and_worker_count(finetuned, tmp_
     assert [r["key"] for r in read_rows(tmp_path / "b9w2")] == keys
 
 
+@pytest.mark.system
 def test_two_processes_write_the_rows_of_one(finetuned, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     common = ["--checkpoint", str(finetuned["run"]), "--source", str(finetuned["test"])]

@@ -5,6 +5,7 @@ resolution from both, the table and the report's path."""
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from test_study import in_process, load_study
 
@@ -32,6 +33,7 @@ def test_quickstart_script_runs_the_study_on_both_synthetic_splits():
     assert len(cfg.finetune_seeds) >= 2
 
 
+@pytest.mark.system
 def test_quickstart_flow_at_a_tiny_budget(synthetic_shards, tmp_path, monkeypatch, capsys):
     study = load_study()
     monkeypatch.setattr(study, "execute", in_process)
@@ -90,38 +92,48 @@ def test_quickstart_flow_at_a_tiny_budget(synthetic_shards, tmp_path, monkeypatc
 
 
 FAKE_PYTHON = """#!/usr/bin/env bash
-# Stands in for .venv/bin/python: logs pip installs, finds the package, prints a torch version.
+# Stands in for .venv/bin/python: logs which installer installed the package, finds the package,
+# prints a torch version. `pip install uv==...` succeeds unless the venv holds a file NO_UV.
 case "$*" in
-    "-m pip"*) echo pip >> "$(dirname "$0")/../calls" ;;
+    *"-e .[dev]"*) echo pip >> "$(dirname "$0")/../calls" ;;
+    *"pip install"*"uv=="*) [ ! -f "$(dirname "$0")/../NO_UV" ] ;;
     *"import torch"*) echo "torch 0.0" ;;
 esac
 """
+# Stands in for .venv/bin/uv: logs its install.
+FAKE_UV = """#!/usr/bin/env bash
+echo uv >> "$(dirname "$0")/../calls"
+"""
 
 
+@pytest.mark.system
 def test_setup_installs_only_when_the_pins_change(tmp_path):
-    """scripts/setup.sh (the first step of both quick-start commands) runs pip when the venv has
-    no stamp of the current constraints + pyproject.toml, and only then."""
+    """scripts/setup.sh (the first step of both quick-start commands) installs when the venv has
+    no stamp of the current constraints + pyproject.toml, and only then; with uv, or with pip
+    where uv cannot be installed."""
     import shutil
     import subprocess
 
     (tmp_path / "scripts").mkdir()
     for f in ("scripts/setup.sh", "scripts/constraints.txt", "pyproject.toml"):
         shutil.copy(ROOT / f, tmp_path / f)
-    python = tmp_path / ".venv/bin/python"
-    python.parent.mkdir(parents=True)
-    python.write_text(FAKE_PYTHON)
-    python.chmod(0o755)
+    bin_dir = tmp_path / ".venv/bin"
+    bin_dir.mkdir(parents=True)
+    for name, text in (("python", FAKE_PYTHON), ("uv", FAKE_UV)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
     calls = tmp_path / ".venv/calls"
 
-    def setup() -> int:
+    def setup() -> list[str]:
         subprocess.run(["bash", "scripts/setup.sh"], cwd=tmp_path, check=True, timeout=60)
-        return len(calls.read_text().split()) if calls.exists() else 0
+        return calls.read_text().split() if calls.exists() else []
 
-    assert setup() == 1  # no stamp: install
-    assert setup() == 1  # same pins: nothing to do
+    assert setup() == ["uv"]  # no stamp: install
+    assert setup() == ["uv"]  # same pins: nothing to do
     with open(tmp_path / "pyproject.toml", "a") as f:
         f.write("\n# a changed dependency\n")
-    assert setup() == 2
-    assert setup() == 2
+    assert setup() == ["uv", "uv"]
+    assert setup() == ["uv", "uv"]
     (tmp_path / ".venv/.ssl-vit-setup").unlink()
-    assert setup() == 3
+    (tmp_path / ".venv/NO_UV").touch()  # uv cannot be installed: pip does it
+    assert setup() == ["uv", "uv", "pip"]

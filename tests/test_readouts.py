@@ -92,6 +92,7 @@ def test_knn_monitor_on_the_same_features(synthetic_shards):
     assert "knn" not in _evaluate(encoder, synthetic_shards)
 
 
+@pytest.mark.system
 def test_support_set_decoded_by_workers_gives_the_serial_results(synthetic_shards):
     """Two loader workers decode the support set (their batches interleave); the features are
     put back in index order, so every figure equals the one-process pass's."""

@@ -8,9 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from conftest import pipeline
 from safetensors.torch import load_file
 from test_faults import stop_after_step
-from test_pipelines import finetune_args, pipeline, rows
+from test_pipelines import finetune_args, rows
 
 from ssl_vit import seeds
 from ssl_vit.config import ConfigError, FinetuneConfig, from_dict, load_config
@@ -19,6 +20,7 @@ from ssl_vit.data.images import RandAugment, train_transform
 from ssl_vit.model import Classifier
 from ssl_vit.model.vit import ViT
 from ssl_vit.train.optim import build_sgd
+from ssl_vit.train.plan import build_plan
 from ssl_vit.train.recipe import BatchMixer, build_finetune_optimizer, recipe_loss
 from ssl_vit.train.schedules import set_lr
 
@@ -55,8 +57,9 @@ def test_recipe_errors_name_the_key():
         from_dict(FinetuneConfig, {**BASE, "parts": {"layer_decay": 0.0}})
     with pytest.raises(ConfigError, match="parts.randaugment"):
         from_dict(FinetuneConfig, {**BASE, "parts": {"randaugment": "m9"}})
-    with pytest.raises(ConfigError, match="even batch"):
-        from_dict(FinetuneConfig, {**BASE, "recipe": "modern", "train": {"batch_size": 33}})
+    odd = from_dict(FinetuneConfig, {**BASE, "recipe": "modern", "train": {"batch_size": 33}})
+    with pytest.raises(ConfigError, match="^parts.mixup/cutmix: need an even batch"):
+        build_plan(odd, 1)
 
 
 def _tiny_classifier(depth: int = 3) -> Classifier:
@@ -229,6 +232,7 @@ def _smoke_args(shards, out, *extra):
     return finetune_args(shards, out, "train.log_every=1", "train.checkpoint_every=0", *extra)
 
 
+@pytest.mark.system
 def test_paper_recipe_keeps_the_losses_of_before(synthetic_shards, tmp_path, monkeypatch):
     """recipe=paper through the recipe's code (build_finetune_optimizer, recipe_loss,
     set_drop_path, the loader's randaugment) against the same run with those calls replaced by
@@ -267,6 +271,7 @@ def test_paper_recipe_keeps_the_losses_of_before(synthetic_shards, tmp_path, mon
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.system
 def test_modern_recipe_preempted_and_resumed_is_exact(synthetic_shards, tmp_path, monkeypatch):
     """recipe=modern (RandAugment in 2 workers, mixup/cutmix from NumPy's RNG, drop path from
     torch's, AdamW with layer decay): stopped after step 5 and resumed, the losses and the final

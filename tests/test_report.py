@@ -1,7 +1,6 @@
 """`ssl-vit report` from tiny real runs (pretrain with few-shot, few-shot, fine-tune) on the
 synthetic fixture, and the figure data checked against hand-computed values."""
 
-import importlib.util
 import re
 import shutil
 from pathlib import Path
@@ -10,6 +9,8 @@ import pytest
 import torch
 
 pytest.importorskip("matplotlib")
+
+from conftest import pipeline  # noqa: E402
 
 from ssl_vit.cli import main as cli_main  # noqa: E402
 from ssl_vit.objectives.corruption import KEPT, MASKED, UNTOUCHED  # noqa: E402
@@ -23,13 +24,6 @@ SECTIONS = (
     *("Summary", "Pretraining", "Few-shot", "Fine-tuning", "Per-class accuracy"),
     *("What the model learned", "Runs"),
 )
-
-
-def pipeline(name: str):
-    spec = importlib.util.spec_from_file_location(f"rp_{name}", ROOT / "pipelines" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +91,7 @@ def _make_runs(synthetic_shards, root):
     return root
 
 
+@pytest.mark.system
 def test_report_is_self_contained_with_all_sections(runs, tmp_path):
     assert cli_main(["report", str(runs), "--output", str(tmp_path), "--examples", "4"]) == 0
     page = (tmp_path / "report.html").read_text()
@@ -138,6 +133,7 @@ def test_knn_monitor_and_layer_table_in_the_runs(runs):
     assert figures.fewshot_vs_layer([("no table", {}), ("none", None)]) is None
 
 
+@pytest.mark.system
 def test_report_of_incomplete_runs_says_what_is_missing(runs, tmp_path):
     """No data for the examples, a run without checkpoints, no fine-tuning: notes, no crash."""
     pre = tmp_path / "pre"
@@ -304,7 +300,7 @@ def _budget_runs(root: Path, budgets: tuple[int, ...] = (10, 0)) -> Path:
     entry = {"l2_reg": {"1024.0": {"mean": 0.3, "std": 0.0, "per_seed": [0.3]}}}
     _fake_run(
         root / "few-mpp",
-        {"shots": [1, 10, "all"], "pool": "cls"},
+        {"fewshot": {"shots": [1, 10, "all"], "pool": "cls"}},
         {"checkpoint": CKPT, "shots": {"1": entry, "10": entry, "all": entry}},
     )
     return root
@@ -357,6 +353,7 @@ def test_report_draws_accuracy_vs_labels(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("budgets", [(0,), ()])
 def test_no_label_budget_no_section(tmp_path, budgets):
     """Every fine-tune on every label (or none finished): the report is as before."""
@@ -405,6 +402,7 @@ def test_several_recipes_are_lines_of_their_own(tmp_path):
     }
 
 
+@pytest.mark.system
 def test_report_that_fails_writing_keeps_the_earlier_one(tmp_path):
     """Issue 29 #13: a write that fails (a file-size limit: EFBIG) leaves the earlier report as
     it was, with one error line naming the file."""

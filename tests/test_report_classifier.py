@@ -251,6 +251,7 @@ def test_report_of_an_unlabelled_predict_dir_says_so(tmp_path):
     assert "no results.json (running or stopped)" in page
 
 
+@pytest.mark.system
 def test_report_of_the_quickstart_and_a_predict_dir(tmp_path):
     """12 fine-tunes and a predict run: the grouped fine-tuning figure, accuracy vs labels,
     and 7 confusion figures (the predict run, the best seed of each of the 6 groups)."""

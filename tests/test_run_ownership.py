@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import pipeline
 from test_distributed import LAUNCH, _free_port
 from test_guard import _alive, _exit_within, _launch, _log, _pipeline, _wait_until
-from test_pipelines import ROOT, pipeline, pretrain_args
+from test_pipelines import ROOT, pretrain_args
 
 from ssl_vit.cli import main as cli
-from ssl_vit.train.rundir import LOCK_NAME
+from ssl_vit.train.run_lock import LOCK_NAME
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
@@ -40,6 +41,7 @@ def _refused(main, argv, capsys) -> str:
     return line
 
 
+@pytest.mark.system
 def test_one_job_per_run_dir_and_no_silent_restart(synthetic_shards, tmp_path, capsys):
     out = tmp_path / "run"
     pretrain = pipeline("pretrain")
@@ -96,8 +98,8 @@ def test_fewshot_and_finetune_dirs_need_overwrite(synthetic_shards, tmp_path, ca
         "random",
         "--config",
         str(ROOT / "configs/fewshot/smoke.yaml"),
-        f"data.train={synthetic_shards}",
-        f"data.eval={synthetic_shards}",
+        f"fewshot.train={synthetic_shards}",
+        f"fewshot.eval={synthetic_shards}",
         f"output_dir={few}",
     ]
     line = _refused(pipeline("fewshot"), argv, capsys)
@@ -114,6 +116,7 @@ def test_fewshot_and_finetune_dirs_need_overwrite(synthetic_shards, tmp_path, ca
     assert "holds a run" in line and "--resume" in line
 
 
+@pytest.mark.system
 def test_locked_dir_stops_every_rank(synthetic_shards, tmp_path):
     """With several processes only the main one locks; the others learn it could not and
     exit too (no rank trains, none hangs)."""
@@ -155,6 +158,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.system
 def test_lock_is_released_by_a_dead_process(tmp_path):
     """flock is dropped by the OS when its holder dies, however it died."""
     path = tmp_path / LOCK_NAME
@@ -200,7 +204,7 @@ def test_fewshot_overwrite_never_removes_the_run_it_evaluates(
     for out, how in ((run, "is"), (run / "few", "is inside"), (tmp_path / "runs", "contains")):
         argv = [
             *("--checkpoint", str(run), "--config", str(ROOT / "configs/fewshot/smoke.yaml")),
-            *(f"data.train={synthetic_shards}", f"data.eval={synthetic_shards}"),
+            *(f"fewshot.train={synthetic_shards}", f"fewshot.eval={synthetic_shards}"),
             *(f"output_dir={out}", "--overwrite"),
         ]
         line = _refused(fewshot, argv, capsys)
@@ -240,6 +244,7 @@ def test_resume_into_another_kind_or_shape_writes_nothing(
     assert pretrain([*base, "train.steps=3"])["step"] == 3
 
 
+@pytest.mark.system
 def test_export_never_replaces_its_source_a_run_or_a_dataset(
     pre_run, synthetic_shards, tmp_path, capsys
 ):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_pipelines import pipeline
+from conftest import pipeline
 
 from ssl_vit.config import FewshotConfig, FinetuneConfig, load_config
 from ssl_vit.config.schema import SHAPE_KEYS, FinetuneDataConfig
@@ -112,6 +112,7 @@ def test_given_shape_or_normalisation_that_disagrees_is_one_line(
     main(finetune_args(pretrained, synthetic_shards, tmp_path, *agree, "model.depth=null"))
 
 
+@pytest.mark.system
 def test_finetune_from_scratch_keeps_the_config_file_shape(synthetic_shards, tmp_path):
     pipeline("finetune")(finetune_args("none", synthetic_shards, tmp_path))
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())

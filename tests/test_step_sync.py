@@ -8,7 +8,8 @@ import copy
 import pytest
 import torch
 from accelerate import Accelerator
-from test_pipelines import finetune_args, pipeline, pretrain_args
+from conftest import pipeline
+from test_pipelines import finetune_args, pretrain_args
 
 from ssl_vit.bench.host_sync import HostReads
 from ssl_vit.config.optim import FinetuneOptimConfig, OptimConfig

@@ -50,6 +50,7 @@ def test_final_evaluation_ends_on_the_first_signal_only():
         stop._handle(signal.SIGTERM, None)  # the relayed copy: no second exception
 
 
+@pytest.mark.system
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout")
 def test_a_group_signalled_twice_under_timeout_and_accelerate(synthetic_shards, tmp_path):
     """`timeout accelerate launch --num_processes 2` signalled as a group, twice: every copy

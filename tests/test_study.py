@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ssl_vit.config import ConfigError, StudyConfig, from_dict
+from ssl_vit.config import ConfigError, StudyConfig, from_dict, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,6 +32,7 @@ def in_process(argv, log, tick=None):
     return 0
 
 
+@pytest.mark.system
 def test_study_runs_summarizes_and_skips(synthetic_shards, tmp_path, capsys, monkeypatch):
     out = tmp_path / "study"
     small = ["data.num_workers=0"]
@@ -190,6 +191,7 @@ def test_recipes_fine_tune_each_variant_and_scratch_once_per_recipe(tmp_path, ca
         study.main([*base, f"quick.output_dir={out}", "recipes=[{name: a-b}]"])
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("stage", ["fewshot", "pretrain"])
 def test_a_stop_during_a_job_is_a_stop_not_a_failure(tmp_path, capsys, stage):
     """SIGTERM to the study mid-job: forwarded once to the real child process. A few-shot job
@@ -308,6 +310,7 @@ for step in range(1, 5):
 """
 
 
+@pytest.mark.system
 def test_the_running_job_shows_its_own_progress(tmp_path, monkeypatch):
     """While a (real) job runs, the study prints its step, img/s and ETA from its metrics."""
     study = load_study()
@@ -378,7 +381,7 @@ def test_a_variant_fine_tunes_its_own_way_and_only_the_chosen_one_self_trains(tm
     study.main(["--config", config, "--quick", "--dry-run", *over])
     plan = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[plan]")]
     by_name = {line.split(":")[0].removeprefix("[plan] "): line for line in plan}
-    own = "pool=gap parts.layer_decay=0.7"
+    own = "pool=gap init.head=probe parts.layer_decay=0.7"
     assert by_name["finetune/visible_75-l500-s1"].endswith(f"per_class=500 seed=1 {own}")
     st = f"per_class=500 {own} seed=1 distill.temperature=2"
     assert by_name["finetune/visible_75-l500-st-s1"].endswith(st)
@@ -399,17 +402,18 @@ def test_jobs_weigh_the_images_they_train_on():
     """The study's progress counts each job by train.steps x train.batch_size (x 2 when
     self-training with one unlabelled image per labelled one), so its ETA does not grow while
     the long pretraining job runs."""
-    study = load_study()
-    cfg = study.load_config(StudyConfig, REPO / "configs/study/quickstart.yaml", [])
-    weights = {f"{j.stage}/{j.name}": j.weight for j in study.plan(cfg, cfg.full, Path("x"))}
+    from ssl_vit.study.jobs import FEWSHOT_WEIGHT, images_trained, plan
+
+    cfg = load_config(StudyConfig, REPO / "configs/study/quickstart.yaml", [])
+    weights = {f"{j.stage}/{j.name}": j.weight for j in plan(cfg, cfg.full, Path("x"))}
     assert weights["pretrain/mean_color_50"] == 900 * 64
     assert weights["finetune/scratch-l10-s0"] == 60 * 32
     assert weights["finetune/mean_color_50-lall-s1"] == 150 * 32
     assert weights["finetune/mean_color_50-l10-st-s0"] == 150 * 32 * 2
-    assert weights["fewshot/random"] == study.FEWSHOT_WEIGHT
-    assert study.images_trained("configs/finetune/smoke.yaml", ["distill.ratio=3"]) == 20 * 32
+    assert weights["fewshot/random"] == FEWSHOT_WEIGHT
+    assert images_trained("configs/finetune/smoke.yaml", ["distill.ratio=3"]) == 20 * 32
     st = ["distill.teacher=t", "distill.ratio=3"]
-    assert study.images_trained("configs/finetune/smoke.yaml", st) == 20 * 32 * 4
+    assert images_trained("configs/finetune/smoke.yaml", st) == 20 * 32 * 4
 
 
 def test_the_study_bar_moves_while_a_job_runs_and_skips_leave_the_total(tmp_path):

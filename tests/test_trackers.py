@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import pipeline
 
 from ssl_vit.config import ConfigError, PretrainConfig, from_dict
 from ssl_vit.train import metrics
@@ -58,11 +59,7 @@ def test_off_by_default_and_nothing_on_other_ranks(tmp_path):
 
 
 def test_pretrain_writes_the_metrics_rows_as_tensorboard_scalars(synthetic_shards, tmp_path):
-    path = ROOT / "pipelines/pretrain.py"
-    spec = importlib.util.spec_from_file_location("pipeline_pretrain", path)
-    pretrain = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pretrain)
-    pretrain.main(
+    pipeline("pretrain")(
         [
             "--config",
             str(ROOT / "configs/pretrain/smoke.yaml"),
@@ -81,12 +78,15 @@ def test_pretrain_writes_the_metrics_rows_as_tensorboard_scalars(synthetic_shard
     assert scalars(tmp_path, "images_seen")[-1] == (4, 64.0)
 
 
-def test_config_keys_and_aliases(caplog):
+def test_config_keys_and_old_names():
     data = {"train_shards": "x"}
-    train = {"tensorboard": True, "log_with": ["tensorboard"]}  # the old keys
-    cfg = from_dict(PretrainConfig, {"data": data, "train": train})
-    assert cfg.trackers == ["tensorboard"]  # the old switch is an alias, not a second copy
-    assert "train.tensorboard is deprecated: use trackers" in caplog.text
+    assert from_dict(PretrainConfig, {"data": data, "trackers": ["tensorboard"]}).trackers == [
+        "tensorboard"
+    ]
+    # A name renamed before the first release is an unknown key: one line naming it.
+    with pytest.raises(ConfigError) as e:
+        from_dict(PretrainConfig, {"data": data, "train": {"tensorboard": True}})
+    assert "train.tensorboard" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="trackers: unknown tracker 'tensorbored'"):
         from_dict(PretrainConfig, {"data": data, "trackers": ["tensorbored"]})
 

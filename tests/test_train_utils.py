@@ -13,10 +13,9 @@ from ssl_vit.train.checkpoint import (
     load_checkpoint,
     load_encoder,
     resolve_checkpoint,
-    rng_state,
     save_checkpoint,
-    set_rng_state,
 )
+from ssl_vit.train.rng import rng_state, set_rng_state
 from ssl_vit.train.schedules import warmup_cosine
 
 
@@ -152,7 +151,7 @@ def test_resume_reads_each_checkpoint_file_once(tmp_path, monkeypatch):
 
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    run = RunContext(Accelerator(cpu=True), 4, tmp_path, tmp_path / "checkpoints")
+    run = RunContext(Accelerator(cpu=True), None, tmp_path, tmp_path / "checkpoints")
     state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
     checkpoint.save_checkpoint(
         run.ckpt_dir,
@@ -160,7 +159,7 @@ def test_resume_reads_each_checkpoint_file_once(tmp_path, monkeypatch):
         encoder=ViT(16, 4, 32, 1, 2),
         model_config={},
         state=state,
-        rng={**checkpoint.rng_state(), "stream": {"at": 1}},
+        rng={**rng_state(), "stream": {"at": 1}},
     )
     hashed = []
     sha256 = checkpoint.file_sha256

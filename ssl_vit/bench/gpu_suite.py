@@ -23,27 +23,22 @@ then say `skipped: no CUDA`.
 
 from __future__ import annotations
 
-import functools
 import gc
-import json
 import logging
-import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ssl_vit.bench.host_sync import sync_count_row, sync_debug_row
+from ssl_vit.bench.pipeline_rows import ddp_pipeline_row, pipeline_row
 from ssl_vit.bench.timing import make_train_step, step_flops, sync
-from ssl_vit.children import die_with_parent
 from ssl_vit.config.checks import auto_num_workers
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig
 
@@ -114,7 +109,7 @@ class Suite:
             if self.data:
                 self._shards = self.data
             else:
-                from ssl_vit.data.synthetic import make_synthetic_shards
+                from ssl_vit.datasets.synthetic import make_synthetic_shards
 
                 n, per = (64, 32) if self.tiny else (4096, 512)
                 out = self.tmp / "shards"
@@ -325,61 +320,6 @@ def loader_rows(suite: Suite) -> dict:
     }
 
 
-# --- pipeline --------------------------------------------------------------------------------
-def pipeline_row(suite: Suite, compile: bool, processes: int = 1) -> dict:
-    """pipelines/pretrain.py with data.augment=device and compile.enabled=`compile`, then the
-    suite's overrides (e.g. compile.mode=reduce-overhead). `processes` > 1: launched as a
-    multi-GPU job is (`accelerate launch --multi_gpu`: DDP, whose wrapped module is what is
-    compiled), the shape's batch per process; img_per_s is then the global rate."""
-    if suite.pipeline is None:
-        raise ValueError("no pipelines/pretrain.py given")
-    _, shape = suite.small_shape()
-    steps, every = (4, 2) if suite.tiny else (300, 100)
-    out = suite.tmp / f"pipeline_run_{'compiled' if compile else 'eager'}_{processes}"
-    model = [
-        f"model.{k}={shape[k]}" for k in ("image_size", "patch_size", "width", "depth", "heads")
-    ]
-    launch = [sys.executable]
-    if processes > 1:
-        launch += ["-m", "accelerate.commands.launch", "--multi_gpu", "--dynamo_backend", "no"]
-        launch += ["--num_processes", str(processes)]
-    cmd = [
-        *(*launch, str(suite.pipeline), f"data.train_shards={suite.shards()}"),
-        *(f"output_dir={out}", *model, f"train.batch_size={shape['batch'] * processes}"),
-        *(f"train.steps={steps}", f"train.log_every={every}", "train.warmup_steps=2"),
-        *("train.checkpoint_every=0", "data.augment=device"),
-        "compile.enabled=" + ("true" if compile else "false"),
-        *(["data.num_workers=0"] if suite.tiny else []),
-        *suite.overrides,
-    ]
-    timeout = max(suite.left_s() - 5, 1)
-    root = str(suite.pipeline.resolve().parent.parent)  # the pipeline imports ssl_vit from there
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    run = dict(capture_output=True, text=True, timeout=timeout, env=env, cwd=root)
-    proc = subprocess.run(cmd, **run, preexec_fn=die_with_parent())  # it dies with this process
-    if proc.returncode != 0:
-        raise RuntimeError(f"exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
-    laps = [r for r in _jsonl(out / "metrics.jsonl") if "img_per_s" in r]
-    steady = [r["img_per_s"] for r in laps[1:]] or [r["img_per_s"] for r in laps]
-    return {
-        "img_per_s": statistics.median(steady),
-        "img_per_s_laps": [r["img_per_s"] for r in laps],
-        "data_wait": [r.get("data_wait") for r in laps],
-        "batch": shape["batch"] * processes,
-        "processes": processes,
-        "steps": steps,
-        "overrides": suite.overrides,
-    }
-
-
-def _jsonl(path: Path) -> Iterator[dict]:
-    for line in path.read_text().splitlines():
-        try:
-            yield json.loads(line)
-        except json.JSONDecodeError:  # a torn last line
-            continue
-
-
 # --- the suite -------------------------------------------------------------------------------
 def run_suite(suite: Suite) -> dict:
     """Every section in order of importance and cost; -> the JSON document."""
@@ -415,19 +355,6 @@ def _sections(suite: Suite) -> None:
     suite.row("pipeline", pipe, 120, lambda: pipeline_row(suite, True), cuda_only=True)
     ddp_pipeline_row(suite)
     model_rows(suite, ["reduce-overhead"])
-
-
-DDP_PIPELINE = "pipelines/pretrain.py compiled, every GPU (DDP)"
-
-
-def ddp_pipeline_row(suite: Suite) -> None:
-    """The compiled pipeline as a multi-GPU job runs it: one process per GPU (2 or more)."""
-    gpus = torch.cuda.device_count() if suite.cuda else 0
-    if suite.cuda and gpus < 2 and (suite.sections is None or "pipeline" in suite.sections):
-        suite.rows.append({"section": "pipeline", "name": DDP_PIPELINE, "status": "skipped: 1 GPU"})
-        return
-    run = functools.partial(pipeline_row, suite, True, processes=gpus)
-    suite.row("pipeline", DDP_PIPELINE, 150, run, cuda_only=True)
 
 
 COLUMNS = (

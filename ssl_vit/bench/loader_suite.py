@@ -1,6 +1,6 @@
 """`scripts/bench.py --suite loader` (issue 30): data at ImageNet size, on ImageNet-like photos.
 
-In one process, on the same images (`ssl_vit.data.photos`, ~500x375 JPEG q90):
+In one process, on the same images (`ssl_vit.datasets.photos`, ~500x375 JPEG q90):
   1. `make-shards` wall time with 1 and with 2 workers (as given, and with `--max-size`), and
      whether both wrote the same bytes;
   2. loader images/s with ONE worker each, at the training size: our pretraining loader on the
@@ -28,9 +28,10 @@ from typing import Any
 from ssl_vit.bench.loaders import imagefolder_loader, interleaved_rates, ours_loader
 from ssl_vit.bench.timing import median
 from ssl_vit.children import die_with_parent
-from ssl_vit.data import make_shards, resolve_shards
-from ssl_vit.data.photos import write_photo_folder
+from ssl_vit.data import resolve_shards
 from ssl_vit.data.sources import ShardSource
+from ssl_vit.data.write.convert import make_shards
+from ssl_vit.datasets.photos import write_photo_folder
 
 __all__ = ["export_folder", "loader_suite", "pipeline_rate", "same_files", "time_make_shards"]
 

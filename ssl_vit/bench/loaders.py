@@ -19,7 +19,7 @@ from ssl_vit.config.schema import PretrainDataConfig
 from ssl_vit.data import pretrain_loader, resolve_shards
 from ssl_vit.data.images import torchvision_train_transform
 from ssl_vit.data.shards import read_index
-from ssl_vit.data.synthetic import SYNTHETIC_LABELS, make_synthetic_shards, synthetic_shapes
+from ssl_vit.datasets.synthetic import SYNTHETIC_LABELS, make_synthetic_shards, synthetic_shapes
 
 __all__ = [
     "imagefolder_loader",

@@ -106,7 +106,7 @@ def predict_suite(
     rounds: int,
 ) -> dict[str, Any]:
     """Images/s of ours and timm's inference, `rounds` alternating rounds each."""
-    from ssl_vit.data.photos import write_photo_folder
+    from ssl_vit.datasets.photos import write_photo_folder
     from ssl_vit.train.runtime import resolve_mixed_precision
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

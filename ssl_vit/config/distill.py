@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 from ssl_vit.config.checks import check_positive
 from ssl_vit.config.errors import ConfigError
+from ssl_vit.config.frozen import Frozen
 
 __all__ = ["DistillConfig"]
 
 
 @dataclass
-class DistillConfig:
+class DistillConfig(Frozen):
     """Off unless `teacher` is set."""
 
     # A fine-tuned classifier: a fine-tuning run directory or its model.safetensors.

@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ssl_vit.config.checks import check_fewshot_grid, check_knn, check_layers, check_min
-from ssl_vit.config.moved import Moved, tensorboard_tracker
+from ssl_vit.config.frozen import Frozen
 
-__all__ = ["FEWSHOT_JOB_MOVES", "FewshotEvalConfig"]
+__all__ = ["FewshotEvalConfig"]
 
 
 @dataclass
-class FewshotEvalConfig:
+class FewshotEvalConfig(Frozen):
     """Few-shot linear evaluation of frozen features (big_vision's fewshot_lsr): closed-form
     ridge solves for every shot x seed x l2_reg on features extracted once."""
 
@@ -51,16 +51,3 @@ class FewshotEvalConfig:
 
 
 _SPEC_KEYS = ("shots", "seeds", "l2_reg", "standardize", "pool", "layers", "concat_last")
-# The few-shot job's keys before the spec was one section (its data.* and top-level keys).
-FEWSHOT_JOB_MOVES = (
-    *(Moved(f"data.{k}", f"fewshot.{k}") for k in ("train", "eval", "batch_size")),
-    *(Moved(f"data.{k}", f"fewshot.{k}") for k in ("num_workers", "max_eval")),
-    *(Moved(k, f"fewshot.{k}") for k in (*_SPEC_KEYS, "knn_k", "knn_train", "knn_temperature")),
-    Moved("compile", "compile.enabled"),
-    Moved("compile_mode", "compile.mode"),
-    Moved("log_with", "trackers", append=True),
-    Moved("tensorboard", "trackers", convert=tensorboard_tracker, append=True),
-    Moved("data_timeout_s", "timeouts.data_s"),
-    Moved("pos_interp", "init.pos_interp"),
-    Moved("checkpoint_format", "init.format"),
-)

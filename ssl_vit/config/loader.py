@@ -18,15 +18,15 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 
+from ssl_vit.atomic import write_text
 from ssl_vit.config.errors import ConfigError
-from ssl_vit.config.moved import apply_moves
+from ssl_vit.config.frozen import freeze
 from ssl_vit.config.shipped import find_config
 
 __all__ = [
     "ConfigError",
     "from_dict",
     "load_config",
-    "migrate",
     "parse_overrides",
     "read_yaml_file",
     "to_dict",
@@ -101,10 +101,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
-    """Build dataclass `cls` from a nested dict; unknown keys and wrong types raise ConfigError.
-    At the top level (no `prefix`) the schema's moved keys are moved first (`migrate`)."""
-    if not prefix:
-        data = migrate(cls, data)
+    """Build dataclass `cls` from a nested dict; unknown keys and wrong types raise ConfigError."""
     preset = getattr(cls, "preset_defaults", None)
     if preset is not None:  # e.g. a fine-tuning recipe: its defaults go under the given keys
         data = _merge(preset(data), data)
@@ -291,13 +288,6 @@ def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def migrate(cls: type, data: dict[str, Any]) -> dict[str, Any]:
-    """A copy of the config dict `data` of schema `cls` with its `moved_keys` (old names)
-    moved to their new places, one deprecation line each (ssl_vit.config.moved)."""
-    moves = getattr(cls, "moved_keys", ())
-    return apply_moves(copy.deepcopy(data), moves) if moves else data
-
-
 def load_config(cls: type[T], path: str | Path | None, overrides: list[str] = ()) -> T:
     """Load YAML `path` (optional) into `cls`, apply `key.sub=value` overrides, validate."""
     data: dict[str, Any] = {}
@@ -308,10 +298,9 @@ def load_config(cls: type[T], path: str | Path | None, overrides: list[str] = ()
         data = read_yaml_file(path) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
-    # Each part on its own: an override with an old name still wins over the file's new one.
-    overrides_data = migrate(cls, parse_overrides(list(overrides)))
-    data, overrides_data = _checkpoint_keys(cls, migrate(cls, data), overrides_data)
-    return from_dict(cls, _merge(data, overrides_data))
+    overrides_data = parse_overrides(list(overrides))
+    data, overrides_data = _checkpoint_keys(cls, data, overrides_data)
+    return freeze(from_dict(cls, _merge(data, overrides_data)))  # read-only once checked
 
 
 def _checkpoint_keys(
@@ -360,4 +349,5 @@ def _field_default(cls: type, key: str) -> Any:
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """The resolved config as YAML, written atomically (`atomic.write_text`)."""
+    write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -8,6 +8,7 @@ from typing import Literal
 
 from ssl_vit.config.checks import check_fraction, check_min, check_positive
 from ssl_vit.config.errors import ConfigError
+from ssl_vit.config.frozen import Frozen
 
 __all__ = ["FinetuneOptimConfig", "MixedPrecision", "OptimConfig"]
 
@@ -15,7 +16,7 @@ MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(Frozen):
     """The optimization and the loop's schedule. `batch_size` is GLOBAL (all processes x
     accumulation steps). Pretraining uses Adam (`betas`)."""
 

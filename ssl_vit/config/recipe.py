@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ssl_vit.config.frozen import Frozen
 from ssl_vit.config.loader import ConfigError
 
 __all__ = ["RECIPES", "RecipeParts", "check_adamw_lr", "recipe_defaults"]
@@ -43,7 +44,7 @@ _MODERN_PARTS = {
 
 
 @dataclass
-class RecipeParts:
+class RecipeParts(Frozen):
     """The parts of a fine-tuning recipe; the defaults are the paper's (all off, SGD)."""
 
     optimizer: Literal["sgd", "adamw"] = "sgd"  # sgd: train.momentum; adamw: train.betas

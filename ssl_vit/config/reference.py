@@ -215,18 +215,6 @@ def _table(job_rows: list[Row]) -> str:
     return "\n".join(out)
 
 
-def _moved_list(cls: type) -> str:
-    """Old names of `cls` that still load (`moved_keys`), with where each went."""
-    moves = getattr(cls, "moved_keys", ())
-    if not moves:
-        return ""
-    out = ["Old names that still load, each with one deprecation line:", ""]
-    for m in moves:
-        now = f"`{m.new}`" if m.new else f"dropped ({m.why})" if m.why else "dropped"
-        out.append(f"- `{m.old}` -> {now}")
-    return "\n".join(out) + "\n"
-
-
 def render() -> str:
     """The whole reference page (Markdown), one section per job."""
     parts = [HEADER]
@@ -237,9 +225,6 @@ def render() -> str:
         if doc:
             intro += " " + _one_line(doc)
         parts.append(f"## {job}\n\n{intro}\n\n{_table(list(rows(cls)))}\n")
-        moved = _moved_list(cls)
-        if moved:
-            parts.append(moved)
     return "\n".join(parts)
 
 

@@ -1,5 +1,5 @@
 """Sections every job shares besides its training: torch.compile, experiment trackers and
-timeouts (each was once a `train.*` key: `RUN_MOVES` keeps old files loading)."""
+timeouts."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from typing import Literal
 
 from ssl_vit.config.checks import check_positive
 from ssl_vit.config.errors import ConfigError
-from ssl_vit.config.moved import Moved, tensorboard_tracker
+from ssl_vit.config.frozen import Frozen
 
-__all__ = ["RUN_MOVES", "CompileConfig", "DataTimeoutConfig", "TimeoutConfig", "check_trackers"]
+__all__ = ["CompileConfig", "DataTimeoutConfig", "TimeoutConfig", "check_trackers"]
 
 
 @dataclass
-class CompileConfig:
+class CompileConfig(Frozen):
     """torch.compile of the step's forward+loss and of few-shot feature extraction. A compile
     failure falls back to eager with one warning."""
 
@@ -24,7 +24,7 @@ class CompileConfig:
 
 
 @dataclass
-class DataTimeoutConfig:
+class DataTimeoutConfig(Frozen):
     """How long a job waits before it fails (a stalled pipe, a rank gone) instead of hanging."""
 
     # A wait for one batch longer than this (a stalled pipe: command, FIFO or mount) ends the
@@ -66,15 +66,3 @@ def check_trackers(names: list[str]) -> list[str]:
                     f"which is not installed: pip install {name}"
                 )
     return names
-
-
-# The training jobs' keys that left `train` (the few-shot job's own list is in config.fewshot).
-RUN_MOVES = (
-    Moved("train.log_with", "trackers", append=True),
-    Moved("train.tensorboard", "trackers", convert=tensorboard_tracker, append=True),
-    Moved("train.compile", "compile.enabled"),
-    Moved("train.compile_mode", "compile.mode"),
-    Moved("train.dist_timeout_s", "timeouts.dist_s"),
-    Moved("train.stop_timeout_s", "timeouts.stop_s"),
-    Moved("train.data_timeout_s", "timeouts.data_s"),
-)

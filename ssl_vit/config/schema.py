@@ -21,13 +21,13 @@ from ssl_vit.config.checks import (
 )
 from ssl_vit.config.distill import DistillConfig
 from ssl_vit.config.errors import ConfigError
-from ssl_vit.config.fewshot import FEWSHOT_JOB_MOVES, FewshotEvalConfig
+from ssl_vit.config.fewshot import FewshotEvalConfig
+from ssl_vit.config.frozen import Frozen
 from ssl_vit.config.loader import from_dict
-from ssl_vit.config.moved import Moved
 from ssl_vit.config.optim import FinetuneOptimConfig, OptimConfig
+from ssl_vit.config.pixels import PIXEL_NORM, complete_pixel_norm
 from ssl_vit.config.recipe import RecipeParts, check_adamw_lr, recipe_defaults
 from ssl_vit.config.run import (
-    RUN_MOVES,
     CompileConfig,
     DataTimeoutConfig,
     TimeoutConfig,
@@ -38,7 +38,6 @@ from ssl_vit.config.variants import resolve_variant
 __all__ = [
     "CHECKPOINT_KEYS",
     "SHAPE_KEYS",
-    "complete_pixel_norm",
     "ModelConfig",
     "ObjectiveConfig",
     "PretrainDataConfig",
@@ -69,7 +68,7 @@ SHAPE_KEYS = ("patch_size", "width", "depth", "heads", "mlp_ratio", "norm_eps")
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Frozen):
     """ViT shape. `variant` (Ti/S/B/L/H, optionally with '/patch', e.g. 'B/16') fills width,
     depth and heads; any of them given explicitly overrides the variant. Fine-tuning or
     evaluating a checkpoint takes all but `image_size` from it (see init.checkpoint)."""
@@ -133,16 +132,8 @@ CHECKPOINT_KEYS = (
 )
 
 
-def complete_pixel_norm(data: Any) -> None:
-    """`data.mean` / `data.std` left null (a checkpoint's, when one is loaded and stores them)
-    take the default 0.5 each: a new encoder, or a checkpoint that stores none."""
-    for key in ("mean", "std"):
-        if getattr(data, key) is None:
-            setattr(data, key, (0.5, 0.5, 0.5))
-
-
 @dataclass
-class ObjectiveConfig:
+class ObjectiveConfig(Frozen):
     """Masked patch prediction (paper appendix B.1.2). `target`: `mean_color` (3-bit mean
     colour, 512 classes), `color_4x4` (3-bit mean colours of 4x4 cells: 16 x 512 classes; needs
     patch_size >= 4), `pixels_l2` (MSE on the patch's pixels in [0, 1]); see objectives.targets."""
@@ -168,9 +159,7 @@ class ObjectiveConfig:
             raise ConfigError(f"objective.mask_ratio: must be in (0, 1], got {self.mask_ratio}")
         if min(self.probs) < 0 or not math.isclose(sum(self.probs), 1.0, abs_tol=1e-6):
             raise ConfigError(f"objective.probs: must be >= 0 and sum to 1, got {self.probs}")
-        for key in ("decoder_depth", "decoder_width", "decoder_heads"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"objective.{key}: must be >= 0, got {getattr(self, key)}")
+        check_min("objective.", self, ("decoder_depth", "decoder_width", "decoder_heads"), 0)
         if self.encoder == "visible" and self.decoder_depth < 1:
             raise ConfigError("objective.encoder=visible: needs objective.decoder_depth >= 1")
         if self.encoder == "visible" and self.mask_ratio >= 1.0:
@@ -189,7 +178,7 @@ class ObjectiveConfig:
 
 
 @dataclass
-class PretrainDataConfig:
+class PretrainDataConfig(Frozen):
     """The pretraining stream: WebDataset shards, random-resized crop and flip."""
 
     train_shards: str = ""  # shard directory, index JSON or brace pattern
@@ -208,8 +197,8 @@ class PretrainDataConfig:
     # (model.image_size up to 64 px, 8/7 of it above; ssl_vit.data.device_augment.load_size).
     load_size: int = 0
     # Normalization applied on the device after the colour targets are taken from [0, 1] pixels.
-    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
-    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    mean: tuple[float, float, float] = PIXEL_NORM
+    std: tuple[float, float, float] = PIXEL_NORM
 
     def validate(self) -> None:
         check_min("data.", self, ("shuffle_buffer", "lanes"), 0)
@@ -218,7 +207,7 @@ class PretrainDataConfig:
 
 
 @dataclass
-class PretrainConfig:
+class PretrainConfig(Frozen):
     """Masked patch prediction pretraining."""
 
     output_dir: str = "runs/pretrain"  # the run directory
@@ -234,8 +223,6 @@ class PretrainConfig:
     # metrics.jsonl row also goes to them, from the main process; offline unless configured.
     trackers: list[str] = field(default_factory=list)
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
-
-    moved_keys: ClassVar = (*RUN_MOVES, Moved("train.momentum", None, "pretraining uses Adam"))
 
     def validate(self) -> None:
         check_seed(self.seed)
@@ -257,7 +244,7 @@ class PretrainConfig:
 
 
 @dataclass
-class FinetuneDataConfig:
+class FinetuneDataConfig(Frozen):
     """Labelled sources: shards, an image folder, an HF dataset directory or hf://NAME[:SPLIT]."""
 
     train: str = ""
@@ -272,8 +259,8 @@ class FinetuneDataConfig:
     load_size: int = 0  # augment=device: the workers' square size (0: auto), as pretraining
     # Normalization of [0, 1] pixels. From a checkpoint: the one stored with it (its
     # pretraining's); a checkpoint that stores none: the value given here (null: 0.5).
-    mean: tuple[float, float, float] | None = (0.5, 0.5, 0.5)
-    std: tuple[float, float, float] | None = (0.5, 0.5, 0.5)
+    mean: tuple[float, float, float] | None = PIXEL_NORM
+    std: tuple[float, float, float] | None = PIXEL_NORM
     max_eval: int = 0  # evaluate on the first N images only (0: the whole split)
     # A label budget: train on K images per class of data.train (0: every label), the same
     # class-balanced subset for every init, seed and process count (ssl_vit.data.labelled).
@@ -288,7 +275,7 @@ class FinetuneDataConfig:
 
 
 @dataclass
-class InitConfig:
+class InitConfig(Frozen):
     """The encoder fine-tuning starts from."""
 
     # A pretraining run directory or checkpoint (its newest valid one is used), an
@@ -318,7 +305,7 @@ class InitConfig:
 
 
 @dataclass
-class FinetuneConfig:
+class FinetuneConfig(Frozen):
     """Fine-tuning of an encoder as a classifier (zero-initialized linear head)."""
 
     output_dir: str = "runs/finetune"  # the run directory
@@ -340,7 +327,6 @@ class FinetuneConfig:
     trackers: list[str] = field(default_factory=list)  # experiment trackers, as pretraining's
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
 
-    moved_keys: ClassVar = RUN_MOVES
     # The loader merges the recipe's preset under the YAML file and the overrides.
     preset_defaults = staticmethod(recipe_defaults)
     checkpoint_keys: ClassVar = CHECKPOINT_KEYS  # from init.checkpoint when there is one
@@ -361,30 +347,23 @@ class FinetuneConfig:
                 "data.augment=device: parts.randaugment runs per sample in the loader workers "
                 "after the crop; use data.augment=workers (or auto)"
             )
-        micro = self.train.batch_size // self.train.grad_accum
-        if self.parts.mixes and micro % 2:
-            # Mixing pairs images (BatchMixer: within a lane's share of the micro-batch).
-            raise ConfigError(
-                f"parts.mixup/cutmix: need an even batch per step and process, got "
-                f"train.batch_size / train.grad_accum = {micro}"
-            )
 
 
 @dataclass
-class FewshotDataConfig:
+class FewshotDataConfig(Frozen):
     """The encoder's input normalization (from a checkpoint: the data.mean / data.std stored
     with it, its pretraining's; a checkpoint that stores none: the value given here, null: 0.5);
     the labelled sources are fewshot.train and fewshot.eval."""
 
-    mean: tuple[float, float, float] | None = (0.5, 0.5, 0.5)
-    std: tuple[float, float, float] | None = (0.5, 0.5, 0.5)
+    mean: tuple[float, float, float] | None = PIXEL_NORM
+    std: tuple[float, float, float] | None = PIXEL_NORM
 
     def validate(self) -> None:
         check_pixels_norm("data.", self.std)
 
 
 @dataclass
-class FewshotConfig:
+class FewshotConfig(Frozen):
     """Few-shot linear evaluation of a frozen encoder (`--checkpoint`, recorded as
     init.checkpoint)."""
 
@@ -399,7 +378,6 @@ class FewshotConfig:
     trackers: list[str] = field(default_factory=list)  # experiment trackers, as pretraining's
     timeouts: DataTimeoutConfig = field(default_factory=DataTimeoutConfig)
 
-    moved_keys: ClassVar = FEWSHOT_JOB_MOVES
     checkpoint_keys: ClassVar = CHECKPOINT_KEYS  # from init.checkpoint (--checkpoint)
 
     def validate(self) -> None:

@@ -25,6 +25,7 @@ from ssl_vit.data.stages import (
     decode_stage,
     make_loader,
     shard_samples,
+    share,
     to_sample,
 )
 
@@ -36,21 +37,18 @@ log = logging.getLogger(__name__)
 def _split_for_eval(
     urls: list[str], rank: int, world_size: int, worker: int, num_workers: int
 ) -> tuple[list[str], list[tuple[int, int]], bool]:
-    """One pass, each sample once: split shards by rank, then by worker. A level with fewer
-    shards than units splits the sample stream by index modulo instead (every unit of that
-    level reads all its shards), so no unit is left without data.
+    """One pass, each sample once: split shards by rank, then by worker (`share`).
 
-    Returns (shards to read, [(offset, step)] sample filters, whether to report shard errors).
+    Returns (shards to read, [(offset, step)] sample filters, whether to report shard errors:
+    of the units sharing a shard, only the one keeping its sample 0 does).
     """
     shards, filters, owner = list(urls), [], True
     for index, count in ((rank, world_size), (worker, num_workers)):
-        if count == 1:
-            continue
-        if len(shards) >= count:
-            shards = shards[index::count]
-        else:
-            filters.append((index, count))
-            owner = owner and index == 0
+        mine, keep, of = share(len(shards), index, count)
+        shards = shards[mine]
+        if of > 1:
+            filters.append((keep, of))
+            owner = owner and keep == 0
     return shards, filters, owner
 
 
@@ -126,7 +124,10 @@ class _IndexedStream(_PassStream):
     def _samples(self, worker: int, num_workers: int, stats: Stats) -> Iterator[Sample]:
         source = open_source(self.spec)  # opened per worker: pickles as a path
         order = np.arange(len(source)) if self.indices is None else np.unique(self.indices)
-        for rec in source.iter_records(order[self.rank :: self.world_size][worker::num_workers]):
+        for index, count in ((self.rank, self.world_size), (worker, num_workers)):
+            mine, keep, _ = share(len(order), index, count)
+            order = order[mine] if keep == 0 else order[:0]
+        for rec in source.iter_records(order):
             label = None if self.require_labels and rec.label < 0 else rec.label
             yield Sample(rec.key, source.describe(rec.index), rec.data or None, label)
 
@@ -147,11 +148,11 @@ def eval_loader(
     """One pass over a labelled source (shards, image folder, HF dataset), resize + center crop.
 
     Each sample is delivered once across ranks x workers; the final partial batch is kept (one
-    per worker). Shards are split by rank, then by worker; with fewer shards than units the
-    samples are split by index modulo instead. Ranks may get different numbers of batches:
-    gather with that in mind. `indices` restricts the pass to those samples (source order) and
-    `limit` > 0 to the first N of them; both read shards by index instead of streaming them
-    (few-shot decodes its support set so, in the workers).
+    per worker). Shards are split by rank, then by worker; units outnumbering the shards share
+    a shard sample by sample (`ssl_vit.data.stages.share`). Ranks may get different numbers of
+    batches: gather with that in mind. `indices` restricts the pass to those samples (source
+    order) and `limit` > 0 to the first N of them; both read shards by index instead of
+    streaming them (few-shot decodes its support set so, in the workers).
     `num_classes` K > 0: samples labelled outside [0, K) are skipped and counted.
     """
     common = dict(

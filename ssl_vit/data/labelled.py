@@ -46,6 +46,7 @@ from ssl_vit import seeds
 from ssl_vit.atomic import write_text
 from ssl_vit.config import ConfigError
 from ssl_vit.data.decode import decode_image
+from ssl_vit.data.image_source import ImageSource, Record
 from ssl_vit.data.labelled_record import (
     LABELLED_DIR,
     LABELLED_RECORD,
@@ -55,8 +56,8 @@ from ssl_vit.data.labelled_record import (
     read_record,
     sha256,
 )
-from ssl_vit.data.shards import ShardWriter
-from ssl_vit.data.sources import ImageSource, Record, open_source
+from ssl_vit.data.sources import open_source
+from ssl_vit.data.write.writer import ShardWriter
 
 __all__ = [
     "LABELLED_DIR",

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ssl_vit.config import ConfigError
-from ssl_vit.data.shards import INDEX_NAME
-from ssl_vit.data.sources import ShardSource
+from ssl_vit.data.format import INDEX_NAME, sample_fields
+from ssl_vit.data.shards import resolve_shards
+from ssl_vit.data.tar import tar_groups
 from ssl_vit.jsonfile import read_json
 
 if TYPE_CHECKING:
@@ -117,15 +118,18 @@ def _recorded(run_dir: Path) -> tuple[dict[str, Any] | None, Path | None]:
 
 
 def _copy_keys(out: Path, names: list[str]) -> dict[str, list[str]]:
-    """The keys of the copy at `out` per class, from its tar headers ({} if unreadable)."""
+    """The keys of the copy at `out` per class, from its tar headers: a damaged shard (empty,
+    cut short) gives the keys read before the damage, an unreadable copy none."""
     try:
-        source = ShardSource(str(out))
-        pairs = zip(source.sample_keys(), source.labels().tolist(), strict=True)
-    except Exception:  # noqa: BLE001 - a damaged copy (any tar error): nothing to compare
+        urls = resolve_shards(str(out))
+    except Exception:  # noqa: BLE001 - no readable index: nothing to compare
         return {}
     found: dict[str, list[str]] = {}
-    for key, label in pairs:
-        found.setdefault(names[label] if 0 <= label < len(names) else "?", []).append(key)
+    for url in urls:
+        for _, sample in tar_groups(url, suffixes=("cls",), on_error=lambda e: None):
+            _, label = sample_fields(sample)
+            name = names[label] if label is not None and 0 <= label < len(names) else "?"
+            found.setdefault(name, []).append(sample["__key__"])
     return found
 
 

@@ -23,8 +23,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ssl_vit.data.decode import decode_image
+from ssl_vit.data.image_source import ImageSource
 from ssl_vit.data.images import eval_transform
-from ssl_vit.data.sources import ImageSource, open_source
+from ssl_vit.data.sources import open_source
 from ssl_vit.data.stages import make_loader, rate_limited
 
 __all__ = ["PredictBatch", "num_batches", "predict_loader"]

@@ -3,7 +3,8 @@
 Downstream jobs (few-shot features, evaluation) need labels without decoding images, and the
 encoded bytes of a few chosen samples out of many. An `ImageSource` gives exactly that:
 `labels()` reads labels only (folder paths, the HF label column, `.cls` tar members) and
-`iter_records(indices)` reads only the chosen samples' bytes. Decoding happens elsewhere
+`iter_records(indices)` reads only the chosen samples' bytes (the interface:
+`ssl_vit.data.image_source`). Decoding happens elsewhere
 (`ssl_vit.data.decode.decode_image`).
 """
 
@@ -12,29 +13,21 @@ from __future__ import annotations
 import logging
 import os
 import re
-from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
-from webdataset.tariterators import base_plus_ext
 
 from ssl_vit.data.decode import read_image_file
-from ssl_vit.data.shards import (
-    IMAGE_EXTENSIONS,
-    is_shard_spec,
-    read_index,
-    resolve_shards,
-    sample_fields,
-    tar_members,
-)
+from ssl_vit.data.format import IMAGE_EXTENSIONS, sample_fields
+from ssl_vit.data.image_source import ImageSource, Record
+from ssl_vit.data.shards import is_shard_spec, read_index, resolve_shards
+from ssl_vit.data.tar import tar_groups
 
 __all__ = [
     "FolderSource",
     "HFSource",
-    "ImageSource",
-    "Record",
     "ShardSource",
     "open_raw_source",
     "open_source",
@@ -51,67 +44,6 @@ _MAGIC = (  # leading bytes -> extension, for HF images stored as bytes without 
     (b"II*\x00", "tiff"),
     (b"MM\x00*", "tiff"),
 )
-
-
-class Record(NamedTuple):
-    """One sample of a source: `index` in source order, a dot-free unique `key`, the image
-    extension (no dot, "" if unknown), the encoded bytes (b"" if unreadable), the label (-1 if
-    none)."""
-
-    index: int
-    key: str
-    ext: str
-    data: bytes
-    label: int
-
-
-class ImageSource(ABC):
-    """A finite, ordered collection of labelled encoded images.
-
-    `label_names` is [] for an unlabelled source (then every label is -1).
-    """
-
-    label_names: list[str]
-
-    @abstractmethod
-    def __len__(self) -> int: ...
-
-    @abstractmethod
-    def labels(self) -> np.ndarray:
-        """int64 [N] labels in source order (-1 where unlabelled), without decoding images."""
-
-    @abstractmethod
-    def iter_records(self, indices: Iterable[int] | None = None) -> Iterator[Record]:
-        """Records in ascending index order, only those in `indices` when given."""
-
-    @abstractmethod
-    def sample_keys(self) -> list[str]:
-        """Every sample's key in source order (as `Record.key`), without reading images."""
-
-    def __getitem__(self, index: int) -> Record:
-        """Record `index` (for shards: reads the shard up to it; prefer `iter_records`)."""
-        return next(self.iter_records([self._check_index(index)]))
-
-    def _check_index(self, index: int) -> int:
-        if not 0 <= index < len(self):
-            raise IndexError(f"index {index} out of range [0, {len(self)})")
-        return int(index)
-
-    def describe(self, index: int) -> str:
-        """Where sample `index` comes from, for log messages."""
-        return f"sample {index}"
-
-    def name(self, record: Record) -> str:
-        """What a person calls the sample (predictions' `key`): its key; a folder's file path."""
-        return record.key
-
-    def _check_indices(self, indices: Iterable[int] | None) -> np.ndarray | None:
-        if indices is None:
-            return None
-        idx = np.unique(np.asarray(list(indices), dtype=np.int64))
-        if idx.size and (idx[0] < 0 or idx[-1] >= len(self)):
-            raise IndexError(f"indices must be in [0, {len(self)}), got {idx[0]}..{idx[-1]}")
-        return idx
 
 
 def _sanitize(name: str) -> str:
@@ -347,7 +279,7 @@ class ShardSource(ImageSource):
     def _scan(self) -> None:
         counts, labels, keys = [], [], []
         for url in self.urls:
-            groups = list(_tar_groups(url, wanted=None, members=("cls",)))
+            groups = list(_records(url, None, ("cls",)))
             counts.append(len(groups))
             labels += [label for _, _, _, _, label in groups]
             keys += [key for _, key, _, _, _ in groups]
@@ -385,45 +317,20 @@ class ShardSource(ImageSource):
                 lo, hi = np.searchsorted(idx, [start, start + count])
                 wanted = set((idx[lo:hi] - start).tolist())
             if wanted is None or wanted:
-                for i, key, ext, data, label in _tar_groups(
-                    url, wanted, IMAGE_EXTENSIONS + ("cls",)
-                ):
+                for i, key, ext, data, label in _records(url, wanted, IMAGE_EXTENSIONS + ("cls",)):
                     yield Record(start + i, key, ext, data, label)
             start += count
 
 
-def _tar_groups(
-    url: str, wanted: set[int] | None, members: tuple[str, ...]
+def _records(
+    url: str, wanted: set[int] | None, suffixes: tuple[str, ...]
 ) -> Iterator[tuple[int, str, str, bytes, int]]:
-    """(i, key, image ext, image bytes, label) per key group of a tar, as WebDataset groups them.
-
-    Only groups in `wanted` (all if None) are yielded, and only `members` suffixes are read.
-    A group without an image member has ext "" and b""; without `.cls`, label -1.
-    """
-    group: dict[str, Any] | None = None
-    i = -1
-    last = max(wanted, default=-1) if wanted is not None else None
-
-    def emit(g: dict[str, Any]) -> tuple[int, str, str, bytes, int]:
+    """(i, key, image ext, image bytes, label) per sample of a tar (`tar_groups`); a sample
+    without an image member has ext "" and b"", without `.cls` label -1."""
+    for i, g in tar_groups(url, wanted, suffixes):
         ext, label = sample_fields(g)
         data = g[ext] if ext is not None else b""
-        return i, g["__key__"], ext or "", data, -1 if label is None else label
-
-    for name, read in tar_members(url):
-        key, suffix = base_plus_ext(name)
-        if key is None:
-            continue
-        if group is None or key != group["__key__"]:
-            if group is not None and (wanted is None or i in wanted):
-                yield emit(group)
-            if last is not None and i >= last:
-                return
-            group, i = {"__key__": key}, i + 1
-        suffix = suffix.lower()
-        if suffix in members and (wanted is None or i in wanted) and suffix not in group:
-            group[suffix] = read()
-    if group is not None and (wanted is None or i in wanted):
-        yield emit(group)
+        yield i, g["__key__"], ext or "", data, -1 if label is None else label
 
 
 def open_raw_source(

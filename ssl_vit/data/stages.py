@@ -29,11 +29,11 @@ from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
-from webdataset.tariterators import group_by_keys, tar_file_expander
 
 from ssl_vit import seeds
 from ssl_vit.data.decode import decode_image
-from ssl_vit.data.shards import open_url, sample_fields
+from ssl_vit.data.format import sample_fields
+from ssl_vit.data.tar import tar_groups
 
 __all__ = [
     "Batch",
@@ -48,6 +48,7 @@ __all__ = [
     "make_loader",
     "rate_limited",
     "shard_samples",
+    "share",
     "to_sample",
 ]
 
@@ -74,6 +75,22 @@ class Batch(NamedTuple):
     skipped_shards: int = 0
     keys: list[str] | None = None
     position: dict[int, tuple[int, int]] | None = None
+
+
+def share(n: int, unit: int, units: int) -> tuple[slice, int, int]:
+    """The share of unit `unit` of `units` (a rank, a worker, a lane) of `n` items (shards, or
+    samples): (the slice of the items it reads, keep, of): of each item it reads, it keeps the
+    samples i with i % of == keep. The one way the loaders split a source.
+
+    With at least as many items as units, unit u reads items u, u + units, ... whole. With fewer,
+    unit u reads item u % n and shares it with the other units reading that item, sample by
+    sample: no unit is left without data, no item is read by all, each sample goes to one unit.
+    (An item of one sample, an index, is then kept only by the unit with keep 0.)
+    """
+    if n >= units or n == 0:
+        return slice(unit, None, units), 0, 1
+    j = unit % n
+    return slice(j, j + 1), unit // n, len(range(j, units, n))
 
 
 def rate_limited(count: int) -> bool:
@@ -144,24 +161,12 @@ class ShardErrorHandler:
 
 
 def shard_samples(url: str, stats: Stats, count: bool) -> Iterator[dict[str, Any]]:
-    """The raw WebDataset samples of one tar shard, with a handler of its own so that its read
-    errors count once (count=False: another unit reports this shard)."""
-    handler = ShardErrorHandler(stats, count)
-    files = tar_file_expander(_opened(url, handler), handler=handler)
-    return group_by_keys(files, handler=handler)
-
-
-def _opened(url: str, handler: Callable[[Exception], bool]) -> Iterator[dict[str, Any]]:
-    """webdataset's url_opener for one URL, opened by `open_url` (a `pipe:` command in a
-    process group of its own, killed whole when the job ends)."""
-    try:
-        stream = open_url(url)
-    except Exception as exn:  # as url_opener: the handler decides (it skips the shard)
-        exn.args = (*exn.args, url)
-        if handler(exn):
-            return
-        raise
-    yield {"url": url, "stream": stream}
+    """The raw samples of one tar shard (`ssl_vit.data.tar.tar_groups`, with `__url__`), with
+    an error handler of its own so that its read errors count once (count=False: another unit
+    reports this shard)."""
+    for _, sample in tar_groups(url, on_error=ShardErrorHandler(stats, count)):
+        sample["__url__"] = url
+        yield sample
 
 
 def to_sample(sample: dict[str, Any], require_label: bool) -> Sample:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 __all__ = [
     "MAX_AUTO_LANES",
     "StreamTracker",
+    "check_same_stream",
     "lane_range",
     "resolve_lanes",
     "source_id",
@@ -30,7 +31,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 MAX_AUTO_LANES = 64  # enough readers for 8 workers on each of 8 GPUs
-VERSION = 2  # 1: positions per (rank, worker) reader, which only the same shape could continue
 
 Position = tuple[int, int]  # (visit, samples of that visit consumed)
 
@@ -60,13 +60,8 @@ def resolve_lanes(
     divisor of the micro-batch up to 64 and up to `shards` (> 0: a lane per shard at most, so
     that no shard is read by several lanes). Never the number of processes or workers: the
     sample order depends on the lanes. `paired` (mixup / cutmix pair images within a lane's
-    share, `BatchMixer`): the share must be even."""
+    share, `BatchMixer`): the share must be even (the micro-batch is: `train.plan`)."""
     cap = min(MAX_AUTO_LANES, shards) if shards else MAX_AUTO_LANES
-    if paired and micro_batch % 2:
-        raise ValueError(
-            f"mixup / cutmix pair the images of a micro-batch: the global micro-batch "
-            f"{micro_batch} (train.batch_size / train.grad_accum) must be even"
-        )
     lanes = requested or saved or _largest_divisor(micro_batch // 2 if paired else micro_batch, cap)
     how = "" if requested else " (auto)"
     if micro_batch % lanes:
@@ -112,20 +107,30 @@ def start_positions(
     never a silently different run."""
     if resume is None:
         return {}
-    if resume.get("version") != VERSION:
-        raise ValueError(
-            "--resume: the checkpoint's data position was saved per loader worker by an older "
-            "version and cannot be continued exactly; start a new run (another output_dir)"
-        )
     saved = {**resume["identity"], "lanes": resume["lanes"]}
-    now = {**identity, "lanes": lanes}
-    changed = [f"{keys[k]} {saved[k]} -> {now[k]}" for k in keys if saved.get(k) != now[k]]
-    if changed:
-        raise ValueError(
-            f"--resume: the checkpoint's data stream cannot continue with {', '.join(changed)} "
-            "(another sample order); restore the setting or start a new run (another output_dir)"
-        )
+    check_same_stream(saved, {**identity, "lanes": lanes}, keys, "the checkpoint's data stream")
     return {int(lane): (int(p[0]), int(p[1])) for lane, p in resume["positions"].items()}
+
+
+def check_same_stream(
+    saved: dict[str, Any],
+    now: dict[str, Any],
+    keys: dict[str, str],
+    what: str,
+    error: type[ValueError] = ValueError,
+) -> None:
+    """The one check that a resumed stream is the saved one: `error` naming every field of
+    `keys` (field -> config key) whose value changed, as `key old -> new`. The run directory
+    compares its config.yaml's stream keys with it (before anything is read), the loader the
+    checkpoint's stream identity (shards by content, lanes)."""
+    changed = [
+        f"{keys[k]} {saved.get(k)} -> {now.get(k)}" for k in keys if saved.get(k) != now.get(k)
+    ]
+    if changed:
+        raise error(
+            f"--resume: {what} cannot continue with {', '.join(changed)} (another sample "
+            "order); resume with its settings, or start a new run in another output_dir"
+        )
 
 
 class StreamTracker:
@@ -154,7 +159,6 @@ class StreamTracker:
             for part in parts:
                 positions.update(part)
         return {
-            "version": VERSION,
             "lanes": self.lanes,
             "identity": dict(self.identity),
             "positions": {lane: list(p) for lane, p in sorted(positions.items())},

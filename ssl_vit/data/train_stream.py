@@ -43,6 +43,7 @@ from torch.utils.data import get_worker_info
 from ssl_vit import seeds
 from ssl_vit.config.checks import auto_num_workers
 from ssl_vit.config.schema import FinetuneDataConfig, PretrainDataConfig
+from ssl_vit.data.assembled import TrainLoader
 from ssl_vit.data.images import SquareLoad, train_transform
 from ssl_vit.data.shards import is_shard_spec, read_index, resolve_shards
 from ssl_vit.data.sources import open_source
@@ -51,11 +52,11 @@ from ssl_vit.data.stages import (
     Sample,
     Stats,
     StreamDataset,
-    WorkerLoader,
     collate,
     decode_stage,
     make_loader,
     shard_samples,
+    share,
     to_sample,
 )
 from ssl_vit.data.stream_state import (
@@ -66,7 +67,7 @@ from ssl_vit.data.stream_state import (
     start_positions,
 )
 
-__all__ = ["StreamTracker", "TrainLoader", "pretrain_loader", "train_loader"]
+__all__ = ["StreamTracker", "pretrain_loader", "train_loader"]
 
 log = logging.getLogger(__name__)
 
@@ -173,13 +174,11 @@ class _ShardTrainStream(_LaneStream):
         if self.resampled:
             j = random.Random(seeds.derive(self.seed, seeds.SHARDS, lane, v)).randrange(n)
             url, sid = self.urls[j], (lane, v)
-        else:
-            per_epoch = len(range(lane, n, lanes)) if n >= lanes else 1
-            epoch, k = divmod(v, per_epoch)
+        else:  # an epoch: this lane's share of a permutation of the shards
+            mine, keep, of = share(n, lane, lanes)
+            epoch, k = divmod(v, len(range(n)[mine]))
             perm = np.random.default_rng(seeds.derive(self.seed, seeds.EPOCH, epoch)).permutation(n)
-            j = lane + k * lanes if n >= lanes else lane % n  # shard j: lanes j, j + n, ...
-            if n < lanes:
-                keep, of = lane // n, len(range(j, lanes, n))
+            j = range(n)[mine][k]
             url, sid = self.urls[perm[j]], (epoch, int(perm[j]))
         # A shard shared by several lanes reports its errors once (from the lane keeping 0).
         for i, sample in enumerate(shard_samples(url, stats, count=keep == 0)):
@@ -204,96 +203,6 @@ class _IndexedTrainStream(_LaneStream):
             yield sample, (v, i)  # logs name the file
 
 
-class _Assembled:
-    """Iterator of a rank's batches. DataLoader hands out its `workers` workers' messages
-    round-robin from worker 0; one message from each holds their shares of the next `workers`
-    micro-batches, and micro-batch j is the workers' j-th shares side by side, copied into one
-    (pinned, with CUDA) buffer; one worker's message is the batch itself."""
-
-    def __init__(self, it: Iterator[Batch], workers: int) -> None:
-        self.it, self.workers = it, workers
-        self.pin = torch.cuda.is_available()  # for the copy to the GPU
-        self.ready: list[Batch] = []
-
-    def __iter__(self) -> _Assembled:
-        return self
-
-    def __next__(self) -> Batch:
-        if not self.ready:
-            self.ready = self._assemble([next(self.it) for _ in range(self.workers)])
-        return self.ready.pop(0)
-
-    def _empty(self, shape: tuple[int, ...]) -> torch.Tensor:
-        """A uint8 batch buffer: pinned (the CUDA host allocator caches pinned blocks), or
-        NumPy's, whose malloc reuses the freed heap (torch's large blocks page-fault anew each
-        batch: 64 images at 224 px took ~1.4x as long to assemble)."""
-        if self.pin:
-            return torch.empty(shape, dtype=torch.uint8, pin_memory=True)
-        return torch.from_numpy(np.empty(shape, dtype=np.uint8))
-
-    def _assemble(self, messages: list[Batch]) -> list[Batch]:
-        n, first = self.workers, messages[0].images
-        if n == 1:  # one worker's message is the batch (pinned by the DataLoader's thread)
-            return [messages[0]._replace(position=messages[0].position[0])]
-        shares = [len(m.labels) // n for m in messages]  # each worker's share of a micro-batch
-        batches = []
-        for j in range(n):
-            parts = [(m, slice(j * s, (j + 1) * s)) for m, s in zip(messages, shares, strict=True)]
-            images = self._empty((sum(shares), *first.shape[1:]))
-            # NumPy copies on this thread: torch.cat would wake the OpenMP pool, whose idle
-            # spinning takes a core from the loader workers.
-            np.concatenate([m.images.numpy()[p] for m, p in parts], out=images.numpy())
-            batches.append(
-                Batch(
-                    images,
-                    torch.cat([m.labels[p] for m, p in parts]),
-                    skipped=sum(m.skipped for m in messages) if j == 0 else 0,
-                    skipped_shards=sum(m.skipped_shards for m in messages) if j == 0 else 0,
-                    keys=[k for m, p in parts for k in m.keys[p]],
-                    position={lane: q for m, _ in parts for lane, q in m.position[j].items()},
-                )
-            )
-        return batches
-
-    @property
-    def _workers(self) -> list[Any]:  # the watchdog names a dead worker (watchdog.dead_workers)
-        return getattr(self.it, "_workers", [])
-
-    def _shutdown_workers(self) -> None:
-        shutdown = getattr(self.it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-
-
-class TrainLoader:
-    """A rank's endless training batches (iterate it), and the `tracker` of its lanes'
-    positions for checkpoints. Its worker processes end on `close()`, at the end of a `with`
-    block, when it is deleted and at interpreter exit (`stages.WorkerLoader`)."""
-
-    def __init__(self, loader: WorkerLoader, tracker: StreamTracker) -> None:
-        self.loader, self.tracker = loader, tracker
-        self.dataset, self.num_workers = loader.dataset, loader.num_workers
-        self.prefetch_factor = loader.prefetch_factor
-
-    def close(self) -> None:
-        """End the worker processes now (iterating again starts new ones)."""
-        self.loader.close()
-
-    def __enter__(self) -> TrainLoader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def lane_share(self) -> int:
-        """Images a lane gives each micro-batch (consecutive in every process's batch)."""
-        return self.dataset.batch_size // self.dataset.lanes
-
-    def __iter__(self) -> _Assembled:
-        return _Assembled(iter(self.loader), max(self.num_workers, 1))
-
-
 # The fields of the data configs the loaders read (both job configs name them alike).
 DataConfig = PretrainDataConfig | FinetuneDataConfig
 
@@ -313,14 +222,18 @@ def _build(
     load_size: int | None,
     randaugment: str = "",
     paired: bool = False,
+    records: int = 0,
     **fields: Any,
 ) -> TrainLoader:
     """The `TrainLoader` of dataset class `make` (the per-process `batch_size`); `identity`:
-    what the saved stream must match to be continued, `key`: the config key naming the data."""
-    micro = batch_size * world_size
+    what the saved stream must match to be continued, `key`: the config key naming the data;
+    `records` > 0: the samples of an indexed source (at least one per lane)."""
+    micro = batch_size * world_size  # the global micro-batch (each lane gives it micro / lanes)
     saved = resume.get("lanes") if resume else None
     shards = len(fields.get("urls", ()))
     lanes = resolve_lanes(data.lanes, micro, world_size, saved, shards, paired)
+    if records and records < lanes:
+        raise ValueError(f"{fields['spec']}: {records} samples < {lanes} lanes (data.lanes)")
     identity = {**identity, "seed": seed}
     names = {"source": key, "seed": "seed", "lanes": "data.lanes"}
     names.update({k: f"data.{k}" for k in identity if k not in names})
@@ -349,7 +262,7 @@ def _build(
     )
     mine = lane_range(lanes, rank, world_size, 0, 1)
     tracker = StreamTracker(identity, lanes, {k: p for k, p in start.items() if k in mine})
-    # With several workers `_Assembled` copies their shares into pinned memory itself.
+    # With several workers `assembled._Assembled` copies their shares into pinned memory itself.
     loader = make_loader(dataset, workers, persistent=True, prefetch=2, pin=workers <= 1)
     return TrainLoader(loader, tracker)
 
@@ -462,14 +375,9 @@ def train_loader(
     source_obj = open_source(source)
     if labelled and not source_obj.label_names:
         raise ValueError(f"{source}: source has no labels")
-    micro = batch_size * world_size
-    saved = resume.get("lanes") if resume else None
-    lanes = resolve_lanes(data.lanes, micro, world_size, saved, paired=paired)
-    if len(source_obj) < lanes:
-        raise ValueError(f"{source}: {len(source_obj)} samples < {lanes} lanes (data.lanes)")
     identity = {
         "source": f"{len(source_obj)} records/{source_id([source])}",
         "shuffle_buffer": data.shuffle_buffer,
     }
-    fields = dict(spec=source)
+    fields = dict(spec=source, records=len(source_obj))
     return _build(_IndexedTrainStream, data, identity, key, **fields, **stream)

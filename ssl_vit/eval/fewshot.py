@@ -239,10 +239,8 @@ def fewshot_sweep(
     """Few-shot accuracy for every (shot, l2_reg), averaged over seeds of nested subsets.
 
     Args:
-        train_features: [N, D] the pool the few-shot subsets are drawn from.
-        train_labels: [N].
-        test_features: [M, D] the whole test split.
-        test_labels: [M].
+        train_features, train_labels: [N, D], [N]: the pool the few-shot subsets are drawn from.
+        test_features, test_labels: [M, D], [M]: the whole test split.
         shots, seeds, l2_regs: the grid; subsets as in `select_fewshot_indices`; the shot
             "all" is every row of train_features, the same for every seed (solved once, its
             per_seed values are that one accuracy repeated, std 0).
@@ -267,21 +265,42 @@ def fewshot_sweep(
         with k the int shot count or "all", per_seed in the order of `seeds` and std the population
         std (ddof=0) over seeds.
     """
-    train_labels_N = np.asarray(torch.as_tensor(train_labels).cpu()).astype(np.int64).ravel()
-    test_labels_M = np.asarray(torch.as_tensor(test_labels).cpu()).astype(np.int64).ravel()
+    train_labels_N, test_labels_M = _int_labels(train_labels), _int_labels(test_labels)
     if num_classes is None:
         num_classes = int(max(train_labels_N.max(), test_labels_M.max())) + 1
     if selection is None and any(k != ALL_SHOTS for k in shots):
         selection = select_fewshot_indices(train_labels_N, shots, seeds, num_classes)
     train_ND = torch.as_tensor(train_features)
-    index_device = train_ND.device
     # Converted once: the whole test split is reused by every (seed, shot).
-    test_MD = _as_float64(test_features, index_device)
-    test_M = torch.as_tensor(test_labels_M, device=index_device)
+    test_MD = _as_float64(test_features, train_ND.device)
+    test_M = torch.as_tensor(test_labels_M, device=train_ND.device)
 
     def accuracies(x_ND, y_N):
         return ridge_accuracies(x_ND, y_N, test_MD, test_M, l2_regs, num_classes, standardize)
 
+    per_seed = _per_seed_accuracies(
+        accuracies, train_ND, train_labels_N, shots, seeds, l2_regs, selection
+    )
+    result = {"shots": {}, "seeds": list(seeds), "num_classes": num_classes}
+    result["standardize"] = standardize
+    return _summarize(result, per_seed, shots, l2_regs)
+
+
+def _int_labels(labels: ArrayLike) -> np.ndarray:
+    """Labels as a flat int64 NumPy array (on the host)."""
+    return np.asarray(torch.as_tensor(labels).cpu()).astype(np.int64).ravel()
+
+
+def _per_seed_accuracies(
+    accuracies: Any,
+    train_ND: torch.Tensor,
+    train_labels_N: np.ndarray,
+    shots: Sequence[Shot],
+    seeds: Sequence[int],
+    l2_regs: Sequence[float],
+    selection: dict[int, np.ndarray] | None,
+) -> dict[tuple[Shot, float], list[float]]:
+    """{(shot, l2): [accuracy per seed]}: `accuracies(x_ND, y_N)` of each seed's subset."""
     # "all" does not depend on the seed: one solve, repeated per seed below.
     accs_all = accuracies(train_ND, train_labels_N) if ALL_SHOTS in shots else []
     per_seed: dict[tuple[Shot, float], list[float]] = {(k, l2): [] for k in shots for l2 in l2_regs}
@@ -291,17 +310,20 @@ def fewshot_sweep(
                 accs = accs_all
             else:
                 idx = _shot_subset(np.asarray(selection[seed]), train_labels_N, k)
-                rows = torch.as_tensor(idx, device=index_device)
+                rows = torch.as_tensor(idx, device=train_ND.device)
                 accs = accuracies(train_ND[rows], train_labels_N[idx])
             for l2, acc in zip(l2_regs, accs, strict=True):
                 per_seed[(k, l2)].append(acc)
+    return per_seed
 
-    result: dict[str, Any] = {
-        "shots": {},
-        "seeds": list(seeds),
-        "num_classes": num_classes,
-        "standardize": standardize,
-    }
+
+def _summarize(
+    result: dict[str, Any],
+    per_seed: dict[tuple[Shot, float], list[float]],
+    shots: Sequence[Shot],
+    l2_regs: Sequence[float],
+) -> dict[str, Any]:
+    """`result` with each (shot, l2)'s mean / std / per_seed and each shot's `{k}shot`."""
     for k in shots:
         by_l2 = {}
         for l2 in l2_regs:

@@ -144,12 +144,75 @@ def fewshot_evaluate(
     depth = len(encoder.blocks)
     wanted = parse_layers(spec.layers, depth)
     per_layer = spec.layers != "last" or spec.concat_last > 1
-    last = Readout("last", (depth - 1,), spec.pool)
     extract_at = sorted({*wanted, *range(depth - max(spec.concat_last, 1), depth)})
-    train_src = open_source(spec.train)
+    labels, labelled, num_classes = _train_labels(spec.train)
+    selection, rows = _train_rows(spec, labels, labelled, num_classes)
+    compiling = (compile.enabled, compile.mode) if compile is not None else (False, "default")
+    features = _extractor(encoder, spec.pool, per_layer, extract_at, (mean, std, device),
+                          (*compiling, precision))  # fmt: skip
+    loading = (image_size, spec.batch_size, spec.num_workers)
+    train_f, test_f, skipped = _train_and_test(spec, features, rows, loading, num_classes)
+    t_features = time.perf_counter() - t0
+    sweep = _sweep_args(spec, num_classes, selection, kept_rows=train_f[2])
+    last = Readout("last", (depth - 1,), spec.pool)
+    train_x, test_x = last.features(train_f[0]), last.features(test_f[0])
+    result = fewshot_sweep(train_x, train_f[1], test_x, test_f[1], **sweep)
+    result["summary"] = {f"{k}shot": result[f"{k}shot"] for k in spec.shots}
+    if per_layer:
+        readouts = plan_readouts(wanted, depth, concat_last=spec.concat_last)
+        result["layers"] = {"depth": depth, **layer_sweep(readouts, train_f, test_f, **sweep)}
+        log.info("best frozen readout: %s", result["layers"]["best"])
+    if spec.knn_k > 0:
+        result["knn"] = _knn(spec, labelled, features, loading, test_x, test_f[1], num_classes)
+    result.update(
+        num_train_features=len(train_x),
+        skipped_train=skipped[0],  # images that failed to decode
+        skipped_train_labels=int((~labelled).sum()),  # labels outside [0, K)
+        skipped_eval=skipped[1],
+        num_test=len(test_x),
+        feature_time_s=t_features,
+        time_s=time.perf_counter() - t0,
+    )
+    log.info("few-shot: %s (%d test images, %.1fs)", result["summary"], len(test_x),
+             result["time_s"])  # fmt: skip
+    return result
+
+
+def _train_labels(source: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """(the train source's labels, which are in [0, K), K: its label names or max label + 1)."""
+    train_src = open_source(source)
     labels = train_src.labels()
     num_classes = len(train_src.label_names) or int(labels.max()) + 1
-    labelled = _labelled_rows(train_src, labels, num_classes)
+    return labels, _labelled_rows(train_src, labels, num_classes), num_classes
+
+
+def _extractor(
+    encoder: ViT,
+    pool: str,
+    per_layer: bool,
+    extract_at: list[int],
+    norm: tuple,
+    compiling: tuple,
+) -> Any:
+    """`features(batches, pool, per_layer)` -> ({block: {pool: [N, D]}}, labels [N]): the
+    pooled last output only, or every block of `extract_at` (`extract_layer_features`);
+    `norm`: (mean, std, device), `compiling`: (enabled, mode, precision)."""
+    mean, std, device = norm
+    depth = len(encoder.blocks)
+
+    def features(batches, pool=pool, per_layer=per_layer):
+        if not per_layer:  # the one readout: pooled last output (unchanged default path)
+            x, y = extract_features(encoder, batches, mean, std, pool, device, *compiling)
+            return {depth - 1: {pool: x}}, y
+        return extract_layer_features(encoder, batches, mean, std, extract_at, device, *compiling)
+
+    return features
+
+
+def _train_rows(
+    spec: FewshotEvalConfig, labels: np.ndarray, labelled: np.ndarray, num_classes: int
+) -> tuple[dict[int, np.ndarray], np.ndarray]:
+    """(each seed's few-shot draw, the train rows whose features are needed)."""
     # Out-of-range labels -> K: bincount(minlength=K)[:K] and the per-class draws ignore them.
     selection = select_fewshot_indices(
         np.where(labelled, labels, num_classes), spec.shots, spec.seeds, num_classes=num_classes
@@ -157,40 +220,46 @@ def fewshot_evaluate(
     rows = np.unique(np.concatenate(list(selection.values())))
     if ALL_SHOTS in spec.shots:  # the full probe needs every (in-range) train image's features
         rows = np.flatnonzero(labelled)
+    return selection, rows
+
+
+def _train_and_test(
+    spec: FewshotEvalConfig, features: Any, rows: np.ndarray, loading: tuple, num_classes: int
+) -> tuple[tuple, tuple, tuple[int, int]]:
+    """`features` of the train `rows` (in index order, with the rows kept) and of the test
+    split, and the images skipped in each (train: failed to decode; test: counted skips)."""
     num_eval = len(open_source(spec.eval))
     num_eval = min(num_eval, spec.max_eval) if spec.max_eval > 0 else num_eval
     bar = progress_bar(len(rows) + num_eval, desc="few-shot features", unit="img", every_s=30)
-    compiling = (compile.enabled, compile.mode) if compile is not None else (False, "default")
-    compiling = (*compiling, precision)
-    loading = (image_size, spec.batch_size, spec.num_workers)
-
-    def features(batches, pool=spec.pool, per_layer=per_layer):
-        if not per_layer:  # the one readout: pooled last output (unchanged default path)
-            x, y = extract_features(encoder, batches, mean, std, pool, device, *compiling)
-            return {depth - 1: {pool: x}}, y
-        return extract_layer_features(encoder, batches, mean, std, extract_at, device, *compiling)
-
     kept: list[int] = []  # the train rows that decoded, in loader order
     train_f = features(_counted(_subset_batches(spec.train, rows, *loading, kept), bar))
     train_f = _in_index_order(*train_f, kept)  # features row i is sample kept_rows[i]
-    kept_rows = train_f[2]
     skipped_eval = [0]
-
-    def test_batches():
-        loader = eval_loader(
-            *(spec.eval, spec.batch_size, image_size),
-            num_workers=spec.num_workers,
-            limit=spec.max_eval,
-            num_classes=num_classes,  # a test label outside [0, K): a counted skip
-        )
-        for b in loader:
-            skipped_eval[0] += b.skipped + b.skipped_shards
-            yield b.images, b.labels
-
-    test_f = features(_counted(test_batches(), bar))
+    test_f = features(_counted(_test_batches(spec, loading[0], num_classes, skipped_eval), bar))
     bar.close()
-    t_features = time.perf_counter() - t0
-    sweep = dict(
+    return train_f, test_f, (len(rows) - len(kept), skipped_eval[0])
+
+
+def _test_batches(
+    spec: FewshotEvalConfig, image_size: int, num_classes: int, skipped: list[int]
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The test split's (images, labels) batches; `skipped[0]` counts the skipped images."""
+    loader = eval_loader(
+        *(spec.eval, spec.batch_size, image_size),
+        num_workers=spec.num_workers,
+        limit=spec.max_eval,
+        num_classes=num_classes,  # a test label outside [0, K): a counted skip
+    )
+    for b in loader:
+        skipped[0] += b.skipped + b.skipped_shards
+        yield b.images, b.labels
+
+
+def _sweep_args(
+    spec: FewshotEvalConfig, num_classes: int, selection: dict, kept_rows: np.ndarray
+) -> dict[str, Any]:
+    """`fewshot_sweep`'s grid and the draw, as rows of the features of `kept_rows`."""
+    return dict(
         shots=spec.shots,
         seeds=spec.seeds,
         l2_regs=spec.l2_reg,
@@ -202,26 +271,6 @@ def fewshot_evaluate(
         },
         standardize=spec.standardize,
     )
-    train_x, test_x = last.features(train_f[0]), last.features(test_f[0])
-    result = fewshot_sweep(train_x, train_f[1], test_x, test_f[1], **sweep)
-    result["summary"] = {f"{k}shot": result[f"{k}shot"] for k in spec.shots}
-    if per_layer:
-        readouts = plan_readouts(wanted, depth, concat_last=spec.concat_last)
-        result["layers"] = {"depth": depth, **layer_sweep(readouts, train_f, test_f, **sweep)}
-        log.info("best frozen readout: %s", result["layers"]["best"])
-    if spec.knn_k > 0:
-        result["knn"] = _knn(spec, labelled, features, loading, test_x, test_f[1], num_classes)
-    result["num_train_features"] = len(train_x)
-    result["skipped_train"] = len(rows) - len(kept)  # images that failed to decode
-    result["skipped_train_labels"] = int((~labelled).sum())  # labels outside [0, K)
-    result["skipped_eval"] = skipped_eval[0]
-    result["num_test"] = len(test_x)
-    result["feature_time_s"] = t_features
-    result["time_s"] = time.perf_counter() - t0
-    log.info(
-        "few-shot: %s (%d test images, %.1fs)", result["summary"], len(test_x), result["time_s"]
-    )
-    return result
 
 
 def _knn(spec, labelled, features, loading, test_x, test_y, num_classes) -> dict[str, Any]:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
-from ssl_vit.atomic import writing
+from ssl_vit.atomic import replacing, writing
 from ssl_vit.data.predict_stream import PredictBatch
 
 __all__ = ["Predicted", "PredictionWriter", "gather_on_main", "predict_batch"]
@@ -58,11 +57,12 @@ def gather_on_main(part: Predicted | None, acc) -> list[Predicted]:
 class PredictionWriter:
     """Rows {key, label, score, top_k [[name, p], ...]} (+ true_label for a labelled source)
     to `folder/predictions.{jsonl,csv}`, written to a hidden sibling and renamed into place
-    by `close`; `abort` removes the partial file."""
+    by `close` (`atomic.replacing`); `abort` removes the partial file."""
 
     def __init__(self, folder: Path, fmt: str, label_names: list[str], labelled: bool):
         self.path = Path(folder) / f"predictions.{fmt}"
-        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        self._replacing = replacing(self.path)
+        self.tmp = self._replacing.__enter__()  # left in `close` or `abort`
         self.names, self.labelled, self.fmt = label_names, labelled, fmt
         self.file = open(self.tmp, "w", newline="")
         self.csv = csv.writer(self.file) if fmt == "csv" else None
@@ -90,12 +90,10 @@ class PredictionWriter:
 
     def close(self) -> Path:
         with writing(self.path):
-            self.file.flush()
-            os.fsync(self.file.fileno())
             self.file.close()
-            os.replace(self.tmp, self.path)
+        self._replacing.__exit__(None, None, None)  # fsync, rename into place
         return self.path
 
     def abort(self) -> None:
         self.file.close()
-        self.tmp.unlink(missing_ok=True)
+        self._replacing.__exit__(RuntimeError, RuntimeError("aborted"), None)  # removes it

@@ -28,13 +28,13 @@ from ssl_vit.interop import hf_config, hf_preprocessor, timm_config, to_hf, to_t
 from ssl_vit.publish.model_card import model_card, run_config
 from ssl_vit.train.checkpoint import (
     ENCODER_FILE,
-    load_any_encoder,
     load_encoder,
     load_head,
     read_pixel_norm,
     save_encoder,
     save_weights,
 )
+from ssl_vit.train.encoder_init import load_any_encoder
 from ssl_vit.train.rundir import check_not_source, occupant
 
 __all__ = [

@@ -8,40 +8,33 @@ A checkpoint is a directory `checkpoints/step_XXXXXXXX/` holding
   config, extra counters);
 - `rng_rank{R}.pt`: the random state of every rank, and its data stream position;
 - `manifest.json`: written last, with the size and SHA-256 of every file.
-It is written under a temporary name and renamed into place (atomic on POSIX), so a killed job
+It is written under a temporary name and renamed into place (`atomic.publish_dir`), so a killed job
 never leaves a half-written checkpoint under a real name; a truncated or altered file is caught
 by the manifest on load and resume falls back to the newest valid checkpoint.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
 import os
-import pickle
-import random
 import shutil
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ssl_vit.atomic import writing
+from ssl_vit.atomic import publish_dir, write_json, writing
 from ssl_vit.config.loader import to_dict
-from ssl_vit.config.schema import SHAPE_KEYS, ModelConfig
-from ssl_vit.config.variants import resolve_variant
 from ssl_vit.jsonfile import JsonFileError, parse_json, read_json
 from ssl_vit.train.weights_file import read_header, saved_model
 
 __all__ = [
-    "ArchitectureError",
     "CheckpointError",
     "checkpoint_dirs",
     "save_checkpoint",
@@ -52,16 +45,11 @@ __all__ = [
     "verify_if_checkpoint",
     "write_manifest",
     "file_sha256",
-    "rng_state",
-    "set_rng_state",
     "save_weights",
     "save_encoder",
     "load_encoder",
     "load_head",
-    "load_any_encoder",
-    "encoder_from_checkpoint",
     "read_pixel_norm",
-    "LoadedEncoder",
     "PixelStats",
 ]
 
@@ -71,10 +59,6 @@ ENCODER_FILE, STATE_FILE, MANIFEST = "encoder.safetensors", "state.pt", "manifes
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or of another model."""
-
-
-class ArchitectureError(CheckpointError):
-    """Shape keys set in a model config disagree with the checkpoint's (one line naming them)."""
 
 
 class PixelStats(NamedTuple):
@@ -91,60 +75,6 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def rng_state(generator: torch.Generator | None = None) -> dict[str, Any]:
-    """Python, NumPy, torch (CPU and CUDA) and an explicit generator's states of this rank."""
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        # As plain values: checkpoints load with weights_only=True, which refuses NumPy arrays.
-        "numpy": (name, keys.tolist(), pos, has_gauss, gauss),
-        "torch": torch.get_rng_state(),
-        # This process's own device only: another node may have fewer GPUs (issue 38).
-        "cuda": _cuda_rng_state(),
-    }
-    if generator is not None:
-        state["generator"] = generator.get_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = None) -> None:
-    random.setstate(state["python"])
-    name, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
-    torch.set_rng_state(state["torch"])
-    _set_cuda_rng_state(state.get("cuda"))
-    if generator is not None and state.get("generator") is not None:
-        generator.set_state(state["generator"])
-
-
-def _cuda_rng_state() -> torch.Tensor | None:
-    """The CUDA RNG state of this process's current device (None without CUDA)."""
-    if not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_rng_state(torch.cuda.current_device())
-
-
-def _set_cuda_rng_state(saved: torch.Tensor | list[torch.Tensor] | None) -> None:
-    """Restore this process's device state; an older checkpoint's per-device list gives the
-    entry of this device, if it has one (never by index onto devices that are not there)."""
-    if saved is None or not torch.cuda.is_available():
-        return
-    device = torch.cuda.current_device()
-    if isinstance(saved, list | tuple):
-        if device >= len(saved):
-            return
-        saved = saved[device]
-    torch.cuda.set_rng_state(saved, device)
 
 
 def save_weights(
@@ -277,10 +207,7 @@ def save_checkpoint(
     if is_main:
         with _cleaned_on_failure(tmp), writing(final):
             write_manifest(tmp, step=step)
-        if final.exists():  # re-saving the same step (e.g. after a resume): replace it
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(root)
+        publish_dir(tmp, final)  # re-saving the same step (e.g. after a resume) replaces it
         for old in checkpoint_dirs(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     sync()
@@ -310,10 +237,10 @@ def write_manifest(folder: Path, **extra: Any) -> None:
     files = {
         p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in folder.iterdir()
     }
-    (folder / MANIFEST).write_text(json.dumps({**extra, "files": files}, indent=1))
     for p in folder.iterdir():
         with open(p, "rb") as f:
             os.fsync(f.fileno())
+    write_json(folder / MANIFEST, {**extra, "files": files})  # last: it says the rest is whole
 
 
 def verify_checkpoint(path: Path) -> None:
@@ -368,13 +295,7 @@ def load_checkpoint(
     rng_file = path / f"rng_rank{rank}.pt"
     if not rng_file.is_file():  # resumed on more ranks than saved: fall back to rank 0's state
         rng_file = path / "rng_rank0.pt"
-    try:
-        state["rng"] = torch.load(rng_file, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:  # e.g. NumPy arrays, as ssl-vit wrote before 0.2
-        raise CheckpointError(
-            f"{rng_file}: RNG state holds objects weights_only loading refuses "
-            f"({str(e).splitlines()[0][:120]}); it cannot be resumed exactly"
-        ) from None
+    state["rng"] = torch.load(rng_file, map_location="cpu", weights_only=True)
     return state
 
 
@@ -402,93 +323,6 @@ def latest_valid_checkpoint(root: str | Path) -> Path | None:
         except CheckpointError as e:
             log.warning("skipping invalid checkpoint: %s", e)
     return None
-
-
-def load_any_encoder(
-    path: str | Path, fmt: str = "auto", heads: int | None = None
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """(state dict in our names, model config) from an ssl-vit checkpoint or from timm /
-    transformers ViT weights (`fmt`: auto, ssl_vit, timm, hf; see ssl_vit.interop)."""
-    from ssl_vit.interop import detect_format, read_foreign
-
-    if fmt == "auto":
-        fmt = detect_format(path)
-    if fmt == "ssl_vit":
-        return load_encoder(path)
-    return read_foreign(path, fmt, heads)
-
-
-class LoadedEncoder(NamedTuple):
-    """What `encoder_from_checkpoint` returns: the encoder, the caller's model config completed
-    from the checkpoint (a new object), and the checkpoint's own model config."""
-
-    encoder: nn.Module
-    model_config: ModelConfig
-    saved: dict[str, Any]
-
-
-def encoder_from_checkpoint(
-    path: str | Path, model_cfg: ModelConfig, pos_interp: str = "bicubic", fmt: str = "auto"
-) -> LoadedEncoder:
-    """Build the encoder saved at `path` for `model_cfg.image_size` (which may differ from the
-    pretraining resolution: the position embeddings are 2D-interpolated to the new grid).
-    `path` may also hold timm or transformers ViT weights (`fmt`, see `load_any_encoder`).
-
-    Shape fields (`SHAPE_KEYS`) set in `model_cfg` (not None) must match the checkpoint
-    (ArchitectureError naming each `model.<key>` and both values); the returned config
-    has them all, and the variant, from the checkpoint (`model_cfg` itself is left as it is)."""
-    from ssl_vit.model.pos_embed import interpolate_pos_embed
-    from ssl_vit.model.vit import build_vit
-
-    # A bare timm state dict does not say its number of heads: model.heads does.
-    state, saved = load_any_encoder(path, fmt, heads=model_cfg.heads)
-    saved = {"norm_eps": 1e-6, **saved}  # checkpoints written before norm_eps: 1e-6
-    _check_same_shape(path, model_cfg, saved)
-    resolved = dataclasses.replace(
-        model_cfg,
-        variant=saved.get("variant") or model_cfg.variant,
-        **{k: saved[k] for k in SHAPE_KEYS},
-    )
-    encoder = build_vit(resolved)
-    old = saved["image_size"] // saved["patch_size"]
-    if state["pos_embed"].shape != encoder.pos_embed.shape:
-        state["pos_embed"] = interpolate_pos_embed(
-            state["pos_embed"],
-            encoder.grid,
-            num_prefix_tokens=1,
-            old_grid=(old, old),
-            mode=pos_interp,
-        )
-    missing, unexpected = encoder.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{path}: weights do not fit the encoder (missing {sorted(missing)}, "
-            f"unexpected {sorted(unexpected)})"
-        )
-    return LoadedEncoder(encoder, resolved, saved)
-
-
-def _check_same_shape(path: str | Path, model_cfg: ModelConfig, saved: dict[str, Any]) -> None:
-    """ArchitectureError unless every shape key set in `model_cfg` is the checkpoint's."""
-    differ = [
-        k
-        for k in SHAPE_KEYS
-        if getattr(model_cfg, k) is not None and getattr(model_cfg, k) != saved.get(k)
-    ]
-    if not differ:
-        return
-    from_variant = resolve_variant(model_cfg.variant) if model_cfg.variant else {}
-
-    def given(k: str) -> str:
-        value = getattr(model_cfg, k)
-        via = f" (model.variant={model_cfg.variant})" if from_variant.get(k) == value else ""
-        return f"model.{k}={value}{via}"
-
-    verb = "disagrees" if len(differ) == 1 else "disagree"
-    raise ArchitectureError(
-        f"{', '.join(given(k) for k in differ)} {verb} with the checkpoint {path} "
-        f"({', '.join(f'{k} {saved.get(k)}' for k in differ)})"
-    )
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

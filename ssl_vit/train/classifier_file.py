@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ssl_vit.atomic import writing
+from ssl_vit.atomic import replacing
 from ssl_vit.config.errors import ConfigError
 from ssl_vit.config.schema import ModelConfig
 from ssl_vit.jsonfile import parse_json
@@ -121,19 +121,14 @@ def _triple(value: Any) -> tuple[float, float, float]:
 
 
 def save_classifier(model: nn.Module, path: str | Path, spec: ClassifierSpec) -> None:
-    """The classifier's weights and `spec` as one safetensors file, written atomically (a
-    temporary sibling renamed over `path`)."""
+    """The classifier's weights and `spec` as one safetensors file, written atomically
+    (`atomic.replacing`)."""
     from safetensors.torch import save_file
 
     path = Path(path)
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with writing(path):
-            save_file(tensors, str(tmp), metadata=spec.metadata())
-            os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with replacing(path) as tmp:
+        save_file(tensors, str(tmp), metadata=spec.metadata())
 
 
 def find_classifier(path: str | Path) -> Path:

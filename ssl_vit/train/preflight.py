@@ -134,12 +134,8 @@ def load_init_encoder(
     """(the checkpoint used, `encoder_from_checkpoint`'s `LoadedEncoder`): a run directory
     stands for its newest valid checkpoint; failures (missing, invalid) are a one-line error
     naming `key`, a shape key of `model_cfg` that disagrees one naming `model.<key>`."""
-    from ssl_vit.train.checkpoint import (
-        ArchitectureError,
-        CheckpointError,
-        encoder_from_checkpoint,
-        resolve_checkpoint,
-    )
+    from ssl_vit.train.checkpoint import CheckpointError, resolve_checkpoint
+    from ssl_vit.train.encoder_init import ArchitectureError, encoder_from_checkpoint
 
     if not os.path.exists(os.path.expanduser(path)):
         raise ConfigError(f"{key}={path!r}: no such file or directory")
@@ -162,7 +158,7 @@ def resolve_pixel_norm(data: Any, checkpoint: str | None) -> str:
     (None: a new encoder): null ones become the pixel normalisation the checkpoint stores
     (its pretraining's), else the default 0.5; a given one that disagrees with the stored one
     is a one-line ConfigError naming both. Returns where they came from, for the log."""
-    from ssl_vit.config.schema import complete_pixel_norm
+    from ssl_vit.config.pixels import complete_pixel_norm
     from ssl_vit.train.checkpoint import CheckpointError, read_pixel_norm
 
     try:

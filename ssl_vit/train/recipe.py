@@ -60,9 +60,9 @@ class BatchMixer:
     which is the case of one group, `group` 0).
 
     The training stream gives each process whole lanes, so with `group` = a lane's share of the
-    micro-batch (`TrainLoader.lane_share`) every pair lies on one process and the mix of a
-    micro-batch is the same on 1 or N processes. `lam`, mixup-or-cutmix and the box of
-    micro-batch `index` are drawn on the host (no device sync) from
+    micro-batch (`TrainLoader.lane_share`, even: `resolve_lanes` checks it) every pair lies on
+    one process and the mix of a micro-batch is the same on 1 or N processes. `lam`,
+    mixup-or-cutmix and the box of micro-batch `index` are drawn on the host (no device sync) from
     `seeds.derive(seed, MIXUP, index)`: the same on every process, worker count and resume.
     timm draws from NumPy's global RNG, so it is seeded for the call and restored after (the
     caller's draws are untouched)."""
@@ -70,8 +70,6 @@ class BatchMixer:
     def __init__(self, parts: RecipeParts, num_classes: int, seed: int = 0, group: int = 0):
         from timm.data import Mixup
 
-        if group % 2:
-            raise ValueError(f"mixup / cutmix pairs images within groups: {group} is odd")
         self.seed, self.group = seed, group
         self._orders: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
         self.mix = Mixup(

@@ -1,8 +1,6 @@
 """A run directory belongs to one job at a time and holds one run.
 
-- `lock_run_dir`: an exclusive `flock` on `<run dir>/.lock`, held for the job's life. The OS
-  drops it when the process ends in any way (a crash, SIGKILL), so it is never left held; a
-  second job on the same directory fails at once with one line naming it.
+- `run_lock.lock_run_dir`: the job holds its run directory's lock for its life.
 - `claim_run_dir`: starting over a directory that holds a run needs `--resume` (continue it)
   or `--overwrite` (its run files are removed first); two runs are never mixed in one directory.
   With `--resume`, a config that changes the model's shape or the data stream's sample order
@@ -20,33 +18,26 @@
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import re
 import shutil
-import socket
-import weakref
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ssl_vit.atomic import write_text
 from ssl_vit.config import ConfigError, to_dict
-from ssl_vit.config.loader import read_yaml_file
+from ssl_vit.config.loader import read_yaml_file, save_config
 from ssl_vit.config.schema import SHAPE_KEYS
-from ssl_vit.data.shards import INDEX_NAME
+from ssl_vit.data.format import INDEX_NAME
+from ssl_vit.data.stream_state import check_same_stream
 from ssl_vit.jsonfile import parse_json
 from ssl_vit.train.checkpoint import ENCODER_FILE, MANIFEST, STATE_FILE, checkpoint_dirs
+from ssl_vit.train.run_lock import RunLock, lock_held, lock_run_dir
 
 __all__ = [
-    "LOCK_NAME",
-    "RunLock",
     "check_not_source",
     "claim_run_dir",
     "is_run_dir",
-    "lock_run_dir",
     "occupant",
     "read_paths",
     "release_new_run",
@@ -57,7 +48,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME = ".lock"
 # What the jobs write into a run directory (pipelines, metrics trackers); --overwrite removes
 # these and nothing else, so a mistyped output_dir never loses unrelated files.
 RUN_FILES = (
@@ -81,50 +71,6 @@ STREAM_KEYS = (
 # The model keys a checkpoint's encoder records that --resume must keep.
 _CHECKPOINT_SHAPE = ("image_size", *SHAPE_KEYS)
 
-_held: weakref.WeakValueDictionary[Path, RunLock] = weakref.WeakValueDictionary()
-
-
-class RunLock:
-    """An open, exclusively locked `.lock` file; closing it (or the process ending) unlocks."""
-
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path, self.fd = path, fd
-
-    def release(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)  # closing the last descriptor drops the flock
-            self.fd = -1
-
-    def __del__(self) -> None:
-        self.release()
-
-
-def lock_run_dir(run_dir: str | Path, key: str = "output_dir") -> RunLock:
-    """Lock `run_dir` (created if missing) for this process; ConfigError if another holds it.
-
-    The same process locking it again gets the lock it holds (jobs run in-process by tests)."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = (run_dir / LOCK_NAME).resolve()
-    held = _held.get(path)
-    if held is not None and held.fd >= 0:
-        return held
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise ConfigError(
-            f"{key}={str(run_dir)!r}: in use by another job ({holder}); wait for it to end or "
-            "use another directory"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-    lock = RunLock(path, fd)
-    _held[path] = lock
-    return lock
-
 
 def run_files(run_dir: Path) -> list[Path]:
     """The files of a run that `run_dir` holds (empty `checkpoints/` excluded)."""
@@ -143,12 +89,10 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 # What kind of run a config.yaml is: the first of these top-level keys it has (pretraining has
-# `fewshot` too, the few-shot job `init` too; `shots`: a few-shot config.yaml of before the
-# `fewshot` section).
+# `fewshot` too, the few-shot job `init` too).
 _KIND_MARKERS = (
     ("top_k", "predict"),
     ("objective", "pretraining"),
-    ("shots", "few-shot"),
     ("fewshot", "few-shot"),
     ("init", "fine-tuning"),
 )
@@ -186,14 +130,8 @@ def _check_resumed_config(run_dir: Path, cfg: Any) -> None:
             f"--resume: the run in {run_dir} has another model shape ({diffs}); resume with its "
             f"config, or start a new run in another output_dir"
         )
-    stream = [k for k in changed if k in STREAM_KEYS]
-    if stream:
-        diffs = ", ".join(f"{k} {saved[k]!r} -> {new[k]!r}" for k in stream)
-        raise ConfigError(
-            f"--resume: the data stream of the run in {run_dir} cannot continue with {diffs} "
-            "(another sample order); resume with its settings, or start a new run in another "
-            "output_dir"
-        )
+    stream = {k: k for k in changed if k in STREAM_KEYS}
+    check_same_stream(saved, new, stream, f"the data stream of the run in {run_dir}", ConfigError)
     for k in changed:
         log.warning("--resume with a changed %s: %r -> %r", k, saved[k], new[k])
 
@@ -245,7 +183,7 @@ def claim_run_dir(
     lock = lock_run_dir(run_dir)
     try:
         _apply_policy(run_dir, cfg, resume, overwrite)
-        write_text(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        save_config(cfg, run_dir / "config.yaml")  # atomic
     except BaseException:
         lock.release()  # refused: the directory is free again at once
         raise
@@ -290,27 +228,6 @@ _NOT_PATHS = ("", "none", "random")  # init.checkpoint / --checkpoint values tha
 _WALK_LIMIT = 10_000  # directories looked at below a target before giving up (a huge tree)
 
 
-def _lock_held(folder: Path) -> bool:
-    """`folder/.lock` is held by a live job (this process included)."""
-    path = folder / LOCK_NAME
-    if not path.is_file():
-        return False
-    held = _held.get(path.resolve())
-    if held is not None and held.fd >= 0:
-        return True
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released by the close below
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
 def is_run_dir(folder: str | Path) -> bool:
     """`folder` is a job's run directory: config.yaml with checkpoints/ or a job's results,
     or a lock a live job holds."""
@@ -319,7 +236,7 @@ def is_run_dir(folder: str | Path) -> bool:
         return False
     outputs = ("checkpoints", "results.json", "metrics.jsonl")
     has_run = (folder / "config.yaml").is_file() and any((folder / n).exists() for n in outputs)
-    return has_run or _lock_held(folder)
+    return has_run or lock_held(folder)
 
 
 def _is_checkpoint(folder: Path) -> bool:

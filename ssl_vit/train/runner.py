@@ -31,6 +31,7 @@ from ssl_vit.train import checkpoint as ckpt
 from ssl_vit.train.guard import StopRequest, note_checkpoints
 from ssl_vit.train.loop import BadSteps, Batches, StepStats, lap_row, new_counters
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
+from ssl_vit.train.rng import rng_state, set_rng_state
 from ssl_vit.train.run_state import (
     augment_state,
     check_augment_mode,
@@ -92,10 +93,7 @@ class Resumed:
 
 
 def load_resume_point(
-    run: RunContext,
-    enabled: bool,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    run: RunContext, enabled: bool, model: torch.nn.Module, optimizer: torch.optim.Optimizer
 ) -> Resumed:
     """With --resume, load the newest valid checkpoint into `model`, `optimizer` and the global
     random states, and say where the job continues."""
@@ -110,7 +108,7 @@ def load_resume_point(
     model.load_state_dict(state.pop("model"))
     optimizer.load_state_dict(state.pop("optimizer"))
     rng = state.pop("rng")
-    ckpt.set_rng_state(rng)
+    set_rng_state(rng)
     counters = {**new_counters(), **state.pop("counters", {})}  # (older checkpoints: none)
     log.info("resumed from %s at step %d", path, state["step"])
     return Resumed(state["step"], counters, rng, state, str(path))
@@ -168,7 +166,7 @@ class TrainLoop:
         batch and place in the stream, and where a resumed stream continues. `side`: a second
         stream the job reads beside the main one (`run(side=...)`), checkpointed apart."""
         return {
-            "batch_size": self.ctx.local_batch,
+            "batch_size": self.ctx.plan.process_micro,
             "image_size": self.cfg.model.image_size,
             "seed": self.cfg.seed,
             "rank": self.acc.process_index,
@@ -199,16 +197,9 @@ class TrainLoop:
 
     def train_step(self, forward: Callable[..., Any]) -> TrainStep:
         """The job's `TrainStep` around `forward` (forward+loss; `compile.enabled` applies)."""
-        tc = self.cfg.train
-        self.step = TrainStep(
-            self.model,
-            self.optimizer,
-            forward,
-            tc.grad_clip,
-            acc=self.acc,
-            compile=self.cfg.compile.enabled,
-            compile_mode=self.cfg.compile.mode,
-        )
+        c = self.cfg.compile
+        how = dict(acc=self.acc, compile=c.enabled, compile_mode=c.mode)
+        self.step = TrainStep(self.model, self.optimizer, forward, self.cfg.train.grad_clip, **how)
         return self.step
 
     def log(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -242,35 +233,28 @@ class TrainLoop:
         log_row(sums, lap, step): the metrics row at a log step, from the lap's sums over ranks
             and `lap` (lr, throughput, data wait, the run's counters).
         after_step(applied): after each optimizer step (applied: the device flag).
+        shown: the keys of a row the progress bar prints.
         evaluate(step): the periodic evaluation at `eval_every` (never the last step): its
             scores join that step's row, or make a row of their own between log steps.
         finish(row): after the final checkpoint, the final evaluation and save -> results;
             `row` is the last step's, unlogged: `finish` logs it (with its final scores).
-        shown: the keys of a row the progress bar prints.
         side: {name: loader} streams `micro` reads with `side_batch(name)`, each checkpointed
             under its own key and counted in `images_<name>`.
         Preempted (a stop signal): the checkpoint of the step reached, `{"preempted": True}`."""
         self._start(loader, shown, side or {})
-        done, row, last = self.start.step, {}, self.schedule.steps
+        done = last_log = self.start.step
+        row, last = {}, self.schedule.steps
         with (  # the stop handler first: a signal while the loader workers start is a preemption
             StopRequest(self.acc.num_processes, self.cfg.timeouts.stop_s) as stop,
             contextlib.ExitStack() as streams,
         ):
             for batches in (self.batches, *self.side.values()):
                 streams.enter_context(batches)
-            last_log = done
             for done in range(self.start.step + 1, last + 1):
                 lr = self._one_step(done, micro, after_step)
-                self.bar.update(1)
-                due = None
+                due = self._due_row(done, lr, done - last_log, log_row, evaluate)
                 if self.schedule.logs(done):
-                    lap = {"lr": lr, **self._lap(done - last_log)}
-                    row = due = log_row(self.stats.reduce(self.acc), lap, done)
-                    last_log = done
-                if evaluate is not None and self.schedule.evaluates(done):
-                    with self.paused():
-                        scores = evaluate(done) or {}
-                    due = {**(due or {"step": done}), **scores} if scores else due
+                    row, last_log = due, done
                 if due is not None and done != last:  # the last row: `finish` logs it
                     row = self.log(due)
                 if stop.agreed():  # preemption: every rank stops after the same step
@@ -289,14 +273,29 @@ class TrainLoop:
         self.acc.end_training()
         return results
 
+    def _due_row(
+        self, done: int, lr: float, lap_steps: int, log_row: Callable, evaluate: Callable | None
+    ) -> dict[str, Any] | None:
+        """The row step `done` makes: a log step's (`log_row` of the lap's `lap_steps` steps),
+        the periodic evaluation's scores joined to it or in a row of their own; None."""
+        due = None
+        if self.schedule.logs(done):
+            lap = {"lr": lr, **self._lap(lap_steps)}
+            due = log_row(self.stats.reduce(self.acc), lap, done)
+        if evaluate is not None and self.schedule.evaluates(done):
+            with self.paused():
+                scores = evaluate(done) or {}
+            due = {**(due or {"step": done}), **scores} if scores else due
+        return due
+
     def _start(self, loader: Any, shown: tuple[str, ...], side: dict[str, Any]) -> None:
         """The loop's own objects: the batch stream, statistics, bad-step guard, progress bar."""
-        acc, tc = self.acc, self.cfg.train
+        acc, tc, plan = self.acc, self.cfg.train, self.ctx.plan
         log.info(
             "training %s for %d steps, global batch %d (%d per process x %d processes x %d "
             "accumulation) on %s",
-            *(self.cfg.output_dir, tc.steps, tc.batch_size, self.ctx.local_batch),
-            *(acc.num_processes, tc.grad_accum, acc.device),
+            *(self.cfg.output_dir, tc.steps, plan.global_batch, plan.process_micro),
+            *(plan.processes, plan.grad_accum, plan.device),
         )
         keys_file = None
         if self.cfg.data.record_keys:
@@ -323,12 +322,12 @@ class TrainLoop:
     def _one_step(self, done: int, micro: Callable, after_step: Callable | None) -> float:
         """Optimizer step `done` (1-based): its learning rate, `grad_accum` micro-batches, the
         statistics and bad-step counts (on the device). Returns the learning rate."""
-        tc = self.cfg.train
+        tc, accum = self.cfg.train, self.ctx.plan.grad_accum
         lr = warmup_cosine(done - 1, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr)
         set_lr(self.optimizer, lr)
         self.step.applied = True
-        for m in range(tc.grad_accum):
-            values = micro(self.batches.next(), (done - 1) * tc.grad_accum + m)
+        for m in range(accum):
+            values = micro(self.batches.next(), (done - 1) * accum + m)
             if self.stats is None:  # named slots, sized by what the job reports
                 sizes = {k: v.numel() if torch.is_tensor(v) else 1 for k, v in values.items()}
                 self.stats = StepStats(sizes, self.acc.device)
@@ -340,10 +339,11 @@ class TrainLoop:
             after_step(applied)
         if self.schedule.reads_counts(done):
             self.bad.check(done)
+        self.bar.update(1)
         return lr
 
     def _lap(self, steps: int) -> dict[str, Any]:
-        return lap_row(self.watch, steps, self.cfg.train.batch_size, self.counters)
+        return lap_row(self.watch, steps, self.ctx.plan.global_batch, self.counters)
 
     def save(self, step: int) -> None:
         """Checkpoint `step`: every rank, at the same step (the training state's entries are
@@ -360,7 +360,7 @@ class TrainLoop:
             "scaler": scaler_state(acc),  # fp16's loss scale (None without fp16)
         }
         rng = {
-            **ckpt.rng_state(),
+            **rng_state(),
             "stream": self.batches.tracker.state_dict(),
             **{_stream_key(k): b.tracker.state_dict() for k, b in self.side.items()},
             "augment": augment_state(self.augment),  # the resolved mode (+ its generator)

@@ -23,7 +23,9 @@ from accelerate.utils import (
 from ssl_vit import seeds
 from ssl_vit.config import ConfigError
 from ssl_vit.train.guard import StopRequest
-from ssl_vit.train.rundir import RunLock, claim_run_dir
+from ssl_vit.train.plan import RunPlan, build_plan
+from ssl_vit.train.run_lock import RunLock
+from ssl_vit.train.rundir import claim_run_dir
 from ssl_vit.watchdog import set_data_timeout
 
 __all__ = [
@@ -145,36 +147,48 @@ def setup_logging(is_main: bool) -> None:
 
 @dataclass
 class RunContext:
-    """What a training job's start-up decides: the Accelerator, the per-process micro-batch,
-    and where outputs go."""
+    """What a training job's start-up decides: the Accelerator, the run plan (batch split,
+    workers, precision) and where outputs go."""
 
     acc: Accelerator
-    local_batch: int
+    plan: RunPlan | None  # None: an evaluation-only job (no `train` section: few-shot)
     run_dir: Path
     ckpt_dir: Path
     lock: RunLock | None = None  # the run directory's lock (main process), held while alive
 
 
-def start_run(cfg: Any, resume: bool = False, overwrite: bool = False) -> RunContext:
-    """Accelerator + logging + global-batch split + run directory (locked, then config.yaml;
-    see `rundir.claim_run_dir`) + seeds.
+def start_run(
+    cfg: Any,
+    resume: bool = False,
+    overwrite: bool = False,
+    *,
+    reads: dict[str, str] | None = None,
+) -> RunContext:
+    """Accelerator + logging + the run plan (`plan.build_plan`: the global batch's split,
+    checked before anything is written) + run directory (locked, then config.yaml; see
+    `rundir.claim_run_dir`; `reads`: paths it reads, never removed by --overwrite) + seeds.
 
-    `cfg.train.batch_size` is global: it must divide into processes x accumulation steps."""
-    tc = cfg.train
+    A config without a `train` section (the few-shot job: it evaluates, once) gets no plan,
+    Accelerate's default Accelerator (a process that already ran a job with another precision,
+    tests or notebooks, keeps its state) and `cfg.seed` as is (its random-init encoder)."""
+    tc = getattr(cfg, "train", None)
     set_data_timeout(cfg.timeouts.data_s)
-    acc = make_accelerator(tc.mixed_precision, tc.grad_accum, cfg.timeouts.dist_s, tc.tf32)
+    if tc is None:
+        acc = Accelerator()
+    else:
+        acc = make_accelerator(tc.mixed_precision, tc.grad_accum, cfg.timeouts.dist_s, tc.tf32)
     setup_logging(acc.is_main_process)
     warn_if_launcher_returns_early()
-    per_step = acc.num_processes * tc.grad_accum
-    if tc.batch_size % per_step:
-        raise ConfigError(
-            f"train.batch_size: {tc.batch_size} is not divisible by processes x grad_accum "
-            f"= {acc.num_processes} x {tc.grad_accum}"
+    plan = None
+    if tc is not None:
+        plan = build_plan(
+            cfg, acc.num_processes, mixed_precision=acc.mixed_precision, device=str(acc.device)
         )
     run_dir = Path(cfg.output_dir)
-    lock = claim_on_main(acc, run_dir, cfg, resume=resume, overwrite=overwrite)
-    set_seed(seeds.process(cfg.seed, acc.process_index))  # Python, NumPy, torch (all devices)
-    return RunContext(acc, tc.batch_size // per_step, run_dir, run_dir / "checkpoints", lock)
+    lock = claim_on_main(acc, run_dir, cfg, resume=resume, overwrite=overwrite, reads=reads)
+    seed = cfg.seed if tc is None else seeds.process(cfg.seed, acc.process_index)
+    set_seed(seed)  # Python, NumPy, torch (all devices)
+    return RunContext(acc, plan, run_dir, run_dir / "checkpoints", lock)
 
 
 def claim_on_main(

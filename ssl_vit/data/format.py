@@ -1,18 +1,24 @@
-"""A dataset converted in N parts (`make-shards --part I/N`), on one machine or many.
+"""The shard format both sides share: names, the index, a sample's members, a dataset in parts.
 
-Part I of N holds the samples `I, I + N, I + 2N, ...` of the sorted source, so every part has a
-share of every class, and is written to its own directory `ROOT/part-IIIII-of-NNNNN` with its
-own shards and index.json (`"part": [I, N]`). Keys come from the whole source's listing, so
-they are unique across parts. The loaders read `ROOT` (all N parts, refused while one is
-missing), a brace pattern of part directories or a list of them as one dataset.
+Shard format ("ssl-vit-shards/1"): `shard-000000.tar`, `shard-000001.tar`, ... in one directory,
+each a plain tar holding per sample `{key}.{ext}` (the ORIGINAL encoded image bytes, re-encoded
+only when `make-shards --max-size` shrinks the image) and, for labelled sources, `{key}.cls`
+(the integer label as ASCII text). Keys are unique and contain no dots: WebDataset groups tar
+members into samples by the part of the name before the first dot. `index.json`, written last,
+holds `{"format", "num_samples", "num_skipped", "label_names", "shards": [{"name",
+"num_samples"}], "source"}`; with `--max-size` also `"resize"` (the setting, how many images
+were resized and copied) and per shard `"original_sizes"` ("WxH WxH ..." in sample order).
 
-Parts are one dataset only if they agree (`part_identity`): the same source (path, reader,
-split, number of images, classes), the same N and the same conversion settings. A part that
-disagrees with the parts already in `ROOT` is refused before it is written, and parts of one
-folder that disagree are refused when read, in one line naming the two parts and what differs:
-a part of the test split must never be read as training data.
+A dataset converted in N parts (`make-shards --part I/N`) is `ROOT/part-IIIII-of-NNNNN`, each
+a dataset of its own whose index also holds `"part": [I, N]`, `"source_samples"` and
+`"conversion"` (`{"format", "split", "verify"}`). Part I holds the samples `I, I + N, ...` of
+the sorted source. Parts are one dataset only if they agree (`part_identity`): the same
+source (path, reader, split, number of images, classes), the same N and the same conversion
+settings; parts of one folder that disagree are refused when read, in one line naming the two
+parts and what differs: a part of the test split must never be read as training data.
 
-No torch, no PIL: the shard resolver (`ssl_vit.data.shards`) imports it.
+The writer (`ssl_vit.data.write`) and the readers (`ssl_vit.data.shards`, `.sources`) both
+import this module; it imports neither, and no torch or PIL.
 """
 
 from __future__ import annotations
@@ -25,31 +31,83 @@ from typing import Any
 from ssl_vit.jsonfile import read_json
 
 __all__ = [
+    "IMAGE_EXTENSIONS",
+    "INDEX_NAME",
     "PART_DIR",
-    "check_agrees_with_written",
-    "check_new_part",
+    "SHARD_FORMAT",
+    "SHARD_NAME",
+    "check_key",
     "check_parts_agree",
     "complete_parts",
+    "difference",
     "holds_parts",
-    "parse_part",
+    "load_index",
     "part_dir",
-    "part_indices",
     "part_identity",
+    "parts_in",
+    "sample_fields",
+    "shard_name",
 ]
 
+SHARD_FORMAT = "ssl-vit-shards/1"
+INDEX_NAME = "index.json"
+# Lower-case suffixes (no dot) treated as images, in the order a sample's members are tried.
+IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
+# A writer's own shard names (`shard_name`): with index.json, the only files of a dataset
+# directory a new conversion replaces (a `shard-notes.txt` is kept).
+SHARD_NAME = re.compile(r"shard-[0-9]{6,}\.tar")
+_EXT = re.compile(r"[a-z0-9]+")
 # Zero-padded so that sorted names are the parts in order (SLURM arrays stay below 100,000).
 PART_DIR = re.compile(r"part-([0-9]{5})-of-([0-9]{5})")
 
 
-def parse_part(spec: str) -> tuple[int, int]:
-    """'I/N' -> (I, N), 0 <= I < N (I counts from 0, as a SLURM array task id does)."""
-    m = re.fullmatch(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*", str(spec))
-    if m is None:
-        raise ValueError(f"--part {spec!r}: expected I/N, e.g. 0/16 (I counts from 0)")
-    i, n = int(m.group(1)), int(m.group(2))
-    if not 0 <= i < n or n > 99999:
-        raise ValueError(f"--part {spec}: need 0 <= I < N <= 99999 (I counts from 0)")
-    return i, n
+def shard_name(n: int) -> str:
+    """The file name of shard `n` of a dataset."""
+    return f"shard-{n:06d}.tar"
+
+
+def check_key(key: str, ext: str) -> None:
+    """ValueError unless `{key}.{ext}` is a valid sample member name (see the module doc)."""
+    if not key or "." in key or "/" in key or key.startswith("__"):
+        raise ValueError(f"invalid sample key {key!r} (must be non-empty, no '.', '/', '__')")
+    if not _EXT.fullmatch(ext):
+        raise ValueError(f"invalid image extension {ext!r}")
+
+
+def load_index(path: str | os.PathLike) -> dict[str, Any]:
+    """The index.json at `path`; ValueError (one line) unless it is a shard index of this
+    format with well-formed shard entries and label names."""
+    index = read_json(path)  # bounded: an index nested 200,000 deep is one line naming it
+    if index.get("format") != SHARD_FORMAT:
+        raise ValueError(f"{path} is not a shard index (format {SHARD_FORMAT!r})")
+    shards, names = index.get("shards"), index.get("label_names")
+    entries_ok = isinstance(shards, list) and all(
+        isinstance(s, dict) and isinstance(s.get("name"), str) and type(s.get("num_samples")) is int
+        for s in shards
+    )
+    if not entries_ok or not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise ValueError(
+            f"{path}: a damaged shard index (need shards: [{{name, num_samples}}], "
+            "label_names: [names])"
+        )
+    return index
+
+
+def sample_fields(sample: dict[str, Any]) -> tuple[str | None, int | None]:
+    """(image extension, label) of one sample's members `{suffix: bytes}`, as WebDataset groups
+    them: the first of IMAGE_EXTENSIONS present (None: no image member) and the integer in
+    `.cls` (None: missing or not an integer). The one reading of a sample, for the streams and
+    for `ShardSource` alike."""
+    ext = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
+    try:
+        label: int | None = int(sample["cls"])
+    except (KeyError, ValueError):
+        label = None
+    return ext, label
+
+
+# --------------------------------------------------------------------------------------------
+# A dataset in parts
 
 
 def part_dir(root: str | os.PathLike, i: int, n: int) -> Path:
@@ -57,12 +115,7 @@ def part_dir(root: str | os.PathLike, i: int, n: int) -> Path:
     return Path(root) / f"part-{i:05d}-of-{n:05d}"
 
 
-def part_indices(num_samples: int, i: int, n: int) -> list[int]:
-    """The indices of the sorted source that part I of N holds (the parts partition them)."""
-    return list(range(i, num_samples, n))
-
-
-def _parts_in(root: Path) -> dict[str, tuple[int, int]]:
+def parts_in(root: Path) -> dict[str, tuple[int, int]]:
     """Part directories of `root` (name -> (I, N)); hidden staging directories are not parts."""
     if not root.is_dir():
         return {}
@@ -76,7 +129,7 @@ def _parts_in(root: Path) -> dict[str, tuple[int, int]]:
 
 def holds_parts(root: str | os.PathLike) -> bool:
     """Whether `root` holds part directories (a dataset written with `--part`)."""
-    return bool(_parts_in(Path(root)))
+    return bool(parts_in(Path(root)))
 
 
 def part_identity(index: dict[str, Any]) -> dict[str, Any]:
@@ -106,7 +159,7 @@ def _field(index: dict[str, Any], key: str, kind: type) -> Any:
     return value if isinstance(value, kind) else None
 
 
-def _difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+def difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
     """'KEY A vs B' for the first field in which two parts' identities differ (None: they
     agree); a field only one of them records is not compared."""
     ia, ib = part_identity(a), part_identity(b)
@@ -127,51 +180,12 @@ def check_parts_agree(parts: list[tuple[Path, dict[str, Any]]]) -> None:
     """ValueError (one line) naming two of `parts` [(directory, its index)] and what differs,
     unless they are parts of one dataset (`part_identity`)."""
     for path, index in parts[1:]:
-        diff = _difference(parts[0][1], index)
+        diff = difference(parts[0][1], index)
         if diff is not None:
             raise ValueError(
                 f"{parts[0][0]} and {path} are not parts of one dataset ({diff}): write every "
                 "part from one source with the same settings"
             )
-
-
-def check_agrees_with_written(root: str | os.PathLike, new: Path, fields: dict[str, Any]) -> None:
-    """ValueError (one line) if the part about to be written to `new` with the index `fields`
-    disagrees with a part already written in `root`: refused before it is written, so that the
-    written parts are never mixed with one of another source or conversion."""
-    for name in sorted(_parts_in(Path(root))):
-        index = Path(root) / name / "index.json"
-        if not index.is_file():
-            continue
-        written = read_json(index)
-        diff = _difference(fields, written)
-        if diff is not None:
-            raise ValueError(
-                f"{new} would not be one dataset with {index.parent} ({diff}): write it to "
-                "another --output, or remove the parts written before"
-            )
-
-
-def check_new_part(root: str | os.PathLike, i: int, n: int) -> Path:
-    """The directory part I of N goes to; ValueError (one line) if it is already written, or
-    if `root` holds parts of another split (another N: the parts would overlap or miss
-    samples)."""
-    root = Path(root)
-    if root.exists() and not root.is_dir():
-        raise ValueError(f"--output {root}: exists and is not a directory")
-    parts = _parts_in(root)
-    other = sorted({m for _, m in parts.values() if m != n})
-    if other:
-        raise ValueError(
-            f"{root} holds parts of a split into {other[0]}, not {n}: write the {n} parts to "
-            "another directory (or remove the old parts)"
-        )
-    target = part_dir(root, i, n)
-    if target.name in parts:
-        raise ValueError(f"part {i}/{n} is already written ({target}); remove it to write it again")
-    if root.is_dir() and (root / "index.json").is_file():
-        raise ValueError(f"{root} holds a whole dataset (index.json), not parts")
-    return target
 
 
 def complete_parts(root: str | os.PathLike) -> list[Path] | None:
@@ -180,7 +194,7 @@ def complete_parts(root: str | os.PathLike) -> list[Path] | None:
     one is missing, a part's index does not say it is that part, or two parts disagree
     (`check_parts_agree`)."""
     root = Path(root)
-    parts = _parts_in(root)
+    parts = parts_in(root)
     if not parts:
         return None
     splits = sorted({n for _, n in parts.values()})
@@ -196,7 +210,7 @@ def complete_parts(root: str | os.PathLike) -> list[Path] | None:
         )
     indexes = []
     for i, d in enumerate(dirs):
-        index = d / "index.json"
+        index = d / INDEX_NAME
         if not index.is_file():
             raise ValueError(f"{d}: no index.json (a part still being written?)")
         loaded = read_json(index)

@@ -1,7 +1,7 @@
 """Copy an image folder or a Hugging Face dataset into shards (`ssl-vit make-shards`).
 
-Kept apart from `shards` (the format) and `sources` (reading collections), which it joins:
-both import only downward, so the data layer has no import cycle.
+The write side (`ssl_vit.data.write`): it reads a collection through `ssl_vit.data.sources` and
+writes it with `ShardWriter`; the read side never imports it, so the data layer has no cycle.
 
 With `workers` > 1, worker processes read, check and (with `max_size`) resize and re-encode
 images in chunks of consecutive positions of the write order, while this process writes their
@@ -26,16 +26,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ssl_vit.data.parts import (
-    check_agrees_with_written,
-    check_new_part,
-    holds_parts,
-    parse_part,
-    part_indices,
-)
-from ssl_vit.data.prepare import Prepared, StoreSettings, image_error, prepare_image
-from ssl_vit.data.shards import ShardWriter, check_output
-from ssl_vit.data.sources import FolderSource, ImageSource, open_raw_source
+from ssl_vit.data.format import holds_parts
+from ssl_vit.data.image_source import ImageSource
+from ssl_vit.data.sources import FolderSource, open_raw_source
+from ssl_vit.data.write import parts
+from ssl_vit.data.write.prepare import Prepared, StoreSettings, image_error, prepare_image
+from ssl_vit.data.write.writer import ShardWriter, check_output
 from ssl_vit.progress import progress_iter
 
 __all__ = ["available_cpus", "cap_workers", "image_error", "make_shards"]
@@ -56,7 +52,10 @@ def available_cpus() -> int:
 
 def cap_workers(workers: int) -> int:
     """`workers`, at most `available_cpus()` (one logged line when capped): more processes than
-    CPUs only compete for them, each with its own copy of the source's listing."""
+    CPUs only compete for them, each with its own copy of the source's listing. ValueError
+    (one line) below 1."""
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
     cpus = available_cpus()
     if workers > cpus:
         log.warning("--workers %d: capped at the %d CPUs available", workers, cpus)
@@ -187,7 +186,7 @@ def _kill_workers(pool: ProcessPoolExecutor) -> None:
 def _write_order(src: ImageSource, shuffle_seed: int | None, part: tuple[int, int] | None):
     """Indices of `src` in the order they are written: this part's share of the sorted source
     (all of it without a part), permuted by `shuffle_seed` (None: sorted)."""
-    indices = part_indices(len(src), *part) if part else list(range(len(src)))
+    indices = parts.part_indices(len(src), *part) if part else list(range(len(src)))
     if shuffle_seed is None:
         return indices
     perm = np.random.default_rng(shuffle_seed).permutation(len(indices))
@@ -227,27 +226,18 @@ def make_shards(
     `workers`: processes that read, check and re-encode (default 1; `ssl-vit make-shards`
     defaults to the CPUs available); the output is the same for any number. `part` "I/N"
     (or (I, N)): write only part I of N of the sorted source to `output/part-IIIII-of-NNNNN`
-    (`ssl_vit.data.parts`). `max_size`, `quality`, `lossless`:
-    store images at training size (`ssl_vit.data.prepare.StoreSettings`); the setting and every
-    image's original size go into index.json.
+    (`ssl_vit.data.write.parts`). `max_size`, `quality`, `lossless`: store images at training
+    size (`ssl_vit.data.write.prepare.StoreSettings`); the setting and every image's original
+    size go into index.json.
 
     Refused in one line before anything is written: an `output` (or part directory) that is a
     symbolic link, more parts than the source has images, and a part that disagrees with the
     parts `output` already holds (another source, split or conversion setting:
-    `ssl_vit.data.parts.part_identity`). `workers` is capped at the CPUs available.
+    `ssl_vit.data.format.part_identity`). `workers` is capped at the CPUs available.
     """
     settings = StoreSettings(verify, max_size, quality, lossless)
-    if workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {workers}")
     workers = cap_workers(workers)
-    part = parse_part(part) if isinstance(part, str) else part
-    if part:
-        target = check_new_part(output, *part)
-    elif holds_parts(output):
-        raise ValueError(f"--output {output} holds parts (part-*-of-*): give --part I/N")
-    else:
-        target = output
-    check_output(target)
+    part, target = _target(output, part)
     src = open_raw_source(str(source), split=split, source_format=source_format)
     if len(src) == 0:
         raise ValueError(f"no images found in {source}")
@@ -265,6 +255,23 @@ def make_shards(
         prepared.close()  # on any failure: the workers are killed now, not at exit
 
 
+def _target(
+    output: str | os.PathLike, part: str | tuple[int, int] | None
+) -> tuple[tuple[int, int] | None, str | os.PathLike]:
+    """(part (I, N) or None, where the dataset or the part is written): refused in one line if
+    it is a symbolic link, a part already written, or a whole dataset's `output` that holds
+    parts."""
+    part = parts.parse_part(part) if isinstance(part, str) else part
+    if part:
+        target = parts.check_new_part(output, *part)
+    elif holds_parts(output):
+        raise ValueError(f"--output {output} holds parts (part-*-of-*): give --part I/N")
+    else:
+        target = output
+    check_output(target)
+    return part, target
+
+
 def _part_fields(
     src: ImageSource,
     source: str | os.PathLike,
@@ -273,7 +280,7 @@ def _part_fields(
     settings: StoreSettings,
     part: tuple[int, int],
 ) -> dict[str, Any]:
-    """The index fields that make a part one of a dataset (`ssl_vit.data.parts.part_identity`):
+    """The index fields that make a part one of a dataset (`ssl_vit.data.format.part_identity`):
     its place, the source's size and what reads and converts it."""
     reader = "folder" if isinstance(src, FolderSource) else source_format
     reader = "hf" if reader == "auto" else reader
@@ -308,7 +315,7 @@ def _check_part(
             f"--part {i}/{n}: {source} has {num_images} images, fewer than the {n} parts (some "
             f"would be empty and the split could never be completed): use at most {num_images}"
         )
-    check_agrees_with_written(output, target, fields)
+    parts.check_agrees_with_written(output, target, fields)
 
 
 class _Job(NamedTuple):
@@ -336,8 +343,8 @@ def _write_dataset(
         extra: dict[str, Any] = {}
         if job.part:
             # The same part, or one that disagrees, written meanwhile by another job.
-            check_new_part(job.output, *job.part)
-            check_agrees_with_written(job.output, job.target, job.fields)
+            parts.check_new_part(job.output, *job.part)
+            parts.check_agrees_with_written(job.output, job.target, job.fields)
             extra = {k: job.fields[k] for k in ("part", "source_samples", "conversion")}
         if job.settings.max_size is not None:
             extra["resize"] = _record_sizes(writer.shards, sizes, job.settings)

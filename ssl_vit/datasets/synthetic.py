@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ssl_vit.data.shards import ShardWriter
+from ssl_vit.data.write.writer import ShardWriter
 from ssl_vit.progress import progress_iter
 
 __all__ = [

@@ -23,7 +23,7 @@ import numpy as np
 from PIL import Image, ImageEnhance
 
 from ssl_vit.atomic import staged_dir
-from ssl_vit.data.shards import ShardWriter, check_output
+from ssl_vit.data.write.writer import ShardWriter, check_output
 from ssl_vit.progress import progress_iter
 
 __all__ = ["PHOTO_NAMES", "load_photos", "make_photo_shards", "photo_views", "write_photo_folder"]

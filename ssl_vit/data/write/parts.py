@@ -1,0 +1,76 @@
+"""Writing a dataset in N parts (`make-shards --part I/N`), on one machine or many.
+
+Part I of N holds the samples `I, I + N, I + 2N, ...` of the sorted source, so every part has a
+share of every class, and is written to its own directory `ROOT/part-IIIII-of-NNNNN` with its
+own shards and index.json (`"part": [I, N]`). Keys come from the whole source's listing, so
+they are unique across parts. A part that disagrees with the parts already in `ROOT`
+(`ssl_vit.data.format.part_identity`) is refused before it is written. The layout, and the
+checks the readers make, are in `ssl_vit.data.format`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ssl_vit.data.format import INDEX_NAME, difference, part_dir, parts_in
+from ssl_vit.jsonfile import read_json
+
+__all__ = ["check_agrees_with_written", "check_new_part", "parse_part", "part_indices"]
+
+
+def parse_part(spec: str) -> tuple[int, int]:
+    """'I/N' -> (I, N), 0 <= I < N (I counts from 0, as a SLURM array task id does)."""
+    m = re.fullmatch(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*", str(spec))
+    if m is None:
+        raise ValueError(f"--part {spec!r}: expected I/N, e.g. 0/16 (I counts from 0)")
+    i, n = int(m.group(1)), int(m.group(2))
+    if not 0 <= i < n or n > 99999:
+        raise ValueError(f"--part {spec}: need 0 <= I < N <= 99999 (I counts from 0)")
+    return i, n
+
+
+def part_indices(num_samples: int, i: int, n: int) -> list[int]:
+    """The indices of the sorted source that part I of N holds (the parts partition them)."""
+    return list(range(i, num_samples, n))
+
+
+def check_agrees_with_written(root: str | os.PathLike, new: Path, fields: dict[str, Any]) -> None:
+    """ValueError (one line) if the part about to be written to `new` with the index `fields`
+    disagrees with a part already written in `root`: refused before it is written, so that the
+    written parts are never mixed with one of another source or conversion."""
+    for name in sorted(parts_in(Path(root))):
+        index = Path(root) / name / INDEX_NAME
+        if not index.is_file():
+            continue
+        written = read_json(index)
+        diff = difference(fields, written)
+        if diff is not None:
+            raise ValueError(
+                f"{new} would not be one dataset with {index.parent} ({diff}): write it to "
+                "another --output, or remove the parts written before"
+            )
+
+
+def check_new_part(root: str | os.PathLike, i: int, n: int) -> Path:
+    """The directory part I of N goes to; ValueError (one line) if it is already written, or
+    if `root` holds parts of another split (another N: the parts would overlap or miss
+    samples)."""
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"--output {root}: exists and is not a directory")
+    parts = parts_in(root)
+    other = sorted({m for _, m in parts.values() if m != n})
+    if other:
+        raise ValueError(
+            f"{root} holds parts of a split into {other[0]}, not {n}: write the {n} parts to "
+            "another directory (or remove the old parts)"
+        )
+    target = part_dir(root, i, n)
+    if target.name in parts:
+        raise ValueError(f"part {i}/{n} is already written ({target}); remove it to write it again")
+    if root.is_dir() and (root / INDEX_NAME).is_file():
+        raise ValueError(f"{root} holds a whole dataset (index.json), not parts")
+    return target

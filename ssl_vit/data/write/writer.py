@@ -1,0 +1,135 @@
+"""`ShardWriter`: samples -> `shard-NNNNNN.tar` files and their `index.json`, put in place whole.
+
+The format is `ssl_vit.data.format`'s; `ssl_vit.data.write.convert.make_shards` fills a writer
+from an image folder or HF dataset, the dataset generators (`ssl_vit.datasets`) from theirs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import webdataset as wds
+
+from ssl_vit.atomic import staged_dir
+from ssl_vit.data.format import INDEX_NAME, SHARD_FORMAT, SHARD_NAME, check_key, shard_name
+
+__all__ = ["ShardWriter", "check_output"]
+
+# Fixed integer member mtime: the same input gives byte-identical shards. (TarWriter's default
+# is time.time(), a float, for which tarfile writes a pax header before every member.)
+_MTIME = 0
+
+
+def check_output(output: str | os.PathLike) -> None:
+    """ValueError (one line) if the dataset directory `output` is a symbolic link: a dataset is
+    built beside it and renamed over it, which would put the new folder in place of the link
+    and leave the user's link renamed, not write into the folder it points to."""
+    if os.path.islink(output):
+        raise ValueError(
+            f"{output} is a symbolic link (to {os.readlink(output)}): name the folder itself"
+        )
+
+
+class ShardWriter:
+    """Write samples into `shard-NNNNNN.tar` files of `shard_size` samples, then `index.json`.
+
+    Everything is written into a hidden sibling of `output` that replaces it only when `close()`
+    has written the index (`ssl_vit.atomic.staged_dir`): a failed or killed run leaves an
+    existing dataset at `output` exactly as it was, never old and new shards mixed. Files of
+    `output` that are not shards (a README) are carried over. Use as a context manager;
+    `close(...)` finishes the last shard, writes the index and puts the dataset in place. An
+    `output` that is a symbolic link is refused (`check_output`).
+    """
+
+    def __init__(self, output: str | os.PathLike, shard_size: int = 10000) -> None:
+        if shard_size < 1:
+            raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+        check_output(output)
+        self.target = Path(output)
+        self.shard_size = shard_size
+        self._staged = staged_dir(self.target)
+        self.output = self._staged.__enter__()  # where the shards are written until close()
+        self._shards: list[dict[str, Any]] = []
+        self._keys: set[str] = set()
+        self._tar: wds.TarWriter | None = None
+        self._count = 0
+
+    def _finish_shard(self) -> None:
+        # No per-file rename: the shards are written inside the staged directory, which
+        # becomes the dataset in one rename (`close`) and is never seen half written.
+        if self._tar is None:
+            return
+        self._tar.close()
+        self._tar = None
+        self._shards[-1]["num_samples"] = self._count
+
+    def write(self, key: str, ext: str, data: bytes, label: int | None = None) -> None:
+        """Add one sample: `{key}.{ext}` = `data` and, if `label` is not None, `{key}.cls`."""
+        check_key(key, ext)
+        if key in self._keys:
+            raise ValueError(f"duplicate sample key {key!r}")
+        if self._tar is None or self._count == self.shard_size:
+            self._finish_shard()
+            self._shards.append({"name": shard_name(len(self._shards)), "num_samples": 0})
+            path = self.output / self._shards[-1]["name"]
+            self._tar = wds.TarWriter(str(path), encoder=False, mtime=_MTIME)
+            self._count = 0
+        sample: dict[str, Any] = {"__key__": key, ext: bytes(data)}
+        if label is not None:
+            sample["cls"] = str(int(label)).encode("ascii")
+        self._tar.write(sample)
+        self._keys.add(key)
+        self._count += 1
+        self._shards[-1]["num_samples"] = self._count
+
+    @property
+    def shards(self) -> list[dict[str, Any]]:
+        """The index's shard entries so far (live: a caller may add fields before `close`)."""
+        return self._shards
+
+    def close(
+        self, *, label_names: list[str], source: str, num_skipped: int = 0, **extra: Any
+    ) -> dict[str, Any]:
+        """Finish the last shard, write the index, put the dataset in place; return the index."""
+        self._finish_shard()
+        index = {
+            "format": SHARD_FORMAT,
+            "num_samples": sum(s["num_samples"] for s in self._shards),
+            "num_skipped": num_skipped,
+            "label_names": list(label_names),
+            "shards": self._shards,
+            "source": source,
+            **extra,
+        }
+        (self.output / INDEX_NAME).write_text(json.dumps(index, indent=1) + "\n")
+        self._carry_over_other_files()
+        self._staged.__exit__(None, None, None)  # the new dataset replaces the old one
+        self._staged = None
+        return index
+
+    def _carry_over_other_files(self) -> None:
+        if not self.target.is_dir():
+            return
+        for p in self.target.iterdir():
+            shard_file = p.name == INDEX_NAME or SHARD_NAME.fullmatch(p.name)
+            if shard_file or (self.output / p.name).exists():
+                continue
+            if p.is_dir():
+                shutil.copytree(p, self.output / p.name, symlinks=True)
+            else:
+                shutil.copy2(p, self.output / p.name, follow_symlinks=False)
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._tar is not None:
+            self._tar.close()
+            self._tar = None
+        if self._staged is not None:  # failed (or never closed): the old dataset stays
+            self._staged.__exit__(exc_type or RuntimeError, exc or RuntimeError(), tb)
+            self._staged = None

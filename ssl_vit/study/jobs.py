@@ -1,0 +1,195 @@
+"""The study's jobs (`scripts/study.py`): per variant a pretraining, a few-shot evaluation and
+fine-tunes (recipe x label budget x seed, then the self-trained ones), after the random-init
+baselines; each a command line built when it starts (it may need a checkpoint) and a weight,
+the images it trains on, for the study's progress."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ssl_vit.config import ConfigError, to_dict
+from ssl_vit.config.schema import ModelConfig, ObjectiveConfig
+from ssl_vit.config.shipped import find_config
+from ssl_vit.config.study import StudyBudget, StudyConfig
+from ssl_vit.report.runs import read_results
+
+__all__ = [
+    "FEWSHOT_WEIGHT",
+    "Job",
+    "SELF_TRAINED",
+    "checkpoint_of",
+    "finetunes",
+    "images_trained",
+    "job_config",
+    "labels_tag",
+    "plan",
+    "self_trainings",
+]
+
+REPO = Path(__file__).resolve().parents[2]  # the checkout: its pipelines/ run the jobs
+FEWSHOT_WEIGHT = 2000  # a few-shot job's weight, as many training images (its feature pass)
+
+
+@dataclass
+class Job:
+    stage: str  # pretrain / fewshot / finetune
+    name: str  # variant name, or random / scratch for the random-init baselines
+    run_dir: Path
+    argv: Callable[[], list[str]]  # built when the job starts (it may need a checkpoint)
+    chain: str = ""  # the variant (or baseline) whose chain it belongs to: `name` if empty
+    weight: int = FEWSHOT_WEIGHT  # its share of the study's work: the images its steps train on
+
+    def __post_init__(self) -> None:
+        self.chain = self.chain or self.name
+
+
+def model_overrides(model: ModelConfig, image_size: int | None = None) -> list[str]:
+    m = to_dict(model)
+    m["image_size"] = image_size or m["image_size"]
+    keys = ("image_size", "patch_size", "width", "depth", "heads", "mlp_ratio")
+    return [f"model.{k}={m[k]}" for k in keys if m[k] is not None]
+
+
+def objective_overrides(obj: ObjectiveConfig) -> list[str]:
+    return [f"objective.{k}={json.dumps(v)}" for k, v in to_dict(obj).items()]
+
+
+def checkpoint_of(pretrain_dir: Path) -> str:
+    """The final checkpoint of a finished pretraining run (its results.json names it)."""
+    results = read_results(pretrain_dir)
+    if not results:
+        return f"<final checkpoint of {pretrain_dir}>"  # --dry-run before pretraining
+    return str(pretrain_dir / "checkpoints" / Path(results["checkpoint"]).name)
+
+
+def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
+    """Baselines first, then per variant: pretrain, few-shot, fine-tune."""
+    d, py = cfg.data, [sys.executable]
+    seed = [] if cfg.seed is None else [f"seed={cfg.seed}"]  # after each budget's overrides
+    pre_every = budget.pretrain_fewshot_every
+    pre_fewshot = (
+        [f"fewshot.train={d.train}", f"fewshot.eval={d.eval}", f"fewshot.every={pre_every}"]
+        if pre_every
+        else ["fewshot.train="]
+    )
+
+    def fewshot(name: str, ckpt: Callable[[], str]) -> Job:
+        run_dir = out / "fewshot" / name
+        return Job("fewshot", name, run_dir, lambda: py + [
+            str(REPO / "pipelines/fewshot.py"), "--checkpoint", ckpt(),
+            "--config", cfg.fewshot_config, f"output_dir={run_dir}",
+            f"fewshot.train={d.train}", f"fewshot.eval={d.eval}",
+            *model_overrides(budget.model), *budget.fewshot, *seed,
+        ])  # fmt: skip
+
+    def finetune_one(name: str, ckpt: Callable[[], str], job: str, extra: list[str]) -> Job:
+        run_dir = out / "finetune" / job
+        return Job("finetune", job, run_dir, lambda: py + [
+            str(REPO / "pipelines/finetune.py"), "--resume", "--config", cfg.finetune_config,
+            f"output_dir={run_dir}", f"init.checkpoint={ckpt()}",
+            f"data.train={d.train}", f"data.eval={d.eval}",
+            *model_overrides(budget.model, budget.finetune_image_size), *budget.finetune,
+            *seed, *extra,
+        ], chain=name, weight=images_trained(cfg.finetune_config, [*budget.finetune, *extra]),
+        )  # fmt: skip
+
+    def finetune(name: str, ckpt: Callable[[], str], own: list[str] = ()) -> list[Job]:
+        """One fine-tune per recipe x label budget x seed (their overrides after the budget's,
+        the encoder's `own` after theirs)."""
+        return [
+            finetune_one(name, ckpt, name + tag, [*extra, *own]) for tag, extra in finetunes(cfg)
+        ]
+
+    jobs = [fewshot("random", lambda: "random"), *finetune("scratch", lambda: "none")]
+    for v in cfg.variants:
+        pre_dir = out / "pretrain" / v.name
+        jobs.append(Job("pretrain", v.name, pre_dir, lambda v=v, pre_dir=pre_dir: py + [
+            str(REPO / "pipelines/pretrain.py"), "--resume", "--config", cfg.pretrain_config,
+            f"output_dir={pre_dir}", f"data.train_shards={d.train}", *pre_fewshot,
+            *model_overrides(budget.model), *objective_overrides(v.objective), *budget.pretrain,
+            *seed,
+        ], weight=images_trained(cfg.pretrain_config, budget.pretrain)))  # fmt: skip
+        ckpt = lambda pre_dir=pre_dir: checkpoint_of(pre_dir)  # noqa: E731
+        jobs += [fewshot(v.name, ckpt), *finetune(v.name, ckpt, v.finetune)]
+        for tag, st_tag, extra in self_trainings(cfg, v.finetune) if v.self_train else []:
+            teacher = out / "finetune" / (v.name + tag)  # after their teachers, the fine-tunes
+            distill = [f"distill.teacher={teacher}", f"distill.unlabelled={d.train}"]
+            jobs.append(finetune_one(v.name, ckpt, v.name + st_tag, [*distill, *extra]))
+    return jobs
+
+
+def images_trained(config: str, overrides: list[str]) -> int:
+    """train.steps x train.batch_size (x 1 + distill.ratio when self-training) of a job: its
+    config file's values, then its overrides (the last one of a key wins)."""
+    try:
+        data = yaml.safe_load(find_config(config).read_text()) or {}
+    except (OSError, yaml.YAMLError, ConfigError):
+        data = {}
+    train = data.get("train") or {}
+    value = {"train.steps": train.get("steps", 1), "train.batch_size": train.get("batch_size", 1)}
+    value |= {"distill.ratio": 1, "distill.teacher": ""}
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        if key in value:
+            value[key] = int(raw) if raw.strip().isdigit() else raw.strip()
+    unlabelled = value["distill.ratio"] if value["distill.teacher"] else 0
+    return max(1, int(value["train.steps"]) * int(value["train.batch_size"]) * (1 + unlabelled))
+
+
+def labels_tag(k: int) -> str:
+    return "all" if k == 0 else str(k)
+
+
+def finetunes(cfg: StudyConfig) -> list[tuple[str, list[str]]]:
+    """(run-name suffix, overrides) of each fine-tune of one encoder: recipe x label budget x
+    seed, an axis the study does not vary left out of the name (`-paper`, `-l50`, `-s1`)."""
+    recipes = [(f"-{r.name}", r.finetune) for r in cfg.recipes] or [("", [])]
+    budgets = [
+        (f"-l{labels_tag(b.per_class)}", [f"data.labels_per_class={b.per_class}", *b.finetune])
+        for b in cfg.labels
+    ] or [("", [])]
+    seeds = [(f"-s{s}", [f"seed={s}"]) for s in cfg.finetune_seeds] or [("", [])]
+    return [
+        (r + b + s, [*ro, *bo, *so]) for r, ro in recipes for b, bo in budgets for s, so in seeds
+    ]
+
+
+SELF_TRAINED = "-st"  # a self-training run's name: its teacher's with this after the budget
+
+
+def self_trainings(cfg: StudyConfig, own: list[str] = ()) -> list[tuple[str, str, list[str]]]:
+    """(its teacher's run-name suffix, its own, overrides) of each self-training fine-tune of
+    one pretrained encoder: per label budget with `self_train` and per seed, with the first
+    recipe; the overrides are its teacher's (the encoder's `own` among them), then the
+    budget's `self_train`."""
+    recipe = [(f"-{r.name}", r.finetune) for r in cfg.recipes[:1]] or [("", [])]
+    seeds = [(f"-s{s}", [f"seed={s}"]) for s in cfg.finetune_seeds] or [("", [])]
+    out = []
+    for b in (b for b in cfg.labels if b.self_train is not None):
+        r, budget = recipe[0][0], f"-l{labels_tag(b.per_class)}"
+        base = [*recipe[0][1], f"data.labels_per_class={b.per_class}", *b.finetune]
+        for tag, seed in seeds:
+            teacher, name = r + budget + tag, r + budget + SELF_TRAINED + tag
+            out.append((teacher, name, [*base, *own, *seed, *b.self_train]))
+    return out
+
+
+def job_config(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(--config, overrides) of a job's command line, as its pipeline reads them (few-shot's
+    `--checkpoint C` is its `init.checkpoint`); other `--flags` are switches."""
+    config, overrides, args = None, [], iter(argv[2:])
+    for arg in args:
+        if arg == "--config":
+            config = next(args)
+        elif arg == "--checkpoint":
+            ckpt = next(args)
+            overrides.append(f"init.checkpoint={json.dumps('none' if ckpt == 'random' else ckpt)}")
+        elif not arg.startswith("--"):
+            overrides.append(arg)
+    return config, overrides

@@ -1,0 +1,153 @@
+"""The study's summary (`scripts/study.py`): one row per variant (and the random-init baseline,
+and each self-trained encoder) from the jobs' results.json, written as summary.json and a
+markdown table summary.md."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ssl_vit.config import to_dict
+from ssl_vit.config.study import StudyBudget, StudyConfig
+from ssl_vit.eval.fewshot import shot_order
+from ssl_vit.report.runs import fewshot_table, read_results
+from ssl_vit.study.jobs import finetunes, labels_tag, self_trainings
+
+__all__ = ["BASELINE", "labels_columns", "markdown_table", "seeds_cell", "summarize"]
+
+BASELINE = "random init"  # the random-init row's name
+
+
+def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> dict:
+    """Collect the jobs' results.json into summary.json and a markdown table summary.md."""
+    rows, jobs = [], finetunes(cfg)
+    labelled = bool(cfg.labels or cfg.finetune_seeds)
+    for v in [None, *cfg.variants]:
+        name = v.name if v else BASELINE
+        pre = read_results(out / "pretrain" / name) if v else {}
+        few = read_results(out / "fewshot" / (name if v else "random"))
+        ft_name = name if v else "scratch"
+        ft = read_results(out / "finetune" / ft_name)
+        # One fine-tune per recipe: top-1 and wall time by recipe name.
+        by_recipe = {r.name: read_results(out / "finetune" / f"{ft_name}-{r.name}")
+                     for r in cfg.recipes} if not labelled else {}  # fmt: skip
+        # Label budgets and seeds: one column per recipe x budget, its seeds' top-1 values.
+        runs = {tag: read_results(out / "finetune" / (ft_name + tag)) for tag, _ in jobs}
+        by_labels = labels_columns(cfg, runs) if labelled else {}
+        rows.append({
+            "variant": name,
+            "objective": to_dict(v.objective) if v else None,
+            "pretrain_steps": pre.get("step", 0) if v else 0,
+            "pretrain_loss": pre.get("loss"),
+            "color_acc": pre.get("color_acc"),
+            "color_acc_majority": pre.get("color_acc_majority"),
+            # string keys, as they read back from summary.json
+            "fewshot": {str(k): t for k, t in fewshot_table(few).items()},
+            "finetune_top1": ft.get("top1"),
+            "finetune_steps": ft.get("step"),
+            "finetune_image_size": ft.get("image_size"),
+            "finetune_by_recipe": {k: r.get("top1") for k, r in by_recipe.items()},
+            "finetune_by_labels": by_labels,
+            "wall_time_s": {
+                "pretrain": pre.get("wall_time_s"),
+                "fewshot": few.get("wall_time_s"),
+                "finetune": _total([r.get("wall_time_s") for r in runs.values()])
+                if len(runs) > 1 else ft.get("wall_time_s"),
+            },
+        })  # fmt: skip
+        if v is not None and v.self_train and self_trainings(cfg):
+            rows.append(self_trained_row(cfg, rows[-1], out / "finetune", ft_name))
+    walls = [w for r in rows for w in r["wall_time_s"].values() if w is not None]
+    summary = {
+        "preset": preset,
+        "output_dir": str(out),
+        "jobs_wall_time_s": sum(walls),
+        "rows": rows,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "summary.md").write_text(markdown_table(rows) + "\n")
+    return summary
+
+
+def self_trained_row(cfg: StudyConfig, encoder_row: dict, finetunes_dir: Path, name: str):
+    """The row of an encoder's self-trained fine-tunes: the encoder's pretraining and few-shot
+    figures, its label-budget columns (those with self-training filled)."""
+    runs = {teacher: read_results(finetunes_dir / (name + own))
+            for teacher, own, _ in self_trainings(cfg)}  # fmt: skip
+    return {
+        **encoder_row,
+        "variant": f"{encoder_row['variant']} + self-trained",
+        "finetune_by_labels": labels_columns(cfg, runs),
+        "wall_time_s": {"pretrain": None, "fewshot": None,
+                        "finetune": _total([r.get("wall_time_s") for r in runs.values()])},
+    }  # fmt: skip
+
+
+def labels_columns(cfg: StudyConfig, runs: dict[str, dict]) -> dict[str, dict]:
+    """{column: {"recipe", "labels_per_class", "num_labelled", "top1": [per seed]}} from one
+    encoder's fine-tunes by run-name suffix; a column is a recipe x label budget."""
+    columns: dict[str, dict] = {}
+    for recipe in [r.name for r in cfg.recipes] or [""]:
+        for k in [b.per_class for b in cfg.labels] or [None]:
+            budget = "" if k is None else ("all labels" if k == 0 else f"{k}/class")
+            col = " ".join(x for x in (recipe, budget) if x)
+            tag = (f"-{recipe}" if recipe else "") + ("" if k is None else f"-l{labels_tag(k)}")
+            found = [runs.get(tag + (f"-s{s}" if cfg.finetune_seeds else ""), {})
+                     for s in cfg.finetune_seeds or [None]]  # fmt: skip
+            done = [r for r in found if r.get("top1") is not None]
+            columns[col or "fine-tune"] = {
+                "recipe": recipe or None,
+                "labels_per_class": k,
+                "num_labelled": done[0].get("num_labelled") if done else None,
+                "top1": [r["top1"] for r in done],
+            }
+    return columns
+
+
+def _total(values: list[float | None]) -> float | None:
+    """The sum of the values known (None if none is)."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def markdown_table(rows: list[dict]) -> str:
+    shots = sorted({k for r in rows for k in r["fewshot"]}, key=shot_order)  # 1, 5, ..., all
+    recipes = list(rows[0]["finetune_by_recipe"]) if rows else []
+    labels = list(rows[0].get("finetune_by_labels") or {}) if rows else []
+    head = ["variant", "pretraining steps", "colour acc"] + [f"{k}-shot (%)" for k in shots]
+    if labels:  # mean over the fine-tuning seeds, then each seed's value
+        head += [f"fine-tune {c} (%)" for c in labels]
+    else:
+        head += [f"fine-tune top-1 ({r}) (%)" for r in recipes] or ["fine-tune top-1 (%)"]
+    head += ["wall: pretrain / few-shot / fine-tune (min)"]
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.1f}"
+
+    lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+    for r in rows:
+        few = [r["fewshot"].get(str(k)) for k in shots]
+        cells = [
+            r["variant"],
+            str(r["pretrain_steps"]),
+            "-" if r["color_acc"] is None else f"{r['color_acc']:.3f}",
+        ]
+        cells += [f"{pct(f['mean'])} ± {pct(f['std'])}" if f else "-" for f in few]
+        if labels:
+            cells += [seeds_cell(c["top1"]) for c in r["finetune_by_labels"].values()]
+        else:
+            by_recipe = [pct(t) for t in r["finetune_by_recipe"].values()]
+            cells += by_recipe or [pct(r["finetune_top1"])]
+        cells.append(
+            " / ".join("-" if w is None else f"{w / 60:.1f}" for w in r["wall_time_s"].values())
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def seeds_cell(top1: list[float]) -> str:
+    """'36.3 (35.1 / 37.5)': the mean over seeds in %, then each seed's; '-' if none ran."""
+    if not top1:
+        return "-"
+    mean = f"{100 * sum(top1) / len(top1):.1f}"
+    return mean if len(top1) == 1 else f"{mean} ({' / '.join(f'{100 * t:.1f}' for t in top1)})"

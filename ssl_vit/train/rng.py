@@ -1,0 +1,51 @@
+"""The random state of one rank (Python, NumPy, torch CPU and CUDA, an explicit generator),
+as plain values a checkpoint stores and `torch.load(weights_only=True)` reads back."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["rng_state", "set_rng_state"]
+
+
+def rng_state(generator: torch.Generator | None = None) -> dict[str, Any]:
+    """Python, NumPy, torch (CPU and CUDA) and an explicit generator's states of this rank."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        # As plain values: checkpoints load with weights_only=True, which refuses NumPy arrays.
+        "numpy": (name, keys.tolist(), pos, has_gauss, gauss),
+        "torch": torch.get_rng_state(),
+        # This process's own device only: another node may have fewer GPUs (issue 38).
+        "cuda": _cuda_rng_state(),
+    }
+    if generator is not None:
+        state["generator"] = generator.get_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = None) -> None:
+    random.setstate(state["python"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    _set_cuda_rng_state(state.get("cuda"))
+    if generator is not None and state.get("generator") is not None:
+        generator.set_state(state["generator"])
+
+
+def _cuda_rng_state() -> torch.Tensor | None:
+    """The CUDA RNG state of this process's current device (None without CUDA)."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_rng_state(torch.cuda.current_device())
+
+
+def _set_cuda_rng_state(saved: torch.Tensor | None) -> None:
+    """Restore this process's own device state (another node may have fewer GPUs)."""
+    if saved is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(saved, torch.cuda.current_device())
