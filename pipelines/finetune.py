@@ -11,18 +11,19 @@ loop -> final evaluation and save. Exit status: 0 done or preempted (checkpoint 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
 import logging
 import time
+from argparse import Namespace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
 from ssl_vit.atomic import write_text
+from ssl_vit.cli import training_args
 from ssl_vit.config import FinetuneConfig, load_config, to_dict
 from ssl_vit.config.frozen import freeze
 from ssl_vit.config.schema import FinetuneDataConfig
@@ -48,13 +49,8 @@ log = logging.getLogger("finetune")
 SHOWN = ("step", "loss", "train_acc", "distill_loss", "top1", "top1_ema", "lr", "img_per_s")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--config", help="YAML config (see configs/finetune/)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="replace a run in output_dir")
-    p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    return p.parse_intermixed_args(argv)
+def parse_args(argv: list[str] | None) -> Namespace:
+    return training_args(__doc__, "configs/finetune/", argv)
 
 
 class Checked(NamedTuple):
@@ -160,8 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
     # --- Data ------------------------------------------------------------------------------
     loader = train_loader(
         train_data,
-        **loop.stream_args(),  # this rank's share, and where a resumed stream continues
-        load_size=augment.load_size if augment else None,  # device: only decode + resize
+        loop.stream_args(),  # the plan's micro-batch, this rank's place, where a resume continues
         num_classes=num_classes,  # a label outside [0, K): a counted skip, not a crash
         randaugment=cfg.parts.randaugment,
         paired=run.plan.paired,
@@ -196,9 +191,8 @@ def build_classifier(cfg: FinetuneConfig, loaded, num_classes: int, train_data, 
     model = Classifier(encoder, num_classes, cfg.pool, pixels).to(run.acc.device)
     if cfg.init.head == "probe":  # LP-FT (a resumed run's head is then the checkpoint's)
         fit_probe_head(
-            model, train_data.train, cfg.model.image_size, cfg.data.mean, cfg.data.std,
-            batch_size=cfg.train.batch_size, num_workers=run.plan.num_workers,
-            device=run.acc.device,
+            model, train_data.train, cfg.model.image_size, batch_size=cfg.train.batch_size,
+            num_workers=run.plan.num_workers, device=run.acc.device,
         )  # fmt: skip
     return model
 

@@ -25,7 +25,7 @@ import torch
 from ssl_vit.atomic import write_text
 from ssl_vit.config import ConfigError, load_config, to_dict
 from ssl_vit.config.checks import auto_num_workers
-from ssl_vit.config.loader import read_yaml_file
+from ssl_vit.config.loader import read_yaml_file, run_kind
 from ssl_vit.config.predict import PredictConfig
 from ssl_vit.data.predict_stream import num_batches, predict_loader
 from ssl_vit.data.sources import open_source
@@ -35,7 +35,7 @@ from ssl_vit.progress import progress_bar
 from ssl_vit.train.classifier_file import ClassifierError, load_classifier, read_classifier_spec
 from ssl_vit.train.guard import one_line_errors, run_and_exit
 from ssl_vit.train.metrics import MetricsWriter
-from ssl_vit.train.rundir import check_not_source, occupant, run_files, run_kind
+from ssl_vit.train.rundir import check_not_source, occupant, run_files
 from ssl_vit.train.runtime import claim_on_main, make_accelerator, setup_logging
 from ssl_vit.watchdog import set_data_timeout, watched
 

@@ -11,13 +11,14 @@ Exit status: 0 done or preempted (checkpoint written), 1 failed.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import time
+from argparse import Namespace
 
 import torch
 
+from ssl_vit.cli import training_args
 from ssl_vit.config import PretrainConfig, load_config
 from ssl_vit.data import pretrain_loader
 from ssl_vit.data.device_augment import build_device_augment
@@ -40,13 +41,8 @@ RESULT_KEYS = (
 )
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--config", help="YAML config (see configs/pretrain/)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="replace a run in output_dir")
-    p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    return p.parse_intermixed_args(argv)
+def parse_args(argv: list[str] | None) -> Namespace:
+    return training_args(__doc__, "configs/pretrain/", argv)
 
 
 def check(cfg: PretrainConfig) -> list[str]:
@@ -77,12 +73,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
 
     # --- Data: every rank streams its own shards (never dispatched from rank 0) -----------
-    loader = pretrain_loader(
-        cfg.data,
-        **loop.stream_args(),  # this rank's share, and where a resumed stream continues
-        urls=urls,
-        load_size=augment.load_size if augment else None,  # device: only decode + resize
-    )
+    # The plan's micro-batch and workers, this rank's place, where a resumed stream continues.
+    loader = pretrain_loader(cfg.data, loop.stream_args(), urls=urls)
 
     # --- Loop: one micro-batch, a log row, the few-shot evaluation, the results -----------
     def micro(batch, index: int) -> dict:  # index: the micro-batch's place in the run

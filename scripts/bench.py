@@ -246,10 +246,16 @@ def gpu_suite(args, device: torch.device) -> dict:
         batch=args.batch_size,
     )
     result = run_suite(suite)
+    return _write_and_print(args, result, markdown_table, result["rows"])
+
+
+def _write_and_print(args, result: dict, markdown, shown) -> dict:
+    """A suite's `result` as JSON to --out (or --json); printed: `markdown(result)` with
+    --markdown, else `shown` (the part of it to show) as JSON."""
     out = args.out or args.json
     if out:
         Path(out).write_text(json.dumps(result, indent=1))
-    print(markdown_table(result) if args.markdown else json.dumps(result["rows"], indent=1))
+    print(markdown(result) if args.markdown else json.dumps(shown, indent=1))
     return result
 
 
@@ -274,11 +280,7 @@ def loader_suite(args) -> dict:
             pipeline_steps=args.pipeline_steps or (8 if args.quick else 40),
         )
     result["machine"] = machine(torch.device("cpu"))
-    out = args.out or args.json
-    if out:
-        Path(out).write_text(json.dumps(result, indent=1))
-    print(markdown(result) if args.markdown else json.dumps(result, indent=1))
-    return result
+    return _write_and_print(args, result, markdown, result)
 
 
 def predict_suite(args) -> dict:
@@ -298,11 +300,7 @@ def predict_suite(args) -> dict:
             rounds=args.rounds,
         )
     result["machine"] = machine(torch.device(result["device"]))
-    out = args.out or args.json
-    if out:
-        Path(out).write_text(json.dumps(result, indent=1))
-    print(markdown(result) if args.markdown else json.dumps(result, indent=1))
-    return result
+    return _write_and_print(args, result, markdown, result)
 
 
 def main(argv: list[str] | None = None) -> dict:

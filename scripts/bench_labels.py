@@ -16,14 +16,13 @@ import time
 from pathlib import Path
 
 from ssl_vit.config import FinetuneDataConfig
-from ssl_vit.data import resolve_shards, train_loader
+from ssl_vit.data import StreamArgs, resolve_shards, train_loader
 from ssl_vit.data.labelled import choose_labelled, use_labelled
 
 
 def epoch_seconds(spec: str, num_images: int, batch: int, image_size: int) -> float:
     """Seconds to read one epoch (`num_images`) of `spec` through the training loader."""
-    data = FinetuneDataConfig(train=spec, num_workers=1)
-    loader = train_loader(data, batch_size=batch, image_size=image_size)
+    loader = train_loader(FinetuneDataConfig(train=spec), StreamArgs(batch, 1, image_size))
     t0, seen = time.perf_counter(), 0
     for b in loader:
         seen += len(b.images)

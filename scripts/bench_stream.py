@@ -19,15 +19,14 @@ import time
 
 from ssl_vit.bench.loaders import interleaved_rates
 from ssl_vit.config import PretrainDataConfig
-from ssl_vit.data import pretrain_loader
+from ssl_vit.data import StreamArgs, pretrain_loader
 from ssl_vit.data.stream_state import StreamTracker
 
 
 def make(args: argparse.Namespace, seeded: bool = True, resume: dict | None = None, lanes=0):
-    data = PretrainDataConfig(train_shards=args.shards, num_workers=args.workers, lanes=lanes)
-    loader = pretrain_loader(
-        data, batch_size=args.batch_size, image_size=args.image_size, resume=resume
-    )
+    data = PretrainDataConfig(train_shards=args.shards, lanes=lanes)
+    stream = StreamArgs(args.batch_size, args.workers, args.image_size, resume=resume)
+    loader = pretrain_loader(data, stream)
     loader.dataset.seeded = seeded  # before the workers start: they get a copy
     return loader
 

@@ -31,6 +31,7 @@ import timm
 import torch
 from transformers import ViTModel
 
+from ssl_vit.config.pixels import PIXEL_NORM
 from ssl_vit.config.schema import ModelConfig
 from ssl_vit.data import eval_loader
 from ssl_vit.model import normalize_pixels
@@ -165,7 +166,7 @@ def main() -> None:
 def check_encoder(args: argparse.Namespace, out: Path) -> None:
     """The encoder checks (see the module docstring); writes check_export.json in `out`."""
     data = run_config(Path(args.checkpoint)).get("data", {})
-    mean, std = data.get("mean", (0.5,) * 3), data.get("std", (0.5,) * 3)
+    mean, std = data.get("mean", PIXEL_NORM), data.get("std", PIXEL_NORM)
     _, cfg = load_encoder(args.checkpoint)
     size0 = cfg["image_size"]
     x0 = images(args.data, args.num, size0, mean, std)

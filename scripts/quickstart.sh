@@ -7,6 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-[ -f data/shapes/index.json ] || .venv/bin/ssl-vit make-synthetic --output data/shapes --num 6000 --seed 0
-[ -f data/shapes-test/index.json ] || .venv/bin/ssl-vit make-synthetic --output data/shapes-test --num 1000 --seed 1
+# The two splits at once, each in its own process (its imports alone take seconds).
+made=()
+[ -f data/shapes/index.json ] || { .venv/bin/ssl-vit make-synthetic --output data/shapes --num 6000 --seed 0 & made+=($!); }
+[ -f data/shapes-test/index.json ] || { .venv/bin/ssl-vit make-synthetic --output data/shapes-test --num 1000 --seed 1 & made+=($!); }
+for pid in "${made[@]}"; do wait "$pid"; done  # a failed one stops the script (set -e)
 exec .venv/bin/python scripts/study.py --config configs/study/quickstart.yaml "$@"

@@ -29,6 +29,7 @@ __all__ = [
     "cmd_report",
     "entry",
     "main",
+    "training_args",
 ]
 
 
@@ -156,6 +157,17 @@ JOBS = {
     "fewshot": "few-shot linear evaluation of a frozen encoder (pipelines/fewshot.py)",
     "predict": "label a source with a fine-tuned classifier (pipelines/predict.py)",
 }
+
+
+def training_args(doc: str, configs: str, argv: list[str] | None) -> argparse.Namespace:
+    """The command line of a training job (pretrain, finetune): `doc` is its --help text,
+    `configs` the folder of its shipped configs."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--config", help=f"YAML config (see {configs})")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace a run in output_dir")
+    p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
+    return p.parse_intermixed_args(argv)
 
 
 def pipeline_module(name: str) -> ModuleType:

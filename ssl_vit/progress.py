@@ -107,6 +107,7 @@ def progress_bar(
     if enabled and sys.stderr.isatty():
         from tqdm.auto import tqdm
 
+        tqdm.monitor_interval = 0  # no monitor thread: the study forks its jobs (children.py)
         return tqdm(total=total, initial=initial, desc=desc or None, unit=unit, dynamic_ncols=True)
     return LogProgress(total, initial, enabled, desc, unit, every_s)
 

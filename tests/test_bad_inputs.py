@@ -150,13 +150,13 @@ def _uniform_folder(root: Path, colours16: dict[str, list[tuple[int, int, int]]]
 
 def test_pretraining_on_16bit_images_sees_their_colours(tmp_path):
     from ssl_vit.config.schema import PretrainDataConfig
-    from ssl_vit.data import pretrain_loader
+    from ssl_vit.data import StreamArgs, pretrain_loader
 
     colours = {"a": [(v, 65535 - v, 32896) for v in LEVELS16], "b": [(v, v, v) for v in LEVELS16]}
     _uniform_folder(tmp_path / "img", colours)
     make_shards(tmp_path / "img", tmp_path / "shards", progress=False, shuffle_seed=None)
-    data = PretrainDataConfig(train_shards=str(tmp_path / "shards"), num_workers=0)
-    batch = next(iter(pretrain_loader(data, batch_size=10, image_size=8)))
+    data = PretrainDataConfig(train_shards=str(tmp_path / "shards"))
+    batch = next(iter(pretrain_loader(data, StreamArgs(10, 0, 8))))
     assert batch.images.dtype == torch.uint8 and batch.skipped == 0
     expected = {
         f"{c}_{i}": [to8(v) for v in col] for c in colours for i, col in enumerate(colours[c])
@@ -295,12 +295,12 @@ def test_fewshot_train_labels_out_of_range_are_counted_skips(tmp_path, caplog):
 
 def test_finetune_stream_skips_out_of_range_labels(tmp_path, caplog):
     from ssl_vit.config.schema import FinetuneDataConfig
-    from ssl_vit.data import train_loader
+    from ssl_vit.data import StreamArgs, train_loader
 
     img = encode(Image.new("RGB", (16, 16), (9, 9, 9)))
     shards = _shards(tmp_path / "s", [(img, 0), (img, 2), (img, 1), (img, -1)], ["a", "b"])
-    data = FinetuneDataConfig(train=str(shards), num_workers=0, shuffle_buffer=1)
-    batches = iter(train_loader(data, batch_size=2, image_size=16, num_classes=2))
+    data = FinetuneDataConfig(train=str(shards), shuffle_buffer=1)
+    batches = iter(train_loader(data, StreamArgs(2, 0, 16), num_classes=2))
     first, second = next(batches), next(batches)  # epoch 1, then epoch 2's first batch
     # Skips are reported with the next batch sent: s001 (2) with the first, s003 (-1) and
     # epoch 2's s001 with the second.
@@ -506,7 +506,7 @@ def test_absurd_aspect_ratio_is_a_counted_skip_everywhere(tmp_path, caplog):
     and make-shards each skip a 1000 x 2 image, counted and named: the memory bound is that no
     such image reaches a resize (a resized image is at most 100 x S^2 pixels)."""
     from ssl_vit.config.schema import PretrainDataConfig
-    from ssl_vit.data import pretrain_loader
+    from ssl_vit.data import StreamArgs, pretrain_loader
 
     long = encode(Image.new("RGB", (1000, 2), (9, 9, 9)))
     folder = _folders(tmp_path / "folder", ["a"], n=3, size=8)
@@ -520,8 +520,8 @@ def test_absurd_aspect_ratio_is_a_counted_skip_everywhere(tmp_path, caplog):
 
     good = [encode(Image.new("RGB", (8, 8), (k, 0, 0))) for k in range(3)]
     shards = _shards(tmp_path / "shards", [(d, 0) for d in good] + [(long, 0)], ["a"])
-    data = PretrainDataConfig(train_shards=str(shards), num_workers=0, shuffle_buffer=1)
-    loader = iter(pretrain_loader(data, batch_size=3, image_size=8, load_size=8))
+    data = PretrainDataConfig(train_shards=str(shards), shuffle_buffer=1)
+    loader = iter(pretrain_loader(data, StreamArgs(3, 0, 8, load_size=8)))
     first = [next(loader) for _ in range(2)]  # 6 good images: the whole first epoch read
     assert all(b.images.shape == (3, 3, 8, 8) for b in first)
     assert sum(b.skipped for b in first) >= 1

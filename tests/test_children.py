@@ -98,3 +98,86 @@ def test_children_get_sigkill_when_their_parent_dies(tmp_path):
     proc = start_child([sys.executable, "-c", probe], stdout=subprocess.PIPE, text=True)
     out, _ = proc.communicate(timeout=60)
     assert int(out) == signal.SIGKILL
+
+
+SCRIPT = """import os, sys
+print("name", __name__, "argv", sys.argv[1:], "path0", sys.path[0] == os.path.dirname(__file__))
+print("session", os.getsid(0) == os.getpid(), flush=True)
+import ctypes
+v = ctypes.c_int()
+ctypes.CDLL(None).prctl(2, ctypes.byref(v))
+print("pdeath", v.value)
+what = sys.argv[1]
+if what == "code":
+    sys.exit(3)
+if what == "message":
+    sys.exit("a one-line error")
+if what == "raise":
+    raise ValueError("boom")
+"""
+
+
+# A parent with one thread (a fresh interpreter: pytest's own may run threads, xdist's does).
+DRIVER = """import sys
+from ssl_vit.children import fork_script
+with open(sys.argv[1], "w") as log:
+    proc = fork_script([sys.executable, *sys.argv[2:]], log)
+    print(type(proc).__name__, proc.wait(60))
+"""
+
+
+def _fork(tmp_path: Path, *argv: str) -> tuple[str, str]:
+    """(what the one-thread parent printed, the job's log) of `fork_script(argv)`."""
+    log = tmp_path / "job.log"
+    cmd = [sys.executable, "-c", DRIVER, str(log), *argv]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip(), log.read_text()
+
+
+@pytest.mark.parametrize(
+    "what, code, says",
+    [("ok", 0, ""), ("code", 3, ""), ("message", 1, "a one-line error"), ("raise", 1, "boom")],
+)
+def test_a_forked_script_runs_as_python_would(tmp_path, what, code, says):
+    """`fork_script` from a parent with one thread forks (no new interpreter) and runs the
+    script as `python script args` would (its `__main__`, argv, folder on sys.path, exit
+    status, output in the log), in its own session, killed with its parent."""
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    parent, out = _fork(tmp_path, str(script), what, "x=1")
+    assert parent == f"ForkedScript {code}"
+    assert f"name __main__ argv ['{what}', 'x=1'] path0 True" in out
+    assert "session True" in out and f"pdeath {int(signal.SIGKILL)}" in out
+    assert says in out
+
+
+def test_a_parent_with_threads_starts_its_script_by_exec(tmp_path):
+    """A fork copies only the calling thread: with another thread running, the script is started
+    by exec (a `subprocess.Popen`), with the same result."""
+    import threading
+
+    from ssl_vit.children import fork_script
+
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        with open(tmp_path / "job.log", "w") as log:
+            proc = fork_script([sys.executable, str(script), "code"], log)
+            assert isinstance(proc, subprocess.Popen)
+            assert proc.wait(60) == 3
+    finally:
+        stop.set()
+        thread.join()
+    assert "name __main__ argv ['code'] path0 True" in (tmp_path / "job.log").read_text()
+
+
+def test_preload_imports_without_running_main(tmp_path):
+    from ssl_vit.children import preload
+
+    script = tmp_path / "job.py"
+    script.write_text("import json\nif __name__ == '__main__':\n    raise SystemExit('ran')\n")
+    preload(str(script))  # no SystemExit

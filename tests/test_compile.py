@@ -118,20 +118,21 @@ def test_pipelines_compile_one_graph_or_fall_back(job, synthetic_shards, tmp_pat
 
 def test_fewshot_extraction_compiles_one_graph_for_all_batches(monkeypatch):
     from ssl_vit.eval.fewshot_job import extract_features
-    from ssl_vit.eval.readouts import extract_layer_features
+    from ssl_vit.eval.readouts import Extraction, extract_layer_features
 
     encoder = ViT(16, 4, 32, 2, 2)
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (11, 3, 16, 16), dtype=torch.uint8, generator=g)
     batches = [(images[i : i + 4], torch.arange(i, min(i + 4, 11))) for i in range(0, 11, 4)]
     stats = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-    eager_x, eager_y = extract_features(encoder, batches, *stats, "gap", "cpu")
+    eager, compiled = Extraction(*stats), Extraction(*stats, compile=True)
+    eager_x, eager_y = extract_features(encoder, batches, eager, "gap")
     backend = Backend()
     monkeypatch.setattr(compile_mod, "BACKEND", backend)
-    x, y = extract_features(encoder, batches, *stats, "gap", "cpu", compile=True)
+    x, y = extract_features(encoder, batches, compiled, "gap")
     assert backend.graphs == 1  # the last batch (3 images) is padded to 4: the same graph
     assert x.shape == (11, 32) and torch.equal(y, eager_y)
     torch.testing.assert_close(x, eager_x, rtol=1e-5, atol=1e-5)
-    feats, _ = extract_layer_features(encoder, batches, *stats, [0, 1], "cpu", compile=True)
-    eager_feats, _ = extract_layer_features(encoder, batches, *stats, [0, 1], "cpu")
+    feats, _ = extract_layer_features(encoder, batches, compiled, [0, 1])
+    eager_feats, _ = extract_layer_features(encoder, batches, eager, [0, 1])
     torch.testing.assert_close(feats, eager_feats, rtol=1e-5, atol=1e-5)

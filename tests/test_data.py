@@ -14,8 +14,9 @@ import webdataset as wds
 from PIL import Image
 
 from ssl_vit.cli import main
-from ssl_vit.config import FinetuneDataConfig, PretrainDataConfig
+from ssl_vit.config import ConfigError, FinetuneDataConfig, PretrainDataConfig
 from ssl_vit.data import (
+    StreamArgs,
     decode_image,
     eval_loader,
     open_source,
@@ -26,6 +27,7 @@ from ssl_vit.data import (
 )
 from ssl_vit.data.write.convert import make_shards
 from ssl_vit.datasets.synthetic import SYNTHETIC_LABELS, synthetic_shapes
+from ssl_vit.train.preflight import check_labelled_source
 
 
 def _data(train_shards: str = "", shuffle_buffer: int = 1000, **kw) -> PretrainDataConfig:
@@ -226,11 +228,7 @@ def test_truncated_and_broken_shards(tmp_path, synthetic_shards):
     assert sum(b.skipped_shards for b in batches) == 2  # the cut, and the file that is no tar
 
     urls = [str(synthetic_shards / "shard-000001.tar"), str(tmp_path / "missing.tar")]
-    it = iter(
-        pretrain_loader(
-            _data(num_workers=0, shuffle_buffer=0), batch_size=16, image_size=32, urls=urls
-        )
-    )
+    it = iter(pretrain_loader(_data(shuffle_buffer=0), StreamArgs(16, 0, 32), urls=urls))
     batches = [next(it) for _ in range(12)]
     assert sum(b.skipped_shards for b in batches) > 0
     assert all(len(b.keys) == 16 for b in batches)
@@ -240,18 +238,12 @@ def test_stream_fails_loudly_instead_of_spinning(tmp_path):
     with wds.TarWriter(str(tmp_path / "bad.tar"), encoder=False) as w:
         for i in range(20):
             w.write({"__key__": f"k{i}", "png": b"not a png"})
-    loader = pretrain_loader(
-        _data(str(tmp_path / "bad.tar"), num_workers=0),
-        batch_size=4,
-        image_size=16,
-        max_consecutive_failures=10,
-    )
+    stream = StreamArgs(4, 0, 16, max_consecutive_failures=10)
+    loader = pretrain_loader(_data(str(tmp_path / "bad.tar")), stream)
     with pytest.raises(RuntimeError, match="10 samples in a row failed to decode"):
         next(iter(loader))
     missing = [str(tmp_path / "gone.tar")]
-    loader = pretrain_loader(
-        _data(num_workers=0), batch_size=4, image_size=16, urls=missing, max_consecutive_failures=10
-    )
+    loader = pretrain_loader(_data(), stream, urls=missing)
     with pytest.raises(RuntimeError, match="no samples from the last 10 shards"):
         next(iter(loader))
 
@@ -286,9 +278,7 @@ def test_eval_loader_indices_and_limit(synthetic_shards):
 def test_pretrain_loader_batches(synthetic_shards):
     rng_before = torch.get_rng_state()
     loaders = [
-        pretrain_loader(
-            _data(str(synthetic_shards), num_workers=0), batch_size=8, image_size=24, seed=s
-        )
+        pretrain_loader(_data(str(synthetic_shards)), StreamArgs(8, 0, 24, seed=s))
         for s in (0, 0, 1)
     ]
     first = [next(iter(loader)) for loader in loaders]
@@ -301,11 +291,7 @@ def test_pretrain_loader_batches(synthetic_shards):
     assert not torch.equal(first[0].images, first[2].images)
 
     it = iter(
-        pretrain_loader(
-            _data(str(synthetic_shards), num_workers=2, shuffle_buffer=20),
-            batch_size=16,
-            image_size=32,
-        )
+        pretrain_loader(_data(str(synthetic_shards), shuffle_buffer=20), StreamArgs(16, 2, 32))
     )
     batches = [next(it) for _ in range(8)]  # 128 > 96 samples: the stream does not end
     assert all(b.images.shape == (16, 3, 32, 32) for b in batches)
@@ -318,8 +304,8 @@ def test_workers_assemble_the_batches_of_the_serial_stream(synthetic_shards, wor
     the main process, in order."""
 
     def batches(num_workers):
-        data = _data(str(synthetic_shards), num_workers=num_workers, shuffle_buffer=10, lanes=5)
-        it = iter(pretrain_loader(data, batch_size=10, image_size=16, seed=3))
+        data = _data(str(synthetic_shards), shuffle_buffer=10, lanes=5)
+        it = iter(pretrain_loader(data, StreamArgs(10, num_workers, 16, seed=3)))
         return [next(it) for _ in range(7)]  # not a multiple of the workers
 
     for a, b in zip(batches(0), batches(workers), strict=True):
@@ -332,10 +318,7 @@ def test_train_loader_from_folder(tmp_path):
     _write_files(tmp_path / "src", [f"{c}/{i}.png" for c in ("a", "b") for i in range(5)])
     it = iter(
         train_loader(
-            FinetuneDataConfig(train=str(tmp_path / "src"), num_workers=0, lanes=1),
-            batch_size=4,
-            image_size=8,
-            seed=3,
+            FinetuneDataConfig(train=str(tmp_path / "src"), lanes=1), StreamArgs(4, 0, 8, seed=3)
         )
     )
     batches = [next(it) for _ in range(5)]  # 20 samples: two epochs
@@ -343,13 +326,11 @@ def test_train_loader_from_folder(tmp_path):
     keys = [k for b in batches for k in b.keys]
     assert sorted(keys[:10]) == sorted(keys[10:]) and keys[:10] != keys[10:]
     assert [int(k[0] == "b") for k in keys] == torch.cat([b.labels for b in batches]).tolist()
-    with pytest.raises(ValueError, match="no labels"):
-        _write_files(tmp_path / "flat", ["a.png"])
-        train_loader(
-            FinetuneDataConfig(train=str(tmp_path / "flat"), num_workers=0),
-            batch_size=4,
-            image_size=8,
-        )
+    # A source without labels is refused before the job starts (the one check; the loader
+    # trusts it).
+    _write_files(tmp_path / "flat", ["a.png"])
+    with pytest.raises(ConfigError, match="has no labels"):
+        check_labelled_source("data.train", str(tmp_path / "flat"))
 
 
 def test_decode_image_formats():
@@ -471,13 +452,8 @@ def _take(loader, n: int) -> list:
 def test_training_epoch_sees_every_sample_once(synthetic_shards, world_size):
     keys = []
     for rank in range(world_size):
-        loader = pretrain_loader(
-            _data(str(synthetic_shards), num_workers=0, lanes=2 * world_size),
-            batch_size=8,
-            image_size=16,
-            rank=rank,
-            world_size=world_size,
-        )
+        stream = StreamArgs(8 * world_size, 0, 16, rank=rank, world_size=world_size)
+        loader = pretrain_loader(_data(str(synthetic_shards), lanes=2 * world_size), stream)
         # 2 lanes (a shard each), or 6 sharing the 2 shards (3 each): epoch 0 ends together.
         share = 96 // world_size
         keys += [k for b in _take(loader, share // 8) for k in b.keys]
@@ -488,23 +464,23 @@ def test_training_epoch_sees_every_sample_once(synthetic_shards, world_size):
 def test_training_stream_resumes_exactly(synthetic_shards, resampled):
     from ssl_vit.data import StreamTracker
 
-    data = _data(str(synthetic_shards), num_workers=2, shuffle_buffer=10, resampled=resampled)
-    kw = dict(batch_size=8, image_size=16, seed=4)
-    loader = pretrain_loader(data, **kw)
+    data = _data(str(synthetic_shards), shuffle_buffer=10, resampled=resampled)
+    stream = StreamArgs(micro_batch=8, num_workers=2, image_size=16, seed=4)
+    loader = pretrain_loader(data, stream)
     full = _take(loader, 9)
     tracker = StreamTracker(loader.tracker.identity, loader.tracker.lanes)
     for b in full[:5]:
         tracker.update(b)
     # Resumed with 1 worker, or as 2 processes of 4: the same batches.
     resumed = _take(
-        pretrain_loader(replace(data, num_workers=1), resume=tracker.state_dict(), **kw), 4
+        pretrain_loader(data, replace(stream, num_workers=1, resume=tracker.state_dict())), 4
     )
     for a, b in zip(full[5:], resumed, strict=True):
         assert a.keys == b.keys and torch.equal(a.images, b.images)
     halves = [
         _take(
             pretrain_loader(
-                data, resume=tracker.state_dict(), **{**kw, "batch_size": 4}, rank=r, world_size=2
+                data, replace(stream, resume=tracker.state_dict(), rank=r, world_size=2)
             ),
             4,
         )
@@ -534,13 +510,11 @@ def test_training_stream_counts_bad_samples_and_shards(tmp_path, synthetic_shard
     ]
     batches = _take(
         pretrain_loader(
-            _data(num_workers=0, shuffle_buffer=0, lanes=1),  # one lane: epochs in order
-            batch_size=6,
-            image_size=16,
-            urls=urls,
+            _data(shuffle_buffer=0, lanes=1),  # one lane: epochs in order
             # Epoch 0 visits the unreadable shards first (a shard's error is reported with the
             # batch that follows it: a last one would be reported in epoch 1's first batch).
-            seed=1,
+            StreamArgs(6, 0, 16, seed=1),
+            urls=urls,
         ),
         9,
     )
@@ -588,9 +562,9 @@ def test_a_resumed_lane_rereads_at_most_its_shard_up_to_its_position(synthetic_s
     shuffle block holding it), never the samples of earlier shards."""
     from ssl_vit.data import train_stream
 
-    data = _data(str(synthetic_shards), num_workers=0, shuffle_buffer=16)  # 2 lanes, blocks of 8
-    kw = dict(batch_size=8, image_size=16, seed=2)
-    loader = pretrain_loader(data, **kw)
+    data = _data(str(synthetic_shards), shuffle_buffer=16)  # 2 lanes, blocks of 8
+    stream = StreamArgs(micro_batch=8, num_workers=0, image_size=16, seed=2)
+    loader = pretrain_loader(data, stream)
     it = iter(loader)
     for _ in range(15):  # 60 samples per lane: past its first shard (48), 12 into its second
         loader.tracker.update(next(it))
@@ -605,7 +579,7 @@ def test_a_resumed_lane_rereads_at_most_its_shard_up_to_its_position(synthetic_s
             yield sample
 
     monkeypatch.setattr(train_stream, "shard_samples", counted)
-    next(iter(pretrain_loader(data, resume=state, **kw)))
+    next(iter(pretrain_loader(data, replace(stream, resume=state))))
     assert len(read) == 2 * 16  # per lane: blocks 0 and 1 of its shard (12 consumed, 4 next)
 
 

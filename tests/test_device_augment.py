@@ -15,11 +15,12 @@ from ssl_vit.bench.host_sync import HostReads
 from ssl_vit.config import PretrainConfig, load_config
 from ssl_vit.config.checks import auto_num_workers
 from ssl_vit.config.schema import PretrainDataConfig
-from ssl_vit.data import pretrain_loader, resolve_shards
+from ssl_vit.data import StreamArgs, pretrain_loader, resolve_shards
 from ssl_vit.data.decode import decode_image
 from ssl_vit.data.device_augment import DeviceAugment, load_size, resolve_augment
 from ssl_vit.data.images import SquareLoad
 from ssl_vit.data.stages import Stats, shard_samples
+from ssl_vit.train.plan import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -150,7 +151,7 @@ def test_resolution_of_keys(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
     assert auto_num_workers(-1) == 1
     cfg = load_config(PretrainConfig, None, ["data.train_shards=x"])
-    assert cfg.data.num_workers == 1  # resolved at load (32 processes on 16 CPUs: 1 each)
+    assert build_plan(cfg, 1).num_workers == 1  # resolved once (32 processes on 16 CPUs: 1 each)
 
 
 def test_square_load_keeps_aspect():
@@ -163,8 +164,8 @@ def test_square_load_keeps_aspect():
 
 def test_loader_with_load_size_delivers_unaugmented_images(synthetic_shards):
     urls = resolve_shards(str(synthetic_shards))
-    data = PretrainDataConfig(num_workers=0, shuffle_buffer=1)
-    batch = next(iter(pretrain_loader(data, batch_size=8, image_size=16, urls=urls, load_size=32)))
+    data = PretrainDataConfig(shuffle_buffer=1)
+    batch = next(iter(pretrain_loader(data, StreamArgs(8, 0, 16, load_size=32), urls=urls)))
     assert batch.images.shape == (8, 3, 32, 32)
     raw = {}
     for url in urls:

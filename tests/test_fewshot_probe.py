@@ -18,9 +18,9 @@ from ssl_vit.eval.fewshot import (
     fewshot_sweep,
     ridge_accuracies,
     ridge_solve,
-    shot_order,
 )
 from ssl_vit.eval.readouts import best_readout, format_layer_table
+from ssl_vit.eval.shots import shot_order
 from ssl_vit.report.runs import fewshot_table, link_runs, load_runs
 from ssl_vit.report.tables import summary_section
 

@@ -111,27 +111,27 @@ def test_reduced_decode_only_when_nothing_is_lost():
 def test_stream_of_jpegs_resumes_exactly_through_the_reduced_decode(tmp_path):
     """Through the loader workers, with most crops decoded at reduced scale: a stream stopped
     and resumed from its tracker state yields the same keys and the same pixels."""
+    from dataclasses import replace
+
     from ssl_vit.config import PretrainDataConfig
-    from ssl_vit.data import pretrain_loader
+    from ssl_vit.data import StreamArgs, pretrain_loader
     from ssl_vit.data.write.convert import make_shards
 
     for i in range(24):
         (tmp_path / "src").mkdir(exist_ok=True)
         (tmp_path / "src" / f"{i:02d}.jpg").write_bytes(_smooth_jpeg(200, 150, seed=i))
     make_shards(tmp_path / "src", tmp_path / "shards", shard_size=6, progress=False)
-    data = PretrainDataConfig(
-        train_shards=str(tmp_path / "shards"), num_workers=2, shuffle_buffer=4
-    )
-    kw = dict(batch_size=4, image_size=16, seed=3)
+    data = PretrainDataConfig(train_shards=str(tmp_path / "shards"), shuffle_buffer=4)
+    stream = StreamArgs(micro_batch=4, num_workers=2, image_size=16, seed=3)
 
     def take(loader, n):
         it = iter(loader)
         return [next(it) for _ in range(n)]
 
-    loader = pretrain_loader(data, **kw)
+    loader = pretrain_loader(data, stream)
     full, tracker = take(loader, 7), loader.tracker  # the loop records consumed batches
     for b in full[:4]:
         tracker.update(b)
-    resumed = take(pretrain_loader(data, resume=tracker.state_dict(), **kw), 3)
+    resumed = take(pretrain_loader(data, replace(stream, resume=tracker.state_dict())), 3)
     for a, b in zip(full[4:], resumed, strict=True):
         assert a.keys == b.keys and torch.equal(a.images, b.images)

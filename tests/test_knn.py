@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from ssl_vit.eval.knn import knn_predict, knn_top1
+from ssl_vit.eval.knn import knn_predict
 
 # Test point (1, 0); train: one class-0 point on it, two class-1 points at cosine 0.6, one
 # class-0 point opposite (cosine -1, never among the 3 nearest).
@@ -26,12 +26,11 @@ def test_weighted_vote_hand_computed():
     assert knn_predict(TRAIN, LABELS, TEST, k=50).tolist() == [0]
 
 
-def test_cosine_ignores_the_norm_and_top1_counts():
+def test_cosine_ignores_the_norm():
     scaled = TRAIN * torch.tensor([[5.0], [0.1], [3.0], [7.0]])
     test = torch.tensor([[2.0, 0.0], [-3.0, 0.1], [0.3, 0.4]])
     pred = knn_predict(scaled, LABELS, test, k=1, num_classes=3)
     assert pred.tolist() == [0, 0, 1]  # nearest: (1, 0), (-1, 0), (0.6, 0.8)
-    assert knn_top1(scaled, LABELS, test, torch.tensor([0, 1, 1]), k=1) == pytest.approx(2 / 3)
 
 
 def test_chunks_give_the_same_predictions():

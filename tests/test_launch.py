@@ -2,8 +2,9 @@
 process group) returns control only once the checkpoint is complete and every training
 process has exited; --resume continues from that checkpoint.
 
-The model is large enough (width 640, depth 8: ~0.6 GB of checkpoint) that writing the
-checkpoint takes seconds, so a launcher that returns early is caught."""
+The model is large enough (width 384, depth 6: ~130 MB of checkpoint with Adam's moments) that
+writing the checkpoint takes a good part of a second, while a launcher that returns early
+returns within milliseconds of the signal: the checkpoint it leaves is caught incomplete."""
 
 import json
 import os
@@ -22,7 +23,7 @@ from ssl_vit.train.checkpoint import checkpoint_dirs, latest_valid_checkpoint, v
 pytestmark = pytest.mark.system  # every test here launches a job
 
 BIG = [
-    *("model.width=640", "model.depth=8", "model.heads=8", "train.batch_size=4"),
+    *("model.width=384", "model.depth=6", "model.heads=6", "train.batch_size=4"),
     *("train.steps=100000", "train.log_every=1", "train.checkpoint_every=0"),
     "data.num_workers=1",
 ]

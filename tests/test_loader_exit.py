@@ -12,21 +12,21 @@ import time
 import pytest
 
 from ssl_vit.config.schema import PretrainDataConfig
-from ssl_vit.data import pretrain_loader
+from ssl_vit.data import StreamArgs, pretrain_loader
 
 # Loaders left alive in every way a user's script leaves them: a `for` loop left by `break`,
 # `next(iter(loader))` three times, an evaluation iterator held in a variable; then the end.
 SCRIPT = """
 import sys, time
 from ssl_vit.config.schema import PretrainDataConfig
-from ssl_vit.data import eval_loader, pretrain_loader
+from ssl_vit.data import StreamArgs, eval_loader, pretrain_loader
 
 shards, workers = sys.argv[1], int(sys.argv[2])
-data = PretrainDataConfig(train_shards=shards, num_workers=workers)
-first = pretrain_loader(data, batch_size=8, image_size=16)
+data = PretrainDataConfig(train_shards=shards)
+first = pretrain_loader(data, StreamArgs(8, workers, 16))
 for batch in first:
     break
-second = pretrain_loader(data, batch_size=8, image_size=16, seed=1)
+second = pretrain_loader(data, StreamArgs(8, workers, 16, seed=1))
 for _ in range(3):
     next(iter(second))
 held = iter(eval_loader(shards, 8, 16, num_workers=workers))
@@ -58,9 +58,9 @@ def _workers_alive() -> int:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_close_with_and_del_end_the_workers(workers, synthetic_shards):
-    data = PretrainDataConfig(train_shards=str(synthetic_shards), num_workers=workers)
+    data = PretrainDataConfig(train_shards=str(synthetic_shards))
     before = _workers_alive()
-    with pretrain_loader(data, batch_size=8, image_size=16) as loader:
+    with pretrain_loader(data, StreamArgs(8, workers, 16)) as loader:
         next(iter(loader))
         assert _workers_alive() == before + workers
     assert _workers_alive() == before

@@ -46,7 +46,7 @@ def test_attention_matches_explicit_softmax():
 @pytest.mark.parametrize("name, params_m", [("Ti", 5.5), ("S", 21.7), ("B", 85.8)])
 def test_variant_parameter_counts(name, params_m):
     # Known counts of ViT-{Ti,S,B}/16 at 224 px without a head (timm: 5.5M, 21.7M, 85.8M).
-    cfg = ModelConfig(variant=f"{name}/16", image_size=224)
+    cfg = ModelConfig(variant=f"{name}/16", image_size=224).resolved()
     cfg.validate()
     n = sum(p.numel() for p in build_vit(cfg).parameters())
     assert n / 1e6 == pytest.approx(params_m, abs=0.1)

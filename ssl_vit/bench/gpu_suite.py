@@ -31,12 +31,12 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from ssl_vit.bench.host_sync import sync_count_row, sync_debug_row
+from ssl_vit.bench.host_sync import error_line, sync_count_row, sync_debug_row
 from ssl_vit.bench.pipeline_rows import ddp_pipeline_row, pipeline_row
 from ssl_vit.bench.timing import make_train_step, step_flops, sync
 from ssl_vit.config.checks import auto_num_workers
@@ -150,18 +150,13 @@ class Suite:
             figures = fn()
             status = "ok"
         except Exception as e:  # any failure is a row, never the end of the suite
-            figures, status = {"traceback": traceback.format_exc(limit=-3)}, _one_line(e)
+            figures, status = {"traceback": traceback.format_exc(limit=-3)}, error_line(e)
         finally:
             gc.collect()
             if self.cuda:
                 torch.cuda.empty_cache()
         self.rows.append({**base, "status": status, **figures, "wall_s": time.monotonic() - t0})
         return self.rows[-1]
-
-
-def _one_line(e: BaseException) -> str:
-    first = (str(e).strip().splitlines() or [""])[0]
-    return f"error: {type(e).__name__}: {first[:300]}"
 
 
 def _shape_cfg(s: dict) -> ModelConfig:
@@ -288,19 +283,17 @@ def objective_rows(suite: Suite, mode: str) -> None:
 def loader_rows(suite: Suite) -> dict:
     from ssl_vit.bench.loaders import interleaved_rates
     from ssl_vit.config.schema import PretrainDataConfig
-    from ssl_vit.data import pretrain_loader, resolve_shards
+    from ssl_vit.data import StreamArgs, pretrain_loader, resolve_shards
     from ssl_vit.data.device_augment import DeviceAugment, load_size
 
     _, shape = suite.small_shape()
     batch, size = shape["batch"], shape["image_size"]
     workers = 1 if suite.tiny else auto_num_workers(-1)
-    urls, data = resolve_shards(suite.shards()), PretrainDataConfig(num_workers=workers)
-    load = load_size(0, size)
+    urls, data = resolve_shards(suite.shards()), PretrainDataConfig()
+    load, stream = load_size(0, size), StreamArgs(batch, workers, size)
     loaders = {
-        "device": pretrain_loader(
-            data, batch_size=batch, image_size=size, urls=urls, load_size=load
-        ),
-        "workers": pretrain_loader(data, batch_size=batch, image_size=size, urls=urls),
+        "device": pretrain_loader(data, replace(stream, load_size=load), urls=urls),
+        "workers": pretrain_loader(data, stream, urls=urls),
     }
     images = 4 * batch if suite.tiny else 40 * batch
     rates = interleaved_rates(loaders, images, rounds=1 if suite.tiny else 3)

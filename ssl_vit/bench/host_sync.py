@@ -18,6 +18,7 @@ __all__ = [
     "FROM_PYTHON_OPS",
     "HostReads",
     "SYNC_OPS",
+    "error_line",
     "sync_count_row",
     "sync_debug_row",
     "training_step",
@@ -62,7 +63,8 @@ class HostReads(TorchDispatchMode):
         return sum(op.split(".")[0] != "aten.lift_fresh" for _, op in self.events)
 
 
-def _one_line(e: BaseException) -> str:
+def error_line(e: BaseException) -> str:
+    """A failure as a table cell: its type and the first line of its message (300 characters)."""
     first = (str(e).strip().splitlines() or [""])[0]
     return f"error: {type(e).__name__}: {first[:300]}"
 
@@ -131,7 +133,7 @@ def sync_debug_row(shape: dict, device: torch.device, precision: str) -> dict:
                 return {
                     "steps_ok": i,
                     "sync_free": False,
-                    "first_sync": _one_line(e),
+                    "first_sync": error_line(e),
                     "where": where,
                 }
     finally:

@@ -15,19 +15,16 @@ from __future__ import annotations
 
 import filecmp
 import gc
-import json
 import logging
 import os
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from ssl_vit.bench.loaders import imagefolder_loader, interleaved_rates, ours_loader
+from ssl_vit.bench.pipeline_rows import run_pretrain
 from ssl_vit.bench.timing import median
-from ssl_vit.children import die_with_parent
 from ssl_vit.data import resolve_shards
 from ssl_vit.data.sources import ShardSource
 from ssl_vit.data.write.convert import make_shards
@@ -84,22 +81,9 @@ def pipeline_rate(shards: Path, out: Path, image_size: int, batch: int, steps: i
         *(f"train.steps={steps}", f"train.log_every={every}", "train.warmup_steps=2"),
         *("train.checkpoint_every=0", "data.num_workers=1"),
     ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    run = dict(capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
-    proc = subprocess.run(cmd, **run, preexec_fn=die_with_parent())  # it dies with this process
-    if proc.returncode != 0:
-        raise RuntimeError(f"pipelines/pretrain.py exit {proc.returncode}: {proc.stderr[-500:]}")
-    laps = []
-    for line in (out / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "img_per_s" in record:
-            laps.append(record)
-    steady = [r["img_per_s"] for r in laps[1:]] or [r["img_per_s"] for r in laps]
+    img_per_s, laps = run_pretrain(cmd, ROOT, out, timeout=1800)
     return {
-        "img_per_s": statistics.median(steady),
+        "img_per_s": img_per_s,
         "data_wait": [r.get("data_wait") for r in laps],
         "steps": steps,
     }

@@ -16,7 +16,7 @@ from torchvision.transforms import v2
 
 from ssl_vit.bench.timing import PeakRSS
 from ssl_vit.config.schema import PretrainDataConfig
-from ssl_vit.data import pretrain_loader, resolve_shards
+from ssl_vit.data import StreamArgs, pretrain_loader, resolve_shards
 from ssl_vit.data.images import torchvision_train_transform
 from ssl_vit.data.shards import read_index
 from ssl_vit.datasets.synthetic import SYNTHETIC_LABELS, make_synthetic_shards, synthetic_shapes
@@ -33,8 +33,8 @@ __all__ = [
 
 def ours_loader(urls: Sequence[str], batch_size: int, image_size: int, num_workers: int):
     """Our pretraining loader exactly as pipelines/pretrain.py builds it (default options)."""
-    data = PretrainDataConfig(num_workers=num_workers)
-    return pretrain_loader(data, batch_size=batch_size, image_size=image_size, urls=urls)
+    stream = StreamArgs(batch_size, num_workers, image_size)
+    return pretrain_loader(PretrainDataConfig(), stream, urls=urls)
 
 
 def imagefolder_loader(

@@ -18,7 +18,7 @@ import torch
 
 from ssl_vit.children import die_with_parent
 
-__all__ = ["DDP_PIPELINE", "ddp_pipeline_row", "pipeline_row"]
+__all__ = ["DDP_PIPELINE", "ddp_pipeline_row", "pipeline_row", "run_pretrain"]
 
 
 def pipeline_row(suite: Any, compile: bool, processes: int = 1) -> dict:
@@ -47,17 +47,10 @@ def pipeline_row(suite: Any, compile: bool, processes: int = 1) -> dict:
         *(["data.num_workers=0"] if suite.tiny else []),
         *suite.overrides,
     ]
-    timeout = max(suite.left_s() - 5, 1)
-    root = str(suite.pipeline.resolve().parent.parent)  # the pipeline imports ssl_vit from there
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    run = dict(capture_output=True, text=True, timeout=timeout, env=env, cwd=root)
-    proc = subprocess.run(cmd, **run, preexec_fn=die_with_parent())  # it dies with this process
-    if proc.returncode != 0:
-        raise RuntimeError(f"exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
-    laps = [r for r in _jsonl(out / "metrics.jsonl") if "img_per_s" in r]
-    steady = [r["img_per_s"] for r in laps[1:]] or [r["img_per_s"] for r in laps]
+    root = suite.pipeline.resolve().parent.parent  # the pipeline imports ssl_vit from there
+    img_per_s, laps = run_pretrain(cmd, root, out, timeout=max(suite.left_s() - 5, 1))
     return {
-        "img_per_s": statistics.median(steady),
+        "img_per_s": img_per_s,
         "img_per_s_laps": [r["img_per_s"] for r in laps],
         "data_wait": [r.get("data_wait") for r in laps],
         "batch": shape["batch"] * processes,
@@ -65,6 +58,25 @@ def pipeline_row(suite: Any, compile: bool, processes: int = 1) -> dict:
         "steps": steps,
         "overrides": suite.overrides,
     }
+
+
+def run_pretrain(
+    cmd: list[str], root: str | Path, out: Path, timeout: float
+) -> tuple[float, list[dict]]:
+    """Run the pretraining command `cmd` (it imports ssl_vit from `root`, logs into `out`); it
+    dies with this process. -> (the median images/s of its laps after the first, or of its one
+    lap; its laps: the metrics.jsonl rows with img_per_s). RuntimeError if it fails."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    run = dict(capture_output=True, text=True, timeout=timeout, env=env, cwd=root)
+    proc = subprocess.run(cmd, **run, preexec_fn=die_with_parent())  # it dies with this process
+    if proc.returncode != 0:
+        raise RuntimeError(f"pretrain.py exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
+    laps = [r for r in _jsonl(out / "metrics.jsonl") if "img_per_s" in r]
+    steady = [r["img_per_s"] for r in laps[1:]] or [r["img_per_s"] for r in laps]
+    return statistics.median(steady), laps
 
 
 def _jsonl(path: Path) -> Iterator[dict]:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ssl_vit.config.pixels import PIXEL_NORM
 from ssl_vit.config.schema import ModelConfig
 from ssl_vit.config.variants import resolve_variant
 
@@ -37,12 +38,12 @@ def _classifier_file(folder: Path, out: Path, variant: str, image_size: int) -> 
     from ssl_vit.train.classifier_file import ClassifierSpec, save_classifier
 
     names = FolderSource(folder).label_names
-    cfg = ModelConfig(variant=variant, image_size=image_size)
+    cfg = ModelConfig(variant=variant, image_size=image_size).resolved()
     cfg.validate()
     torch.manual_seed(0)
     model = Classifier(build_vit(cfg), len(names), "cls", PixelNorm())
     torch.nn.init.normal_(model.head.weight, std=0.02)  # not zero: no tied logits
-    spec = ClassifierSpec(to_dict(cfg), "cls", tuple(names), (0.5,) * 3, (0.5,) * 3)
+    spec = ClassifierSpec(to_dict(cfg), "cls", tuple(names), PIXEL_NORM, PIXEL_NORM)
     out.mkdir(parents=True, exist_ok=True)
     save_classifier(model, out / "model.safetensors", spec)
     return out
@@ -68,7 +69,7 @@ def _timm_model(variant: str, image_size: int, num_classes: int, device):
     # The preprocessing a `--to timm` export of ours declares: the same work as predict's.
     model.pretrained_cfg = {
         **model.pretrained_cfg, "input_size": (3, image_size, image_size), "crop_pct": 1.0,
-        "interpolation": "bilinear", "mean": (0.5,) * 3, "std": (0.5,) * 3,
+        "interpolation": "bilinear", "mean": PIXEL_NORM, "std": PIXEL_NORM,
     }  # fmt: skip
     return model.to(device).eval()
 

@@ -37,13 +37,13 @@ def auto_num_workers(requested: int) -> int:
     return max(min(MAX_AUTO_WORKERS, (cpus or 1) // local), 1)
 
 
-def check_data_loading(num_workers: int, load_size: int) -> int:
-    """The resolved worker count, after checking the loading keys shared by the data configs."""
+def check_data_loading(num_workers: int, load_size: int) -> None:
+    """The loading keys shared by the data configs (the run plan resolves an auto worker
+    count: `auto_num_workers`)."""
     if num_workers < -1:
         raise ConfigError(f"data.num_workers: must be >= 0 or -1 (auto), got {num_workers}")
     if load_size < 0:
         raise ConfigError(f"data.load_size: must be >= 0 (0: auto), got {load_size}")
-    return auto_num_workers(num_workers)
 
 
 def check_min(prefix: str, obj: Any, names: tuple[str, ...], minimum: int) -> None:

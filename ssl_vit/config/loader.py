@@ -29,6 +29,7 @@ __all__ = [
     "load_config",
     "parse_overrides",
     "read_yaml_file",
+    "run_kind",
     "to_dict",
     "save_config",
 ]
@@ -115,6 +116,8 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
         obj = cls(**kwargs)
     except TypeError as e:  # a field without default that was not given
         raise ConfigError(f"{prefix or 'config'}: {e}") from None
+    if hasattr(obj, "resolved"):  # derived fields (a model variant's shape), in a copy
+        obj = obj.resolved()
     if hasattr(obj, "validate"):
         obj.validate()
     return obj
@@ -351,3 +354,18 @@ def _field_default(cls: type, key: str) -> Any:
 def save_config(cfg: Any, path: str | Path) -> None:
     """The resolved config as YAML, written atomically (`atomic.write_text`)."""
     write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+# What kind of run a config.yaml is: the first of these top-level keys it has (pretraining has
+# `fewshot` too, the few-shot job `init` too).
+_KIND_MARKERS = (
+    ("top_k", "predict"),
+    ("objective", "pretraining"),
+    ("fewshot", "few-shot"),
+    ("init", "fine-tuning"),
+)
+
+
+def run_kind(config: dict[str, Any]) -> str | None:
+    """'pretraining', 'fine-tuning' or 'few-shot': the kind of job a config (dict) is for."""
+    return next((kind for key, kind in _KIND_MARKERS if key in config), None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Literal
 
 from ssl_vit.config.checks import (
@@ -89,13 +89,17 @@ class ModelConfig(Frozen):
             if f.name in ("mlp_ratio", "norm_eps") and getattr(self, f.name) is None:
                 setattr(self, f.name, f.default)
 
+    def resolved(self) -> ModelConfig:
+        """A copy with the variant's shape filled in (`from_dict` takes it before the checks):
+        explicit width / depth / heads win over it, its '/patch' over `patch_size`."""
+        if not self.variant:
+            return self
+        shape = resolve_variant(self.variant)
+        patch = shape.pop("patch_size", self.patch_size)
+        given = {k: v for k, v in shape.items() if getattr(self, k) is None}
+        return replace(self, patch_size=patch, **given)
+
     def validate(self) -> None:
-        if self.variant:
-            shape = resolve_variant(self.variant)
-            self.patch_size = shape.pop("patch_size", self.patch_size)
-            for key, value in shape.items():  # explicit values override the variant
-                if getattr(self, key) is None:
-                    setattr(self, key, value)
         names = ("image_size", "patch_size", "width", "depth", "heads", "mlp_ratio", "norm_eps")
         check_positive("model.", self, names)
         if self.width and self.heads and self.width % self.heads:
@@ -182,7 +186,7 @@ class PretrainDataConfig(Frozen):
     """The pretraining stream: WebDataset shards, random-resized crop and flip."""
 
     train_shards: str = ""  # shard directory, index JSON or brace pattern
-    num_workers: int = -1  # -1: auto, min(8, CPUs // processes per node), resolved at load
+    num_workers: int = -1  # -1: auto, min(8, CPUs // processes per node), in the run plan
     # Sequential lanes every global micro-batch draws from equally (fixed for a run; the sample
     # order depends on it, not on processes or workers): 0 auto, the largest divisor of the
     # micro-batch up to 64 and up to the shard count (resuming: the checkpoint's). docs/scaling.md
@@ -203,7 +207,7 @@ class PretrainDataConfig(Frozen):
     def validate(self) -> None:
         check_min("data.", self, ("shuffle_buffer", "lanes"), 0)
         check_pixels_norm("data.", self.std, self.crop_scale)
-        self.num_workers = check_data_loading(self.num_workers, self.load_size)
+        check_data_loading(self.num_workers, self.load_size)
 
 
 @dataclass
@@ -271,7 +275,7 @@ class FinetuneDataConfig(Frozen):
     def validate(self) -> None:
         check_min("data.", self, ("shuffle_buffer", "lanes", "max_eval", "labels_per_class"), 0)
         check_pixels_norm("data.", self.std, self.crop_scale)
-        self.num_workers = check_data_loading(self.num_workers, self.load_size)
+        check_data_loading(self.num_workers, self.load_size)
 
 
 @dataclass

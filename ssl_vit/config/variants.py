@@ -1,7 +1,7 @@
 """Named ViT variants as data (paper Table 1, plus Ti and S from DeiT / big_vision).
 
-In the config layer: `ModelConfig.validate` fills width, depth and heads from them, and the
-model builds from the filled config only."""
+In the config layer: `ModelConfig.resolved` fills width, depth and heads from them as the config
+loads, and the model builds from the filled config only."""
 
 from __future__ import annotations
 

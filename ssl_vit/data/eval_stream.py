@@ -24,6 +24,7 @@ from ssl_vit.data.stages import (
     collate,
     decode_stage,
     make_loader,
+    record_sample,
     shard_samples,
     share,
     to_sample,
@@ -128,8 +129,7 @@ class _IndexedStream(_PassStream):
             mine, keep, _ = share(len(order), index, count)
             order = order[mine] if keep == 0 else order[:0]
         for rec in source.iter_records(order):
-            label = None if self.require_labels and rec.label < 0 else rec.label
-            yield Sample(rec.key, source.describe(rec.index), rec.data or None, label)
+            yield record_sample(source, rec, self.require_labels)
 
 
 def eval_loader(

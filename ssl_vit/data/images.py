@@ -13,6 +13,7 @@ from PIL import Image, ImageOps
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
+from ssl_vit.config.pixels import PIXEL_NORM
 from ssl_vit.data.decode import (
     check_pixels,
     decode_image,
@@ -114,7 +115,7 @@ class RandAugment:
     the torch RNG, which the loader seeds per sample (stages._seeded), so a sample's ops depend
     only on its place in the stream, as its crop does; the global states are restored after."""
 
-    def __init__(self, spec: str, image_size: int, mean: Sequence[float] = (0.5, 0.5, 0.5)):
+    def __init__(self, spec: str, image_size: int, mean: Sequence[float] = PIXEL_NORM):
         from timm.data.auto_augment import rand_augment_transform
 
         hparams = {
@@ -168,7 +169,7 @@ def train_transform(
     crop_scale: Sequence[float] = (0.08, 1.0),
     hflip: bool = True,
     randaugment: str = "",
-    mean: Sequence[float] = (0.5, 0.5, 0.5),
+    mean: Sequence[float] = PIXEL_NORM,
 ):
     """uint8 [3,H,W] -> uint8 [3,S,S]: random resized crop (+ horizontal flip) (+ RandAugment
     with a non-empty timm spec, after them as in timm / MAE)."""

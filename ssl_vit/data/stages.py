@@ -47,6 +47,7 @@ __all__ = [
     "end_workers",
     "make_loader",
     "rate_limited",
+    "record_sample",
     "shard_samples",
     "share",
     "to_sample",
@@ -176,6 +177,13 @@ def to_sample(sample: dict[str, Any], require_label: bool) -> Sample:
         label = -1
     data = sample[ext] if ext is not None else None
     return Sample(sample["__key__"], sample.get("__url__", ""), data, label)
+
+
+def record_sample(source: Any, rec: Any, require_label: bool) -> Sample:
+    """A random-access source's `Record` -> `Sample` (the log names the file); a missing label
+    (-1) is None when one is required, as `to_sample`."""
+    label = None if require_label and rec.label < 0 else rec.label
+    return Sample(rec.key, source.describe(rec.index), rec.data or None, label)
 
 
 def decode_stage(

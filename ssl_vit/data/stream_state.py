@@ -15,24 +15,43 @@ import hashlib
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
 
 __all__ = [
     "MAX_AUTO_LANES",
+    "StreamArgs",
     "StreamTracker",
     "check_same_stream",
     "lane_range",
     "resolve_lanes",
     "source_id",
     "start_positions",
+    "start_stream",
 ]
 
 log = logging.getLogger(__name__)
 MAX_AUTO_LANES = 64  # enough readers for 8 workers on each of 8 GPUs
 
 Position = tuple[int, int]  # (visit, samples of that visit consumed)
+
+
+@dataclass(frozen=True)
+class StreamArgs:
+    """Where a training stream's reader sits, as the run plan and the loop decided it
+    (`TrainLoop.stream_args`); the loaders read it and derive none of it again."""
+
+    micro_batch: int  # the global micro-batch (`RunPlan.micro_batch`): each lane gives 1/lanes
+    num_workers: int  # loader workers per process (`RunPlan.num_workers`, resolved)
+    image_size: int
+    seed: int = 0
+    rank: int = 0
+    world_size: int = 1
+    resume: dict | None = None  # a `StreamTracker.state_dict()` (any processes and workers)
+    load_size: int | None = None  # un-augmented uint8 [B,3,L,L] images for `DeviceAugment`
+    max_consecutive_failures: int = 1000
 
 
 def source_id(names: Sequence[str]) -> str:
@@ -131,6 +150,30 @@ def check_same_stream(
             f"--resume: {what} cannot continue with {', '.join(changed)} (another sample "
             "order); resume with its settings, or start a new run in another output_dir"
         )
+
+
+def start_stream(
+    stream: StreamArgs,
+    requested: int,
+    identity: dict[str, Any],
+    key: str,
+    shards: int = 0,
+    paired: bool = False,
+) -> tuple[int, dict[int, Position], StreamTracker]:
+    """(lanes, every lane's start position, this rank's tracker) of the stream of config key
+    `key`; `identity`: what a saved stream must match (the seed added). The lanes are resolved
+    here, not in the run plan: they depend on the stream's shards and its checkpoint (read after
+    the plan), and a side stream (self-training's unlabelled images) has lanes of its own."""
+    s = stream
+    saved = s.resume.get("lanes") if s.resume else None
+    lanes = resolve_lanes(requested, s.micro_batch, s.world_size, saved, shards, paired)
+    identity = {**identity, "seed": s.seed}
+    names = {"source": key, "seed": "seed", "lanes": "data.lanes"}
+    names.update({k: f"data.{k}" for k in identity if k not in names})
+    start = start_positions(s.resume, identity, lanes, names)
+    mine = lane_range(lanes, s.rank, s.world_size, 0, 1)
+    tracker = StreamTracker(identity, lanes, {k: p for k, p in start.items() if k in mine})
+    return lanes, start, tracker
 
 
 class StreamTracker:

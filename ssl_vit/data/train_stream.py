@@ -41,11 +41,10 @@ import torch
 from torch.utils.data import get_worker_info
 
 from ssl_vit import seeds
-from ssl_vit.config.checks import auto_num_workers
 from ssl_vit.config.schema import FinetuneDataConfig, PretrainDataConfig
 from ssl_vit.data.assembled import TrainLoader
 from ssl_vit.data.images import SquareLoad, train_transform
-from ssl_vit.data.shards import is_shard_spec, read_index, resolve_shards
+from ssl_vit.data.shards import is_shard_spec, resolve_shards
 from ssl_vit.data.sources import open_source
 from ssl_vit.data.stages import (
     Batch,
@@ -55,19 +54,14 @@ from ssl_vit.data.stages import (
     collate,
     decode_stage,
     make_loader,
+    record_sample,
     shard_samples,
     share,
     to_sample,
 )
-from ssl_vit.data.stream_state import (
-    StreamTracker,
-    lane_range,
-    resolve_lanes,
-    source_id,
-    start_positions,
-)
+from ssl_vit.data.stream_state import StreamArgs, lane_range, source_id, start_stream
 
-__all__ = ["StreamTracker", "pretrain_loader", "train_loader"]
+__all__ = ["pretrain_loader", "train_loader"]
 
 log = logging.getLogger(__name__)
 
@@ -197,10 +191,7 @@ class _IndexedTrainStream(_LaneStream):
         source = open_source(self.spec)  # opened per worker: pickles as a path
         perm = np.random.default_rng(seeds.derive(self.seed, seeds.EPOCH, v)).permutation
         for i in perm(len(source))[lane :: self.lanes].tolist():  # (not iter_records: sorted)
-            rec = source[i]
-            label = None if self.require_labels and rec.label < 0 else rec.label
-            sample = Sample(rec.key, source.describe(i), rec.data or None, label)
-            yield sample, (v, i)  # logs name the file
+            yield record_sample(source, source[i], self.require_labels), (v, i)
 
 
 # The fields of the data configs the loaders read (both job configs name them alike).
@@ -210,64 +201,54 @@ DataConfig = PretrainDataConfig | FinetuneDataConfig
 def _build(
     make: Any,
     data: DataConfig,
+    stream: StreamArgs,
     identity: dict[str, Any],
     key: str,
     *,
-    batch_size: int,
-    image_size: int,
-    seed: int,
-    rank: int,
-    world_size: int,
-    resume: dict | None,
-    load_size: int | None,
     randaugment: str = "",
     paired: bool = False,
     records: int = 0,
     **fields: Any,
 ) -> TrainLoader:
-    """The `TrainLoader` of dataset class `make` (the per-process `batch_size`); `identity`:
-    what the saved stream must match to be continued, `key`: the config key naming the data;
-    `records` > 0: the samples of an indexed source (at least one per lane)."""
-    micro = batch_size * world_size  # the global micro-batch (each lane gives it micro / lanes)
-    saved = resume.get("lanes") if resume else None
+    """The `TrainLoader` of dataset class `make`; `identity`: what the saved stream must match
+    to be continued, `key`: the config key naming the data; `records` > 0: the samples of an
+    indexed source (at least one per lane)."""
+    s = stream
     shards = len(fields.get("urls", ()))
-    lanes = resolve_lanes(data.lanes, micro, world_size, saved, shards, paired)
+    lanes, start, tracker = start_stream(s, data.lanes, identity, key, shards, paired)
     if records and records < lanes:
         raise ValueError(f"{fields['spec']}: {records} samples < {lanes} lanes (data.lanes)")
-    identity = {**identity, "seed": seed}
-    names = {"source": key, "seed": "seed", "lanes": "data.lanes"}
-    names.update({k: f"data.{k}" for k in identity if k not in names})
-    start = start_positions(resume, identity, lanes, names)
-    workers = auto_num_workers(data.num_workers)
-    per_rank = lanes // world_size
+    workers, per_rank = s.num_workers, lanes // s.world_size
     if workers > per_rank:
         log.info("data: %d lanes per process, so %d loader workers", per_rank, per_rank)
         workers = per_rank
-    if load_size is None:
+    image_size = s.image_size
+    if s.load_size is None:
         transform = train_transform(image_size, data.crop_scale, data.hflip, randaugment, data.mean)
     else:
-        image_size, transform = load_size, SquareLoad(load_size)
+        image_size, transform = s.load_size, SquareLoad(s.load_size)
     dataset = make(
-        batch_size=micro,
+        batch_size=s.micro_batch,
         image_size=image_size,
         transform=transform,
-        seeded=load_size is None,
-        seed=seed,
-        rank=rank,
-        world_size=world_size,
+        seeded=s.load_size is None,
+        seed=s.seed,
+        rank=s.rank,
+        world_size=s.world_size,
+        max_consecutive_failures=s.max_consecutive_failures,
         lanes=lanes,
         shuffle_buffer=data.shuffle_buffer,
         start=start,
         **fields,
     )
-    mine = lane_range(lanes, rank, world_size, 0, 1)
-    tracker = StreamTracker(identity, lanes, {k: p for k, p in start.items() if k in mine})
     # With several workers `assembled._Assembled` copies their shares into pinned memory itself.
     loader = make_loader(dataset, workers, persistent=True, prefetch=2, pin=workers <= 1)
     return TrainLoader(loader, tracker)
 
 
-def _shard_loader(urls: list[str], data: DataConfig, key: str, **stream: Any) -> TrainLoader:
+def _shard_loader(
+    urls: list[str], data: DataConfig, stream: StreamArgs, key: str, **fields: Any
+) -> TrainLoader:
     if 0 < data.lanes and len(urls) < data.lanes and not data.resampled:
         log.warning(
             "%d shards < data.lanes=%d: each shard is read by up to %d lanes, each keeping its "
@@ -279,61 +260,29 @@ def _shard_loader(urls: list[str], data: DataConfig, key: str, **stream: Any) ->
         "resampled": data.resampled,
         "shuffle_buffer": data.shuffle_buffer,
     }
-    fields = dict(urls=urls, resampled=data.resampled)
-    return _build(_ShardTrainStream, data, identity, key, **fields, **stream)
+    fields.update(urls=urls, resampled=data.resampled)
+    return _build(_ShardTrainStream, data, stream, identity, key, **fields)
 
 
 def pretrain_loader(
-    data: PretrainDataConfig,
-    *,
-    batch_size: int,
-    image_size: int,
-    seed: int = 0,
-    rank: int = 0,
-    world_size: int = 1,
-    resume: dict | None = None,
-    urls: Sequence[str] | None = None,
-    max_consecutive_failures: int = 1000,
-    load_size: int | None = None,
+    data: PretrainDataConfig, stream: StreamArgs, urls: Sequence[str] | None = None
 ) -> TrainLoader:
-    """Endless augmented batches of `batch_size` (per process) from the shards of
-    `data.train_shards` (or `urls`, shards already resolved), with `data`'s lanes, workers,
+    """Endless augmented batches (this process's share of each global micro-batch) from the
+    shards of `data.train_shards` (or `urls`, shards already resolved), with `data`'s lanes,
     shuffle buffer, crop scale, flip and resampling.
 
     Non-resampled: epochs, each sample once per epoch (per lane: lanes of equal shares end
     their epochs together); resampled: shards drawn with replacement. Labels come from `.cls`
     when present (-1 otherwise).
-    `resume`: a `StreamTracker.state_dict()` (any number of processes and workers).
-    `load_size`: batches of un-augmented uint8 [B,3,L,L] images for `DeviceAugment`.
     """
     urls = resolve_shards(data.train_shards) if urls is None else list(urls)
-    return _shard_loader(
-        urls,
-        data,
-        "data.train_shards",
-        batch_size=batch_size,
-        image_size=image_size,
-        seed=seed,
-        rank=rank,
-        world_size=world_size,
-        resume=resume,
-        require_labels=False,
-        max_consecutive_failures=max_consecutive_failures,
-        load_size=load_size,
-    )
+    return _shard_loader(urls, data, stream, "data.train_shards", require_labels=False)
 
 
 def train_loader(
     data: FinetuneDataConfig,
+    stream: StreamArgs,
     *,
-    batch_size: int,
-    image_size: int,
-    seed: int = 0,
-    rank: int = 0,
-    world_size: int = 1,
-    resume: dict | None = None,
-    max_consecutive_failures: int = 1000,
-    load_size: int | None = None,
     num_classes: int = 0,
     randaugment: str = "",
     paired: bool = False,
@@ -348,36 +297,24 @@ def train_loader(
     same augmentation; their labels, if any, are not read.
 
     Shards: as `pretrain_loader`, a sample without a label skipped. An image folder or HF
-    dataset: per epoch a permutation seeded by (seed, epoch), split over the lanes.
-    `load_size`: as `pretrain_loader`.
+    dataset: per epoch a permutation seeded by (seed, epoch), split over the lanes. That the
+    labelled source has labels at all is checked before the job starts
+    (`preflight.check_labelled_source`).
     """
     labelled = source is None
     source, key = (data.train, "data.train") if labelled else (source, "distill.unlabelled")
-    stream: dict[str, Any] = dict(
-        batch_size=batch_size,
-        image_size=image_size,
-        seed=seed,
-        rank=rank,
-        world_size=world_size,
-        resume=resume,
+    fields: dict[str, Any] = dict(
         require_labels=labelled,
-        max_consecutive_failures=max_consecutive_failures,
-        load_size=load_size,
         num_classes=num_classes if labelled else 0,
         randaugment=randaugment,
         paired=paired,
     )
     if is_shard_spec(source):
-        index = read_index(source)
-        if labelled and index is not None and not index["label_names"]:
-            raise ValueError(f"{source}: shards have no labels (index.json label_names is empty)")
-        return _shard_loader(resolve_shards(source), data, key, **stream)
+        return _shard_loader(resolve_shards(source), data, stream, key, **fields)
     source_obj = open_source(source)
-    if labelled and not source_obj.label_names:
-        raise ValueError(f"{source}: source has no labels")
     identity = {
         "source": f"{len(source_obj)} records/{source_id([source])}",
         "shuffle_buffer": data.shuffle_buffer,
     }
-    fields = dict(spec=source, records=len(source_obj))
-    return _build(_IndexedTrainStream, data, identity, key, **fields, **stream)
+    fields.update(spec=source, records=len(source_obj))
+    return _build(_IndexedTrainStream, data, stream, identity, key, **fields)

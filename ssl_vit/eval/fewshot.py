@@ -19,16 +19,15 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from ssl_vit.eval.shots import ALL_SHOTS, Shot
+
 __all__ = [
-    "ALL_SHOTS",
     "BIAS_CONSTANT",
     "STD_EPS",
     "ridge_accuracies",
     "fewshot_sweep",
     "ridge_solve",
     "select_fewshot_indices",
-    "shot_key",
-    "shot_order",
     "standardize",
 ]
 
@@ -38,21 +37,6 @@ BIAS_CONSTANT = 100.0
 STD_EPS = 1e-5
 
 ArrayLike = torch.Tensor | np.ndarray
-# The shot count meaning "every train sample": a full linear probe. Summary key "allshot",
-# table heading "all-shot", like "5shot" / "5-shot".
-ALL_SHOTS = "all"
-Shot = int | Literal["all"]
-
-
-def shot_key(k: int | str) -> Shot:
-    """A shot count as used in memory: 5 or "5" (a JSON key read back) -> 5; "all" -> "all"."""
-    return ALL_SHOTS if k == ALL_SHOTS else int(k)
-
-
-def shot_order(k: int | str) -> tuple[int, int]:
-    """Sort key: counts ascending, then "all"."""
-    k = shot_key(k)
-    return (1, 0) if k == ALL_SHOTS else (0, k)
 
 
 def _as_float64(x: ArrayLike, device: torch.device | None = None) -> torch.Tensor:

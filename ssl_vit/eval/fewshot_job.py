@@ -23,9 +23,10 @@ from torch.utils._pytree import tree_map
 from ssl_vit.config.fewshot import FewshotEvalConfig
 from ssl_vit.config.run import CompileConfig
 from ssl_vit.data import eval_loader, open_source
-from ssl_vit.eval.fewshot import ALL_SHOTS, fewshot_sweep, select_fewshot_indices
-from ssl_vit.eval.knn import knn_top1
+from ssl_vit.eval.fewshot import fewshot_sweep, select_fewshot_indices
+from ssl_vit.eval.knn import knn_predict
 from ssl_vit.eval.readouts import (
+    Extraction,
     Readout,
     extract_layer_features,
     frozen_forward,
@@ -33,6 +34,7 @@ from ssl_vit.eval.readouts import (
     parse_layers,
     plan_readouts,
 )
+from ssl_vit.eval.shots import ALL_SHOTS
 from ssl_vit.model.vit import ViT
 from ssl_vit.progress import progress_bar
 from ssl_vit.watchdog import watched
@@ -46,24 +48,18 @@ log = logging.getLogger(__name__)
 def extract_features(
     encoder: ViT,
     images: Iterable[tuple[torch.Tensor, torch.Tensor]],
-    mean: tuple[float, float, float],
-    std: tuple[float, float, float],
+    how: Extraction,
     pool: str = "cls",
-    device: torch.device | str = "cpu",
-    compile: bool | str = False,
-    compile_mode: str = "default",
-    precision: str = "bf16",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(uint8 images [B, 3, S, S], labels [B]) batches -> (features [M, D] float32 on CPU,
-    labels [M]). The representation is the pooled output of the final LayerNorm. `compile`,
-    `compile_mode`, `precision`: see readouts.frozen_forward."""
+    labels [M]), computed as `how` says. The representation is the pooled output of the final
+    LayerNorm."""
     feats, labels = [], []
 
     def pooled(x: torch.Tensor) -> torch.Tensor:
         return encoder(x, pool)
 
-    extraction = (device, pooled, compile, compile_mode, precision)
-    for x, y in frozen_forward(encoder, images, mean, std, *extraction):
+    for x, y in frozen_forward(encoder, images, how, pooled):
         feats.append(x)
         labels.append(y)
     if not feats:
@@ -130,7 +126,7 @@ def fewshot_evaluate(
     """Few-shot linear accuracy of `encoder` (frozen) as `spec` (the `fewshot:` section) says,
     on images of `image_size` normalized by `mean` / `std` (the encoder's input); `compile`:
     torch.compile of the feature extraction (None: eager); `precision`: its autocast on a GPU
-    (the job's mixed precision: bf16, fp16 or no; see readouts.frozen_forward).
+    (the job's mixed precision: bf16, fp16 or no; see readouts.Extraction).
 
     Returns `fewshot_sweep`'s dict for the last block's output pooled by `spec.pool`, plus
     'summary' ({"{k}shot": mean accuracy at the first l2_reg}) and timing. `spec.layers`
@@ -148,8 +144,8 @@ def fewshot_evaluate(
     labels, labelled, num_classes = _train_labels(spec.train)
     selection, rows = _train_rows(spec, labels, labelled, num_classes)
     compiling = (compile.enabled, compile.mode) if compile is not None else (False, "default")
-    features = _extractor(encoder, spec.pool, per_layer, extract_at, (mean, std, device),
-                          (*compiling, precision))  # fmt: skip
+    how = Extraction(mean, std, device, *compiling, precision)
+    features = _extractor(encoder, spec.pool, per_layer, extract_at, how)
     loading = (image_size, spec.batch_size, spec.num_workers)
     train_f, test_f, skipped = _train_and_test(spec, features, rows, loading, num_classes)
     t_features = time.perf_counter() - t0
@@ -191,20 +187,17 @@ def _extractor(
     pool: str,
     per_layer: bool,
     extract_at: list[int],
-    norm: tuple,
-    compiling: tuple,
+    how: Extraction,
 ) -> Any:
     """`features(batches, pool, per_layer)` -> ({block: {pool: [N, D]}}, labels [N]): the
-    pooled last output only, or every block of `extract_at` (`extract_layer_features`);
-    `norm`: (mean, std, device), `compiling`: (enabled, mode, precision)."""
-    mean, std, device = norm
+    pooled last output only, or every block of `extract_at` (`extract_layer_features`)."""
     depth = len(encoder.blocks)
 
     def features(batches, pool=pool, per_layer=per_layer):
         if not per_layer:  # the one readout: pooled last output (unchanged default path)
-            x, y = extract_features(encoder, batches, mean, std, pool, device, *compiling)
+            x, y = extract_features(encoder, batches, how, pool)
             return {depth - 1: {pool: x}}, y
-        return extract_layer_features(encoder, batches, mean, std, extract_at, device, *compiling)
+        return extract_layer_features(encoder, batches, how, extract_at)
 
     return features
 
@@ -281,9 +274,9 @@ def _knn(spec, labelled, features, loading, test_x, test_y, num_classes) -> dict
     kept: list[int] = []
     store, knn_y = features(_subset_batches(spec.train, knn_rows, *loading, kept), per_layer=False)
     knn_x, knn_y, _ = _in_index_order(next(iter(store.values()))[spec.pool], knn_y, kept)
-    top1 = knn_top1(knn_x, knn_y, test_x, test_y, spec.knn_k, spec.knn_temperature, num_classes)
+    pred = knn_predict(knn_x, knn_y, test_x, spec.knn_k, spec.knn_temperature, num_classes)
     return {
-        "top1": top1,
+        "top1": (pred.cpu() == test_y.reshape(-1).cpu().long()).double().mean().item(),
         "k": spec.knn_k,
         "temperature": spec.knn_temperature,
         "num_train": len(knn_x),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["knn_predict", "knn_top1"]
+__all__ = ["knn_predict"]
 
 
 @torch.no_grad()
@@ -41,17 +41,3 @@ def knn_predict(
         votes_CK.scatter_add_(1, train_N[idx_Ck], (sim_Ck / temperature).exp())
         preds.append(votes_CK.argmax(dim=1))
     return torch.cat(preds)
-
-
-def knn_top1(
-    train_x: torch.Tensor,
-    train_y: torch.Tensor,
-    test_x: torch.Tensor,
-    test_y: torch.Tensor,
-    k: int = 20,
-    temperature: float = 0.07,
-    num_classes: int | None = None,
-) -> float:
-    """Fraction of test samples whose weighted k-NN vote (`knn_predict`) is their label."""
-    pred_M = knn_predict(train_x, train_y, test_x, k, temperature, num_classes)
-    return (pred_M.cpu() == test_y.reshape(-1).cpu().long()).double().mean().item()

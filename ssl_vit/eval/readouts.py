@@ -21,12 +21,14 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_map
 
-from ssl_vit.eval.fewshot import fewshot_sweep, shot_order
+from ssl_vit.eval.fewshot import fewshot_sweep
+from ssl_vit.eval.shots import shot_order
 from ssl_vit.model.pixels import PixelNorm
 from ssl_vit.model.vit import POOLS, ViT, resolve_layers
 from ssl_vit.train.compile import maybe_compile
 
 __all__ = [
+    "Extraction",
     "LayerFeatures",
     "Readout",
     "best_readout",
@@ -41,6 +43,21 @@ __all__ = [
 T = TypeVar("T")
 # {block index: {"cls": [M, D], "gap": [M, D]}}, float32 on CPU.
 LayerFeatures = dict[int, dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Extraction:
+    """How frozen features are computed: the encoder's input normalisation (`mean`, `std` of
+    [0, 1] pixels), the device, torch.compile of the forward (`compile`: true, false, "auto" =
+    CUDA only; `compile_mode`; see train.compile) and the autocast on a GPU (`precision`,
+    Accelerate's mixed_precision: bf16, fp16 or no; the CPU runs float32)."""
+
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    device: torch.device | str = "cpu"
+    compile: bool | str = False
+    compile_mode: str = "default"
+    precision: str = "bf16"
 
 
 @dataclass(frozen=True)
@@ -95,29 +112,22 @@ def plan_readouts(
 def frozen_forward(
     encoder: ViT,
     images: Iterable[tuple[torch.Tensor, torch.Tensor]],
-    mean: tuple[float, float, float],
-    std: tuple[float, float, float],
-    device: torch.device | str,
+    how: Extraction,
     forward: Callable[[torch.Tensor], T],
-    compile: bool | str = False,
-    compile_mode: str = "default",
-    precision: str = "bf16",
 ) -> Iterator[tuple[T, torch.Tensor]]:
     """(uint8 images [B, 3, S, S], labels [B]) batches -> (forward(normalized images) as float32
-    on the CPU, labels) per batch: `forward` returns device tensors (any nesting of lists and
-    dicts); the encoder in eval mode (its mode restored after). `precision` (Accelerate's
-    mixed_precision: bf16, fp16 or no): the autocast on a GPU (the CPU runs float32).
+    on the CPU, labels) per batch, computed as `how` says: `forward` returns device tensors
+    (any nesting of lists and dicts); the encoder in eval mode (its mode restored after).
 
-    `compile` (`compile.enabled`: true, false, "auto" = CUDA only) compiles `forward` (see
-    train.compile); the last, smaller batch is then padded to the first's size so that one
+    Compiled (`how.compile`), the last, smaller batch is padded to the first's size so that one
     static-shape graph (one CUDA graph with reduce-overhead) serves every batch."""
     was_training = encoder.training
     encoder.eval()
-    dev = torch.device(device)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    dev = torch.device(how.device)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(how.precision)
     autocast = torch.autocast(dev.type, dtype=dtype, enabled=dev.type == "cuda" and bool(dtype))
-    pixels = PixelNorm(mean, std).to(dev)
-    step = maybe_compile(forward, compile, compile_mode, dev)
+    pixels = PixelNorm(how.mean, how.std).to(dev)
+    step = maybe_compile(forward, how.compile, how.compile_mode, dev)
     padded_size = 0
     try:
         for x_u8, y in images:
@@ -138,13 +148,8 @@ def frozen_forward(
 def extract_layer_features(
     encoder: ViT,
     images: Iterable[tuple[torch.Tensor, torch.Tensor]],
-    mean: tuple[float, float, float],
-    std: tuple[float, float, float],
+    how: Extraction,
     layers: Sequence[int],
-    device: torch.device | str = "cpu",
-    compile: bool | str = False,
-    compile_mode: str = "default",
-    precision: str = "bf16",
 ) -> tuple[LayerFeatures, torch.Tensor]:
     """(uint8 images [B, 3, S, S], labels [B]) batches -> ({block: {"cls", "gap"}}, labels
     [M]): one forward pass per batch for all `layers` (sorted), pooled on the device."""
@@ -155,9 +160,7 @@ def extract_layer_features(
         outs = encoder.forward_features(x, layers=list(layers))
         return [{p: ViT.pool(t, p) for p in ("cls", "gap")} for t in outs]
 
-    for outs, y in frozen_forward(
-        encoder, images, mean, std, device, pooled, compile, compile_mode, precision
-    ):
+    for outs, y in frozen_forward(encoder, images, how, pooled):
         for i, by_pool in zip(layers, outs, strict=True):
             for p, x in by_pool.items():
                 parts[i][p].append(x)

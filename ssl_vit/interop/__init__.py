@@ -6,7 +6,7 @@ head), `read_foreign` for import (encoders only). Exporting and importing
 whole checkpoints (files, model cards) is `ssl_vit.publish`.
 """
 
-from ssl_vit.interop.foreign import FORMATS, detect_format, read_foreign
+from ssl_vit.interop.foreign import detect_format, read_foreign
 from ssl_vit.interop.hf_format import (
     from_hf,
     hf_classifier_config,
@@ -18,7 +18,6 @@ from ssl_vit.interop.keymap import InteropError
 from ssl_vit.interop.timm_format import from_timm, timm_config, to_timm
 
 __all__ = [
-    "FORMATS",
     "InteropError",
     "detect_format",
     "from_hf",

@@ -24,10 +24,9 @@ from ssl_vit.interop.keymap import InteropError
 from ssl_vit.interop.timm_format import from_timm
 from ssl_vit.jsonfile import JsonFileError, read_json
 
-__all__ = ["FORMATS", "detect_format", "read_foreign", "read_weights"]
+__all__ = ["detect_format", "read_foreign", "read_weights"]
 
 log = logging.getLogger(__name__)
-FORMATS = ("auto", "ssl_vit", "timm", "hf")
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors")
 
 

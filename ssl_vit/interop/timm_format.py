@@ -99,8 +99,8 @@ def timm_model_args(cfg: dict[str, Any], num_classes: int = 0, pool: str = "cls"
 
 def timm_config(
     cfg: dict[str, Any],
-    mean=(0.5, 0.5, 0.5),
-    std=(0.5, 0.5, 0.5),
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
     label_names: tuple[str, ...] = (),
     pool: str = "cls",
 ) -> dict[str, Any]:

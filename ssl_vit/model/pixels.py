@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ssl_vit.config.pixels import PIXEL_NORM
+
 __all__ = ["PixelNorm", "normalize_pixels"]
 
 
@@ -30,8 +32,8 @@ class PixelNorm(nn.Module):
 
     def __init__(
         self,
-        mean: tuple[float, float, float] = (0.5, 0.5, 0.5),
-        std: tuple[float, float, float] = (0.5, 0.5, 0.5),
+        mean: tuple[float, float, float] = PIXEL_NORM,
+        std: tuple[float, float, float] = PIXEL_NORM,
     ) -> None:
         super().__init__()
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32), persistent=False)

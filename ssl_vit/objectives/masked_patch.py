@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ssl_vit.config.pixels import PIXEL_NORM
 from ssl_vit.config.schema import ObjectiveConfig
 from ssl_vit.model.pixels import PixelNorm
 from ssl_vit.model.vit import ViT
@@ -93,8 +94,8 @@ class MaskedPatchPrediction(nn.Module):
         self,
         encoder: ViT,
         cfg: ObjectiveConfig,
-        mean: tuple[float, float, float] = (0.5, 0.5, 0.5),
-        std: tuple[float, float, float] = (0.5, 0.5, 0.5),
+        mean: tuple[float, float, float] = PIXEL_NORM,
+        std: tuple[float, float, float] = PIXEL_NORM,
     ) -> None:
         super().__init__()
         self.encoder = encoder

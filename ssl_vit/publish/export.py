@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ssl_vit.atomic import staged_dir, writing
+from ssl_vit.config.pixels import PIXEL_NORM
 from ssl_vit.config.schema import ModelConfig
 from ssl_vit.interop import hf_config, hf_preprocessor, timm_config, to_hf, to_timm
 from ssl_vit.publish.model_card import model_card, run_config
@@ -124,13 +125,13 @@ def _write_json(path: Path, value: dict[str, Any]) -> None:
 
 
 def _pixel_norm(checkpoint: Path) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """The encoder's pixel mean and std: stored with it, else its run's config.yaml, else 0.5
-    (checkpoints written before the encoder carried them)."""
+    """The encoder's pixel mean and std: stored with it, else its run's config.yaml, else
+    PIXEL_NORM (checkpoints written before the encoder carried them)."""
     stored = read_pixel_norm(checkpoint)
     if stored is not None:
         return stored.mean, stored.std
     data = run_config(checkpoint).get("data", {})
-    return tuple(data.get("mean") or (0.5,) * 3), tuple(data.get("std") or (0.5,) * 3)
+    return tuple(data.get("mean") or PIXEL_NORM), tuple(data.get("std") or PIXEL_NORM)
 
 
 def check_output(out: Path, sources: dict[str, str], overwrite: bool) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ssl_vit.config.pixels import PIXEL_NORM
 from ssl_vit.report.runs import fewshot_pool, read_config, read_results, run_dir_of, step_of
 from ssl_vit.train.classifier_file import ClassifierSpec
 
@@ -129,7 +130,7 @@ def _architecture(
     """The architecture table; `resize`: how an image of any size becomes the input, if it
     does (a classifier's eval transform)."""
     grid = cfg["image_size"] // cfg["patch_size"]
-    mean, std = list(data.get("mean", (0.5,) * 3)), list(data.get("std", (0.5,) * 3))
+    mean, std = list(data.get("mean", PIXEL_NORM)), list(data.get("std", PIXEL_NORM))
     return _table(
         [
             (

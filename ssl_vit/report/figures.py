@@ -12,7 +12,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ssl_vit.eval.fewshot import ALL_SHOTS, shot_key, shot_order
+from ssl_vit.eval.shots import ALL_SHOTS, shot_key, shot_order
 from ssl_vit.report.runs import Run
 
 __all__ = [

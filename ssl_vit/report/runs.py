@@ -18,8 +18,8 @@ from typing import Any, Literal
 import yaml
 
 from ssl_vit.atomic import read_jsonl
-from ssl_vit.eval.fewshot import shot_key, shot_order
-from ssl_vit.train.rundir import run_kind
+from ssl_vit.config.loader import run_kind
+from ssl_vit.eval.shots import shot_key, shot_order
 
 __all__ = [
     "PREDICT_JOB",

@@ -3,7 +3,7 @@ scratch) and the list of runs. `groups` is `runs.link_runs`'s output."""
 
 from __future__ import annotations
 
-from ssl_vit.eval.fewshot import shot_order
+from ssl_vit.eval.shots import shot_order
 from ssl_vit.report.render import Section, Table
 from ssl_vit.report.runs import Run, fewshot_pool, fewshot_table
 

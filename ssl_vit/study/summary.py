@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ssl_vit.config import to_dict
 from ssl_vit.config.study import StudyBudget, StudyConfig
-from ssl_vit.eval.fewshot import shot_order
+from ssl_vit.eval.shots import shot_order
 from ssl_vit.report.runs import fewshot_table, read_results
 from ssl_vit.study.jobs import finetunes, labels_tag, self_trainings
 

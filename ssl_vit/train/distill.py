@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -193,10 +194,9 @@ class SelfTraining:
             self.augment = build_device_augment(
                 cfg.data, cfg.model.image_size, acc.device, seed, rank, world
             )
-        args = {**loop.stream_args(self.SIDE), "seed": seed}
-        args["batch_size"] *= d.ratio
-        load_size = self.augment.load_size if self.augment is not None else None
-        self.loader = train_loader(cfg.data, **args, load_size=load_size, source=d.unlabelled)
+        args = loop.stream_args(self.SIDE)  # load_size: the loop's device augmentation's, as ours
+        args = replace(args, micro_batch=args.micro_batch * d.ratio, seed=seed)
+        self.loader = train_loader(cfg.data, args, source=d.unlabelled)
 
     def forward(self, model: nn.Module, loss_fn: Callable) -> Callable:
         d = self.cfg.distill

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ssl_vit.config import ConfigError
+from ssl_vit.config.checks import auto_num_workers
 
 __all__ = ["RunPlan", "build_plan"]
 
@@ -30,7 +31,7 @@ class RunPlan:
     process_micro: int  # one process's micro-batch (its loader's batch)
     process_batch: int  # one process's images per optimizer step
     eval_batch: int  # one process's evaluation batch (the global batch split over processes)
-    num_workers: int  # loader workers per process (data.num_workers, resolved at load)
+    num_workers: int  # loader workers per process (data.num_workers, -1 resolved)
     mixed_precision: str  # what the Accelerator runs: 'no', 'bf16' or 'fp16' ('auto' resolved)
     device: str  # e.g. 'cuda:0' or 'cpu'
     paired: bool = False  # mixup / cutmix pair images of a micro-batch (BatchMixer)
@@ -66,7 +67,7 @@ def build_plan(
         process_micro=tc.batch_size // per_step,
         process_batch=tc.batch_size // processes,
         eval_batch=tc.batch_size // processes,
-        num_workers=cfg.data.num_workers,
+        num_workers=auto_num_workers(cfg.data.num_workers),
         mixed_precision=mixed_precision,
         device=device,
         paired=paired,

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from ssl_vit.data import eval_loader
 from ssl_vit.eval.fewshot import BIAS_CONSTANT, STD_EPS, ridge_solve
 from ssl_vit.eval.fewshot_job import extract_features
+from ssl_vit.eval.readouts import Extraction
 from ssl_vit.model.classifier import Classifier
 
 __all__ = ["PROBE_L2", "fit_probe_head", "probe_head_weights"]
@@ -55,23 +56,22 @@ def fit_probe_head(
     model: Classifier,
     source: str,
     image_size: int,
-    mean: tuple[float, float, float],
-    std: tuple[float, float, float],
     *,
     batch_size: int,
     num_workers: int,
     device: torch.device,
 ) -> dict[str, float]:
     """Set `model.head` to the probe of its frozen encoder on `source` (every process reads
-    all of it: the same head everywhere, no collective). -> its figures on those images."""
+    all of it: the same head everywhere, no collective), the images normalized as the model
+    does (`model.pixels`). -> its figures on those images."""
     num_classes = model.head.out_features
     loader = eval_loader(
         source, batch_size, image_size, num_workers=num_workers, num_classes=num_classes
     )
     batches = ((b.images, b.labels) for b in loader)
-    feats_ND, labels_N = extract_features(
-        model.encoder, batches, mean, std, model.pool, device, precision="no"
-    )
+    mean, std = tuple(model.pixels.mean.tolist()), tuple(model.pixels.std.tolist())
+    how = Extraction(mean, std, device, precision="no")
+    feats_ND, labels_N = extract_features(model.encoder, batches, how, model.pool)
     weight_KD, bias_K, scale = probe_head_weights(feats_ND, labels_N, num_classes)
     model.head.weight.copy_(weight_KD)
     model.head.bias.copy_(bias_K)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ssl_vit.config import ConfigError, to_dict
-from ssl_vit.config.loader import read_yaml_file, save_config
+from ssl_vit.config.loader import read_yaml_file, run_kind, save_config
 from ssl_vit.config.schema import SHAPE_KEYS
 from ssl_vit.data.format import INDEX_NAME
 from ssl_vit.data.stream_state import check_same_stream
@@ -42,7 +42,6 @@ __all__ = [
     "read_paths",
     "release_new_run",
     "run_files",
-    "run_kind",
     "source_root",
 ]
 
@@ -86,21 +85,6 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
-
-
-# What kind of run a config.yaml is: the first of these top-level keys it has (pretraining has
-# `fewshot` too, the few-shot job `init` too).
-_KIND_MARKERS = (
-    ("top_k", "predict"),
-    ("objective", "pretraining"),
-    ("fewshot", "few-shot"),
-    ("init", "fine-tuning"),
-)
-
-
-def run_kind(config: dict[str, Any]) -> str | None:
-    """'pretraining', 'fine-tuning' or 'few-shot': the kind of job a config (dict) is for."""
-    return next((kind for key, kind in _KIND_MARKERS if key in config), None)
 
 
 def _check_resumed_config(run_dir: Path, cfg: Any) -> None:

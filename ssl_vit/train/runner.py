@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import torch
 
 from ssl_vit.config import to_dict
+from ssl_vit.data.stream_state import StreamArgs
 from ssl_vit.train import checkpoint as ckpt
 from ssl_vit.train.guard import StopRequest, note_checkpoints
 from ssl_vit.train.loop import BadSteps, Batches, StepStats, lap_row, new_counters
@@ -161,19 +162,21 @@ class TrainLoop:
         """The training stream's position in the checkpoint (the loaders' `resume=`)."""
         return self.start.rng.get("stream")
 
-    def stream_args(self, side: str = "") -> dict[str, Any]:
-        """The training loader's arguments the loop decides: this rank's share of the global
-        batch and place in the stream, and where a resumed stream continues. `side`: a second
-        stream the job reads beside the main one (`run(side=...)`), checkpointed apart."""
-        return {
-            "batch_size": self.ctx.plan.process_micro,
-            "image_size": self.cfg.model.image_size,
-            "seed": self.cfg.seed,
-            "rank": self.acc.process_index,
-            "world_size": self.acc.num_processes,
-            # exactly where the consumed batches ended
-            "resume": self.start.rng.get(_stream_key(side)),
-        }
+    def stream_args(self, side: str = "") -> StreamArgs:
+        """The training loader's arguments the plan and the loop decide (global micro-batch,
+        workers, this rank's place, where a resumed stream continues, the device augmentation's
+        load size). `side`: a second stream read beside the main one, checkpointed apart."""
+        plan, augment = self.ctx.plan, self.augment
+        return StreamArgs(
+            micro_batch=plan.micro_batch,
+            num_workers=plan.num_workers,
+            image_size=self.cfg.model.image_size,
+            seed=self.cfg.seed,
+            rank=self.acc.process_index,
+            world_size=plan.processes,
+            resume=self.start.rng.get(_stream_key(side)),  # where the consumed batches ended
+            load_size=augment.load_size if augment is not None else None,  # decode + resize only
+        )
 
     def side_batch(self, name: str) -> Any:
         """The next batch of the side stream `name` (its consumed position is checkpointed)."""
