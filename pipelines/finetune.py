@@ -211,8 +211,8 @@ def micro_step(step, augment, mixer, selftrain, acc):
         if selftrain is None:
             out, more = step(x, target), {}
         else:  # the unlabelled micro-batch beside it, with the teacher's soft targets
-            unlabelled = selftrain.images(index)
-            out = step(x, target, unlabelled)
+            unlabelled, teacher_view = selftrain.images(index)
+            out = step(x, target, unlabelled, teacher_view)
             more = {"distill": out.distill, "agree": out.agree, "unlabelled": len(unlabelled)}
         correct = (out.logits.argmax(-1) == y).sum()
         return {"loss": out.loss, "micro": 1, "correct": correct, "seen": len(y), **more}

@@ -41,20 +41,27 @@ def _wait_for(path: Path, proc: subprocess.Popen | None, timeout: float = 120.0)
     return int(path.read_text())
 
 
-def test_a_killed_study_takes_its_job(tmp_path):
-    """SIGKILL of a study-like parent's process group while its job (own session, deaf to
-    SIGTERM) runs: the job is gone within seconds, not an orphan holding its run."""
-    job, pid_file = tmp_path / "job.py", tmp_path / "job.pid"
-    job.write_text(LONG_JOB)
-    parent = textwrap.dedent(f"""
+def _study_parent(tmp_path: Path, job: Path, pid_file: Path) -> str:
+    """A study-like parent (`python -c`, one thread): scripts/study.py's `execute` runs `job`,
+    then the parent prints the exit status and the stops it noted."""
+    return textwrap.dedent(f"""
         import importlib.util, sys
         spec = importlib.util.spec_from_file_location("study", {str(REPO / "scripts/study.py")!r})
         study = importlib.util.module_from_spec(spec)
         sys.modules["study"] = study
         spec.loader.exec_module(study)
         with open({str(tmp_path / "job.log")!r}, "w") as log:
-            study.execute([sys.executable, {str(job)!r}, {str(pid_file)!r}], log)
+            rc = study.execute([sys.executable, {str(job)!r}, {str(pid_file)!r}], log)
+        print(rc, study.STOPPED)
     """)
+
+
+def test_a_killed_study_takes_its_job(tmp_path):
+    """SIGKILL of a study-like parent's process group while its job (own session, deaf to
+    SIGTERM) runs: the job is gone within seconds, not an orphan holding its run."""
+    job, pid_file = tmp_path / "job.py", tmp_path / "job.pid"
+    job.write_text(LONG_JOB)
+    parent = _study_parent(tmp_path, job, pid_file)
     study = subprocess.Popen([sys.executable, "-c", parent], start_new_session=True)
     child = None
     try:
@@ -70,6 +77,24 @@ def test_a_killed_study_takes_its_job(tmp_path):
         for pid in (study.pid, child):
             if pid is not None and not _gone(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_stop_reaches_the_forked_job_once(tmp_path):
+    """SIGTERM to a study-like parent (one thread: its jobs are forked) while its job runs: the
+    study relays it to the job once, notes the stop, and the job's exit (-15 here: it does not
+    handle the signal) comes back as from a process it had started by exec."""
+    job, pid_file = tmp_path / "job.py", tmp_path / "job.pid"
+    job.write_text("import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\n"
+                   "time.sleep(600)\n")  # fmt: skip
+    parent = _study_parent(tmp_path, job, pid_file)
+    study = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    child = _wait_for(pid_file, study)
+    assert os.getsid(child) == child  # its own session
+    with open(f"/proc/{child}/cmdline", "rb") as f:  # a fork: the parent's command line
+        assert b"-c" in f.read().split(b"\0")
+    study.send_signal(signal.SIGTERM)
+    out, _ = study.communicate(timeout=60)
+    assert out.split() == ["-15", "['SIGTERM']"]
 
 
 def test_leaving_execute_kills_the_running_job(tmp_path, monkeypatch):

@@ -68,7 +68,7 @@ def test_the_teacher_gets_no_gradient_and_a_step_leaves_it_unchanged():
     images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
     with torch.no_grad():  # what the loss must be: the teacher's targets on the same images
         want = distillation_loss(student(images[2:]), teacher(images[2:]), 2.0)
-    out = forward(images[:2], torch.tensor([0, 2]), images[2:])
+    out = forward(images[:2], torch.tensor([0, 2]), images[2:], images[2:])
     assert out.distill.item() == pytest.approx(want.item(), rel=1e-5)
     assert out.loss.item() == pytest.approx(out.labelled.item() + 0.5 * want.item(), rel=1e-5)
     out.loss.backward()
@@ -76,6 +76,21 @@ def test_the_teacher_gets_no_gradient_and_a_step_leaves_it_unchanged():
     assert not teacher.training and all(p.grad is None for p in teacher.parameters())
     assert all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())
     assert all(p.grad is not None for p in student.parameters())
+
+
+def test_weak_strong_views_give_the_teacher_its_view_and_the_student_the_other():
+    """`distill.views=weak_strong`: the teacher's targets come from its own view (here a
+    flipped copy) and the student's logits from the augmented one."""
+    student, teacher = _tiny_classifier(0), frozen_teacher(_tiny_classifier(1), "cpu")
+    forward = distill_forward(student, teacher, torch.nn.functional.cross_entropy, 2.0, 0.5)
+    images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
+    weak = images[2:].flip(-1)
+    with torch.no_grad():
+        want = distillation_loss(student(images[2:]), teacher(weak), 2.0)
+        same = distillation_loss(student(images[2:]), teacher(images[2:]), 2.0)
+    out = forward(images[:2], torch.tensor([0, 2]), images[2:], weak)
+    assert out.distill.item() == pytest.approx(want.item(), rel=1e-5)
+    assert abs(want.item() - same.item()) > 1e-4  # the views differ: the test tells them apart
 
 
 @pytest.mark.system
@@ -124,6 +139,31 @@ def test_stopped_and_resumed_both_streams_continue_exactly(
     results = json.loads((out / "results.json").read_text())["distill"]
     assert results["unlabelled_images_seen"] == 8 * 32  # 8 steps x 32 (ratio 1)
     assert results["teacher_top1"] == json.loads((teacher / "results.json").read_text())["top1"]
+
+
+@pytest.mark.system
+def test_weak_strong_views_run_without_host_sync_and_resume_exactly(
+    synthetic_shards, teacher, tmp_path, monkeypatch
+):
+    """`distill.views=weak_strong` (the student's crops on the device even with the workers'
+    augmentation of the labelled stream): no host read between log steps, the views differ
+    from `same`'s, and a stop after step 3 resumed with other workers is bit-identical."""
+    main, views = pipeline("finetune"), "distill.views=weak_strong"
+    every = [f"train.log_every={EVERY}", f"train.checkpoint_every={EVERY}"]
+    args = distill_args(synthetic_shards, teacher, tmp_path / "sync", views, *every)
+    args = [a for a in args if a != "train.log_every=4"] + [f"train.steps={STEPS}"]
+    assert _between_log_steps(_run_counting(monkeypatch, main, args)) == []
+    one = ["train.log_every=1", "data.num_workers=2"]
+    for name, extra in (("same", []), ("whole", [views])):
+        torch.manual_seed(0)
+        main(distill_args(synthetic_shards, teacher, tmp_path / name, *one, *extra))
+    assert _losses(tmp_path / "whole") != _losses(tmp_path / "same")
+    stop_after_step(monkeypatch, 3)
+    torch.manual_seed(0)
+    out = tmp_path / "stopped"
+    assert main(distill_args(synthetic_shards, teacher, out, *one, views))["step"] == 3
+    main(distill_args(synthetic_shards, teacher, out, views, "train.log_every=1", "--resume"))
+    assert _losses(out) == _losses(tmp_path / "whole")
 
 
 @pytest.mark.system

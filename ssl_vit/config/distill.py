@@ -6,6 +6,7 @@ micro-batch's true labels (SimCLRv2's distillation loss, Chen et al. 2020, secti
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from ssl_vit.config.checks import check_positive
 from ssl_vit.config.errors import ConfigError
@@ -28,6 +29,11 @@ class DistillConfig(Frozen):
     weight: float = 1.0
     # Unlabelled images per labelled image in each micro-batch.
     ratio: int = 1
+    # What the teacher sees: `same`, the student's augmented image (SimCLRv2); `weak_strong`,
+    # the image only resized while the student sees it randomly cropped and flipped (on the
+    # device, at data.crop_scale): the teacher's targets are its best guesses and the student
+    # must reach them from harder views (FixMatch's weak / strong views, Sohn et al. 2020).
+    views: Literal["same", "weak_strong"] = "same"
 
     @property
     def enabled(self) -> bool:

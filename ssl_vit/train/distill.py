@@ -70,16 +70,18 @@ def distill_forward(
     weight: float,
 ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], DistillLoss]:
     """forward+loss of one micro-batch: labelled images (uint8, or mixed [0, 1]) with their
-    targets, and unlabelled images (uint8). The student sees both in one forward pass; the
-    teacher only the unlabelled ones, under no_grad, in the same (compiled) region."""
+    targets, and the unlabelled images (uint8) as the student sees them and as the teacher
+    does (the same tensor but under `distill.views=weak_strong`). The student sees both in one
+    forward pass; the teacher only the unlabelled ones, under no_grad, in the same (compiled)
+    region."""
 
-    def forward_loss(images_B, targets, unlabelled_U) -> DistillLoss:
+    def forward_loss(images_B, targets, unlabelled_U, teacher_view_U) -> DistillLoss:
         if images_B.dtype != unlabelled_U.dtype:  # mixed labelled images are [0, 1] floats
             unlabelled_U = unlabelled_U.float() / 255.0
         logits = model(torch.cat([images_B, unlabelled_U]))
         logits_B, student_UK = logits[: len(images_B)], logits[len(images_B) :]
         with torch.no_grad():
-            teacher_UK = teacher(unlabelled_U)
+            teacher_UK = teacher(teacher_view_U)  # uint8 or [0, 1]: PixelNorm takes both
         labelled = loss_fn(logits_B.float(), targets)
         distill = distillation_loss(student_UK, teacher_UK, temperature)
         agree = (student_UK.argmax(-1) == teacher_UK.argmax(-1)).sum()
@@ -174,7 +176,8 @@ class SelfTraining:
     """One fine-tuning run's self-training: the frozen teacher on the device, the unlabelled
     stream (a side stream of the loop: its position is checkpointed apart, as elastic as the
     labelled one) and its crops (in the workers, or on the device with the labelled stream's
-    `data.augment`), each from a seed of its own (`seeds.UNLABELLED`)."""
+    `data.augment`; always on the device under `distill.views=weak_strong`, whose stream only
+    decodes and resizes, the teacher's view), each from a seed of its own (`seeds.UNLABELLED`)."""
 
     SIDE = "unlabelled"  # the loop's name for the stream (counter images_unlabelled)
 
@@ -188,21 +191,32 @@ class SelfTraining:
         self.cfg, self.loop, self.device = cfg, loop, acc.device
         self.teacher = frozen_teacher(load_classifier(teacher.file)[0], acc.device)
         seed = seeds.derive(cfg.seed, seeds.UNLABELLED)
-        self.augment = None
-        if device_augment is not None:
+        self.augment, self.two_views = None, d.views == "weak_strong"
+        if device_augment is not None or self.two_views:
             rank, world = acc.process_index, acc.num_processes
+            data = replace(cfg.data, augment="device")  # the labelled stream's, or ours
             self.augment = build_device_augment(
-                cfg.data, cfg.model.image_size, acc.device, seed, rank, world
+                data, cfg.model.image_size, acc.device, seed, rank, world
             )
-        args = loop.stream_args(self.SIDE)  # load_size: the loop's device augmentation's, as ours
-        args = replace(args, micro_batch=args.micro_batch * d.ratio, seed=seed)
+        args = loop.stream_args(self.SIDE)
+        load = self.augment.load_size if self.augment is not None else None
+        args = replace(args, micro_batch=args.micro_batch * d.ratio, seed=seed, load_size=load)
         self.loader = train_loader(cfg.data, args, source=d.unlabelled)
 
     def forward(self, model: nn.Module, loss_fn: Callable) -> Callable:
         d = self.cfg.distill
         return distill_forward(model, self.teacher, loss_fn, d.temperature, d.weight)
 
-    def images(self, index: int) -> torch.Tensor:
-        """The next unlabelled micro-batch on the device (uint8), cropped like the labelled."""
+    def images(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next unlabelled micro-batch on the device (uint8): (the student's view, the
+        teacher's), cropped like the labelled; the teacher's only resized to the model's
+        size under `weak_strong` (antialiased, as the loaders resize)."""
         x = self.loop.side_batch(self.SIDE).images.to(self.device, non_blocking=True)
-        return self.augment(x, index) if self.augment is not None else x
+        student = self.augment(x, index) if self.augment is not None else x
+        if not self.two_views:
+            return student, student
+        size = self.cfg.model.image_size
+        if x.shape[-1] != size:
+            x = F.interpolate(x.float(), size=(size, size), mode="bilinear", antialias=True)
+            x = x.round().clamp_(0, 255).to(torch.uint8)
+        return student, x
