@@ -26,6 +26,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -98,10 +99,13 @@ def fork_script(argv: list[str], log: IO) -> subprocess.Popen | ForkedScript:
     """Start `argv` (`[python, script, *args]`) as `start_child(argv, stdout=log, stderr=log,
     start_new_session=True)` would, but forked from this process where that is safe: the child
     already has every module the parent imported (`preload`), so it skips the seconds a new
-    interpreter spends importing torch. Safe means Linux and a parent with one thread (a fork
-    copies only the calling thread, and a thread pool the parent started, OpenMP's included,
-    would be dead in the child); anywhere else the script is started by exec as before."""
-    if not sys.platform.startswith("linux") or len(os.listdir("/proc/self/task")) != 1:
+    interpreter spends importing torch. Safe means Linux, no Python thread but the main one (a
+    fork copies only the calling thread: another one's work and locks would be dead in the
+    child), and no torch op run here, so torch's OpenMP pool, which does not survive a fork, was
+    never started (the launchers only import torch). The one native pool an import starts,
+    numpy's OpenBLAS, re-creates its threads in the child itself (pthread_atfork). Anywhere
+    else the script is started by exec as before."""
+    if not sys.platform.startswith("linux") or threading.active_count() != 1:
         return start_child(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     preexec = die_with_parent()
     for stream in (sys.stdout, sys.stderr, log):  # else the child writes the parent's buffer too
