@@ -87,7 +87,9 @@ def main(argv: list[str] | None = None) -> dict:
         return step_figures(out)
 
     def row(sums: dict, lap: dict, done: int) -> dict:
-        return {**log_row(sums, hist.total(), done), **lap, "peak_mem_mb": peak_memory_mb(acc)}
+        cuda = acc.device.type == "cuda"
+        peak_mb = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
+        return {**log_row(sums, hist.total(), done), **lap, "peak_mem_mb": peak_mb}
 
     def fewshot_at(done: int) -> dict | None:
         return fewshot(cfg, encoder, acc, loop.metrics, done, loop.model)
@@ -195,10 +197,6 @@ def log_row(sums: dict, hist: torch.Tensor, step: int) -> dict:
         "frac_random": _div(random, corrupted),
         "frac_keep": _div(kept, corrupted),
     }
-
-
-def peak_memory_mb(acc) -> float | None:
-    return torch.cuda.max_memory_allocated() / 2**20 if acc.device.type == "cuda" else None
 
 
 def _div(a: float, b: float) -> float:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import platform
 import sys
 import tempfile
@@ -226,8 +227,6 @@ def find_data(args, tmp: Path) -> tuple[str, str, str]:
 
 def gpu_suite(args, device: torch.device) -> dict:
     """--suite gpu: every row of the GPU table (skipped rows say why), JSON and a table."""
-    import logging
-
     from ssl_vit.bench.gpu_suite import Suite, markdown_table, run_suite
     from ssl_vit.config import load_config
     from ssl_vit.config.study import StudyConfig
@@ -261,8 +260,6 @@ def _write_and_print(args, result: dict, markdown, shown) -> dict:
 
 def loader_suite(args) -> dict:
     """--suite loader: ssl_vit.bench.loader_suite's figures, JSON and a Markdown table."""
-    import logging
-
     from ssl_vit.bench.loader_suite import loader_suite as run
     from ssl_vit.bench.loader_suite import markdown
 

@@ -32,14 +32,7 @@ import traceback
 from collections.abc import Callable
 from typing import IO, Any
 
-__all__ = [
-    "ForkedScript",
-    "die_with_parent",
-    "fork_script",
-    "preload",
-    "start_child",
-    "stop_child",
-]
+__all__ = ["ForkedScript", "die_with_parent", "fork_script", "preload", "start_child", "stop_child"]
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 

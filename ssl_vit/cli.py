@@ -20,17 +20,7 @@ from types import ModuleType
 
 from ssl_vit.cli_data import add_make_shards, add_make_synthetic
 
-__all__ = [
-    "JOBS",
-    "build_parser",
-    "cmd_configs",
-    "cmd_export",
-    "cmd_import",
-    "cmd_report",
-    "entry",
-    "main",
-    "training_args",
-]
+__all__ = ["JOBS", "build_parser", "entry", "main", "training_args"]
 
 
 # Sub-commands import their modules when run, so that `ssl-vit --help` does not load torch.
@@ -187,17 +177,6 @@ def pipeline_module(name: str) -> ModuleType:
     return module
 
 
-def run_pipeline(name: str, argv: list[str]) -> int:
-    """`ssl-vit pretrain|finetune|fewshot ARGS`: the pipeline's own command line, unchanged."""
-    pipeline_module(name).main(argv)
-    return 0
-
-
-def _add_job(sub: argparse._SubParsersAction, name: str) -> None:
-    # Listed for `ssl-vit --help` only: main() hands the arguments to the pipeline as they are.
-    sub.add_parser(name, help=f"{JOBS[name]}; `ssl-vit {name} --help` for its arguments")
-
-
 def cmd_configs(args: argparse.Namespace) -> int:
     """`ssl-vit configs`: list the shipped configs, or copy them (`--copy DIR [NAME ...]`)."""
     from ssl_vit.config.shipped import configs_dir, shipped_configs
@@ -237,8 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ssl-vit", description="Masked patch prediction pretraining for ViTs."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in JOBS:
-        _add_job(sub, name)
+    for name in JOBS:  # listed for --help only: main() hands a job's arguments to it as they are
+        sub.add_parser(name, help=f"{JOBS[name]}; `ssl-vit {name} --help` for its arguments")
     _add_configs(sub)
     add_make_shards(sub)
     add_make_synthetic(sub)
@@ -252,7 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run `ssl-vit` with `argv` (default: sys.argv[1:]); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in JOBS:  # the job parses its own arguments (and exits on errors)
-        return run_pipeline(argv[0], argv[1:])
+        pipeline_module(argv[0]).main(argv[1:])
+        return 0
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -560,7 +560,7 @@ def test_lanes_resolve_and_split_in_order():
 def test_a_resumed_lane_rereads_at_most_its_shard_up_to_its_position(synthetic_shards, monkeypatch):
     """Resuming costs reading each lane's current shard up to its position (to the end of the
     shuffle block holding it), never the samples of earlier shards."""
-    from ssl_vit.data import train_stream
+    from ssl_vit.data import stages
 
     data = _data(str(synthetic_shards), shuffle_buffer=16)  # 2 lanes, blocks of 8
     stream = StreamArgs(micro_batch=8, num_workers=0, image_size=16, seed=2)
@@ -571,14 +571,14 @@ def test_a_resumed_lane_rereads_at_most_its_shard_up_to_its_position(synthetic_s
     state = loader.tracker.state_dict()
     assert sorted(tuple(p) for p in state["positions"].values()) == [(1, 12), (1, 12)]
     read = []
-    real = train_stream.shard_samples
+    real = stages.shard_samples
 
     def counted(*args, **kwargs):
         for sample in real(*args, **kwargs):
             read.append(sample["__key__"])
             yield sample
 
-    monkeypatch.setattr(train_stream, "shard_samples", counted)
+    monkeypatch.setattr(stages, "shard_samples", counted)
     next(iter(pretrain_loader(data, replace(stream, resume=state))))
     assert len(read) == 2 * 16  # per lane: blocks 0 and 1 of its shard (12 consumed, 4 next)
 

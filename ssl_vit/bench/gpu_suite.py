@@ -38,7 +38,7 @@ import torch
 
 from ssl_vit.bench.host_sync import error_line, sync_count_row, sync_debug_row
 from ssl_vit.bench.pipeline_rows import ddp_pipeline_row, pipeline_row
-from ssl_vit.bench.timing import make_train_step, step_flops, sync
+from ssl_vit.bench.timing import make_train_step, matmul_step, step_flops, sync
 from ssl_vit.config.checks import auto_num_workers
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig
 
@@ -136,13 +136,11 @@ class Suite:
         if self.sections is not None and section not in self.sections:
             return None
         base = {"section": section, "name": name}
-        if cuda_only and not self.cuda:
-            self.rows.append({**base, "status": "skipped: no CUDA"})
-            return self.rows[-1]
-        if self.left_s() < need_s:
-            self.rows.append(
-                {**base, "status": f"skipped: time budget ({self.left_s():.0f}s left)"}
-            )
+        skipped = "skipped: no CUDA" if cuda_only and not self.cuda else None
+        if skipped is None and self.left_s() < need_s:
+            skipped = f"skipped: time budget ({self.left_s():.0f}s left)"
+        if skipped is not None:
+            self.rows.append({**base, "status": skipped})
             return self.rows[-1]
         log.info("[bench gpu] %s: %s", section, name)
         t0 = time.monotonic()
@@ -157,11 +155,6 @@ class Suite:
                 torch.cuda.empty_cache()
         self.rows.append({**base, "status": status, **figures, "wall_s": time.monotonic() - t0})
         return self.rows[-1]
-
-
-def _shape_cfg(s: dict) -> ModelConfig:
-    keys = ("image_size", "patch_size", "width", "depth", "heads")
-    return ModelConfig(**{k: s[k] for k in keys})
 
 
 def _timed(fn: Callable[[], object], device: torch.device, warmup: int, steps: int) -> float:
@@ -181,9 +174,7 @@ def _timed(fn: Callable[[], object], device: torch.device, warmup: int, steps: i
 def peak_row(suite: Suite) -> dict:
     n = 256 if suite.tiny else (8192 if suite.cuda else 2048)
     dtype = torch.bfloat16 if suite.cuda else torch.float32
-    a, b = (torch.randn(n, n, device=suite.device).to(dtype) for _ in range(2))
-    c = torch.empty(n, n, device=suite.device, dtype=dtype)
-    sec = _timed(lambda: torch.matmul(a, b, out=c), suite.device, 3, 5 if suite.tiny else 50)
+    sec = _timed(matmul_step(n, dtype, suite.device), suite.device, 3, 5 if suite.tiny else 50)
     return {
         "dtype": str(dtype),
         "n": n,
@@ -202,7 +193,8 @@ def model_row(
     from ssl_vit.train.optim import build_adam
 
     torch.manual_seed(0)
-    mcfg, dev = _shape_cfg(shape), suite.device
+    mcfg = ModelConfig(**{k: v for k, v in shape.items() if k != "batch"})  # the `_shape` keys
+    dev = suite.device
     if contender == "ours":
         model = MaskedPatchPrediction(build_vit(mcfg), objective or ObjectiveConfig()).to(dev)
     else:

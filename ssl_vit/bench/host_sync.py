@@ -14,15 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig
 
-__all__ = [
-    "FROM_PYTHON_OPS",
-    "HostReads",
-    "SYNC_OPS",
-    "error_line",
-    "sync_count_row",
-    "sync_debug_row",
-    "training_step",
-]
+__all__ = ["HostReads", "error_line", "sync_count_row", "sync_debug_row"]
 
 aten = torch.ops.aten
 # Ops that read a device value on the host (on a GPU: a sync, the step waits for the queue),

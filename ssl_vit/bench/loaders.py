@@ -66,10 +66,6 @@ def _endless(loader: DataLoader) -> Iterator:
         yield from loader
 
 
-def _batch_len(batch) -> int:
-    return len(batch.images) if hasattr(batch, "images") else len(batch[0])
-
-
 def interleaved_rates(
     loaders: dict[str, DataLoader], images: int, rounds: int = 3
 ) -> dict[str, list[float]]:
@@ -88,7 +84,8 @@ def interleaved_rates(
                 next(it)
             seen, t0 = 0, time.perf_counter()
             while seen < images:
-                seen += _batch_len(next(it))
+                batch = next(it)  # ours a Batch, ImageFolder's an (images, labels) pair
+                seen += len(batch.images) if hasattr(batch, "images") else len(batch[0])
             rates[name].append(seen / (time.perf_counter() - t0))
     return rates
 

@@ -9,16 +9,7 @@ from typing import Any
 
 import torch
 
-from ssl_vit.bench.timing import (
-    autocast_dtype,
-    cpu_has_native_bf16,
-    make_train_step,
-    matmul_step,
-    median,
-    plain_train_step,
-    step_flops,
-    time_interleaved,
-)
+from ssl_vit.bench import timing
 from ssl_vit.bench.timm_baseline import TimmMaskedPatch, copy_weights
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig
 from ssl_vit.model import build_vit
@@ -38,7 +29,7 @@ _MODEL_KEYS = ("image_size", "patch_size", "width", "depth", "heads")
 def bf16_supported(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    return cpu_has_native_bf16()  # emulated bf16 would only be slower
+    return timing.cpu_has_native_bf16()  # emulated bf16 would only be slower
 
 
 def training_figures(name: str, args: Any, device: torch.device, default_precision: str) -> dict:
@@ -51,7 +42,7 @@ def training_figures(name: str, args: Any, device: torch.device, default_precisi
                            dtype=torch.uint8, device=device)  # fmt: skip
     fns, flops = _step_fns(ModelConfig(**{k: s[k] for k in _MODEL_KEYS}), args, images, g,
                            default_precision)  # fmt: skip
-    times = time_interleaved(fns, device, args.rounds, args.steps, args.warmup)
+    times = timing.time_interleaved(fns, device, args.rounds, args.steps, args.warmup)
     peak_mem = None
     if device.type == "cuda":  # our default step alone, after the others have freed theirs
         torch.cuda.empty_cache()
@@ -91,16 +82,16 @@ def _step_fns(
     clip = tcfg.grad_clip
     fns = {}
     for prec in _precisions(device):
-        fns[f"ours_{prec}"] = make_train_step(fwd_ours, opt_ours, images, g, prec, clip)
-        fns[f"timm_{prec}"] = make_train_step(fwd_timm, opt_timm, images, g, prec, clip)
+        fns[f"ours_{prec}"] = timing.make_train_step(fwd_ours, opt_ours, images, g, prec, clip)
+        fns[f"timm_{prec}"] = timing.make_train_step(fwd_timm, opt_timm, images, g, prec, clip)
     # timm's defaults: its own loop's step (torch AdamW has no on-device skip to time)
-    fns["timm_default"] = plain_train_step(timm_model, opt_timm_default, images, g, clip)
+    fns["timm_default"] = timing.plain_train_step(timm_model, opt_timm_default, images, g, clip)
     fns["corrupt_targets"] = overhead_step(ours, images, g, precision)
     for prec in _precisions(device):
-        fns[f"matmul_{prec}"] = matmul_step(
-            _matmul_size(device), autocast_dtype(prec) or torch.float32, device
+        fns[f"matmul_{prec}"] = timing.matmul_step(
+            _matmul_size(device), timing.autocast_dtype(prec) or torch.float32, device
         )
-    return fns, step_flops(make_train_step(ours, opt_ours, images, g, "no", clip))
+    return fns, timing.step_flops(timing.make_train_step(ours, opt_ours, images, g, "no", clip))
 
 
 def _precisions(device: torch.device) -> list[str]:
@@ -119,7 +110,7 @@ def _figures(
     """`out` with the rates, ratios and utilizations of the timed rows; `d`: the default
     precision."""
     precisions, mm = _precisions(device), _matmul_size(device)
-    med = {k: median(v) for k, v in times.items()}
+    med = {k: timing.median(v) for k, v in times.items()}
     ips = {k: out["batch_size"] / med[k] for k in times if not k.startswith(("matmul", "corrupt"))}
     peak = {p: 2 * mm**3 / med[f"matmul_{p}"] for p in precisions}
     out.update({
@@ -143,7 +134,7 @@ def _figures(
 
 def overhead_step(model: MaskedPatchPrediction, images, generator, precision: str):
     """Corruption + targets + the corrupted-token index, as the objective computes them."""
-    dtype = autocast_dtype(precision)
+    dtype = timing.autocast_dtype(precision)
     with torch.no_grad(), torch.autocast(images.device.type, dtype=dtype, enabled=bool(dtype)):
         emb_BND = model.encoder.embed_patches(images.float())
     emb_BND.requires_grad_(True)  # the corruption is recorded for backward, as in training

@@ -48,6 +48,3 @@ class FewshotEvalConfig(Frozen):
         check_layers(self.layers, self.concat_last, "fewshot.")
         check_min("fewshot.", self, ("batch_size",), 1)
         check_min("fewshot.", self, ("num_workers", "max_eval", "every"), 0)
-
-
-_SPEC_KEYS = ("shots", "seeds", "l2_reg", "standardize", "pool", "layers", "concat_last")

@@ -25,6 +25,7 @@ from ssl_vit.config.shipped import find_config
 
 __all__ = [
     "ConfigError",
+    "flat_keys",
     "from_dict",
     "load_config",
     "parse_overrides",
@@ -130,6 +131,17 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [to_dict(v) for v in obj]
     return obj
+
+
+def flat_keys(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> {"model.width": 128, ...} (dotted keys, the leaves as they are)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flat_keys(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:

@@ -19,11 +19,9 @@ from typing import Any, Literal
 from ssl_vit.config.frozen import Frozen
 from ssl_vit.config.loader import ConfigError
 
-__all__ = ["RECIPES", "RecipeParts", "check_adamw_lr", "recipe_defaults"]
+__all__ = ["RecipeParts", "check_adamw_lr", "recipe_defaults"]
 
 log = logging.getLogger(__name__)
-
-RECIPES = ("paper", "modern")
 
 # MAE Table 9 (end-to-end fine-tuning): base lr 1e-3 per 256 images (lr = blr * batch / 256),
 # AdamW wd 0.05, betas (0.9, 0.999), layer-wise lr decay 0.75, RandAugment (9, 0.5), mixup 0.8,

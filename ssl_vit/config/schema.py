@@ -27,12 +27,7 @@ from ssl_vit.config.loader import from_dict
 from ssl_vit.config.optim import FinetuneOptimConfig, OptimConfig
 from ssl_vit.config.pixels import PIXEL_NORM, complete_pixel_norm
 from ssl_vit.config.recipe import RecipeParts, check_adamw_lr, recipe_defaults
-from ssl_vit.config.run import (
-    CompileConfig,
-    DataTimeoutConfig,
-    TimeoutConfig,
-    check_trackers,
-)
+from ssl_vit.config.run import CompileConfig, DataTimeoutConfig, TimeoutConfig, check_trackers
 from ssl_vit.config.variants import resolve_variant
 
 __all__ = [
@@ -129,11 +124,7 @@ class ModelConfig(Frozen):
 # What fine-tuning or evaluating a checkpoint takes from it (the loader ignores a config
 # file's, the job checks the command line's against it): the encoder's shape and the pixel
 # normalisation it was pretrained with.
-CHECKPOINT_KEYS = (
-    *(f"model.{k}" for k in ("variant", *SHAPE_KEYS)),
-    "data.mean",
-    "data.std",
-)
+CHECKPOINT_KEYS = (*(f"model.{k}" for k in ("variant", *SHAPE_KEYS)), "data.mean", "data.std")
 
 
 @dataclass

@@ -4,7 +4,6 @@ workers, resized and center-cropped (the shared stages are in `ssl_vit.data.stag
 from __future__ import annotations
 
 import itertools
-import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,26 +12,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
+from ssl_vit.data import stages
 from ssl_vit.data.images import eval_transform
 from ssl_vit.data.shards import is_shard_spec, resolve_shards
 from ssl_vit.data.sources import open_source
-from ssl_vit.data.stages import (
-    Batch,
-    Sample,
-    Stats,
-    StreamDataset,
-    collate,
-    decode_stage,
-    make_loader,
-    record_sample,
-    shard_samples,
-    share,
-    to_sample,
-)
+from ssl_vit.data.stages import Batch, Sample, Stats, StreamDataset
 
 __all__ = ["eval_loader"]
-
-log = logging.getLogger(__name__)
 
 
 def _split_for_eval(
@@ -45,7 +31,7 @@ def _split_for_eval(
     """
     shards, filters, owner = list(urls), [], True
     for index, count in ((rank, world_size), (worker, num_workers)):
-        mine, keep, of = share(len(shards), index, count)
+        mine, keep, of = stages.share(len(shards), index, count)
         shards = shards[mine]
         if of > 1:
             filters.append((keep, of))
@@ -75,9 +61,9 @@ def _batch_stage(
             pending = None
         buf.append(item)
         if len(buf) == batch_size:
-            pending, buf = collate(buf, image_size), []
+            pending, buf = stages.collate(buf, image_size), []
     if pending is not None or buf or stats.skipped or stats.skipped_shards:
-        yield report(pending if pending is not None else collate(buf, image_size))
+        yield report(pending if pending is not None else stages.collate(buf, image_size))
 
 
 @dataclass(eq=False)
@@ -92,7 +78,7 @@ class _PassStream(StreamDataset):
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         stats = Stats()
         samples = ((s, None, None) for s in self._samples(worker, num_workers, stats))
-        images = decode_stage(
+        images = stages.decode_stage(
             samples, self.transform, stats, self.max_consecutive_failures, self.num_classes
         )
         return _batch_stage(images, self.batch_size, self.image_size, stats)
@@ -108,10 +94,10 @@ class _ShardStream(_PassStream):
         urls, filters, owner = _split_for_eval(
             self.urls, self.rank, self.world_size, worker, num_workers
         )
-        raw = itertools.chain.from_iterable(shard_samples(url, stats, owner) for url in urls)
+        raw = itertools.chain.from_iterable(stages.shard_samples(url, stats, owner) for url in urls)
         for offset, step in filters:
             raw = itertools.islice(raw, offset, None, step)
-        return (to_sample(s, self.require_labels) for s in raw)
+        return (stages.to_sample(s, self.require_labels) for s in raw)
 
 
 @dataclass(eq=False)
@@ -126,10 +112,10 @@ class _IndexedStream(_PassStream):
         source = open_source(self.spec)  # opened per worker: pickles as a path
         order = np.arange(len(source)) if self.indices is None else np.unique(self.indices)
         for index, count in ((self.rank, self.world_size), (worker, num_workers)):
-            mine, keep, _ = share(len(order), index, count)
+            mine, keep, _ = stages.share(len(order), index, count)
             order = order[mine] if keep == 0 else order[:0]
         for rec in source.iter_records(order):
-            yield record_sample(source, rec, self.require_labels)
+            yield stages.record_sample(source, rec, self.require_labels)
 
 
 def eval_loader(
@@ -174,4 +160,4 @@ def eval_loader(
         if limit > 0:
             idx = np.unique(idx)[:limit]
         dataset = _IndexedStream(spec=source, indices=idx, **common)
-    return make_loader(dataset, num_workers, persistent=False, prefetch=2)
+    return stages.make_loader(dataset, num_workers, persistent=False, prefetch=2)

@@ -14,12 +14,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from ssl_vit.config.pixels import PIXEL_NORM
-from ssl_vit.data.decode import (
-    check_pixels,
-    decode_image,
-    jpeg_size,
-    open_jpeg_reduced,
-)
+from ssl_vit.data.decode import check_pixels, decode_image, jpeg_size, open_jpeg_reduced
 
 __all__ = [
     "RandAugment",

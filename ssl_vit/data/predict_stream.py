@@ -62,16 +62,13 @@ class _PredictDataset(IterableDataset):
     seed: int = 0  # make_loader's; nothing here is random
     skipped: int = 0  # this worker's, for rate-limited logging
 
-    def _my_batches(self) -> range:
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        R, n = self.world_size, num_batches(self.num_images, self.batch_size)
-        return range(self.rank + worker * R, n, workers * R)
-
     def __iter__(self) -> Iterator[PredictBatch]:
         source = open_source(self.spec)  # opened per worker: the dataset pickles as a path
         transform = eval_transform(self.image_size)
-        mine = self._my_batches()
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        R, n = self.world_size, num_batches(self.num_images, self.batch_size)
+        mine = range(self.rank + worker * R, n, workers * R)  # this worker's global batches
         for start in range(0, len(mine), _CHUNK):
             chunk = mine[start : start + _CHUNK]
             yield from self._batches(source, transform, chunk)

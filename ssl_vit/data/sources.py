@@ -25,13 +25,7 @@ from ssl_vit.data.image_source import ImageSource, Record
 from ssl_vit.data.shards import is_shard_spec, read_index, resolve_shards
 from ssl_vit.data.tar import tar_groups
 
-__all__ = [
-    "FolderSource",
-    "HFSource",
-    "ShardSource",
-    "open_raw_source",
-    "open_source",
-]
+__all__ = ["FolderSource", "HFSource", "ShardSource", "open_raw_source", "open_source"]
 
 log = logging.getLogger(__name__)
 

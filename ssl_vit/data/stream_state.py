@@ -12,7 +12,6 @@ refuses, in one line, a stream it cannot continue (other shards, seed, shuffle o
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +31,6 @@ __all__ = [
     "start_stream",
 ]
 
-log = logging.getLogger(__name__)
 MAX_AUTO_LANES = 64  # enough readers for 8 workers on each of 8 GPUs
 
 Position = tuple[int, int]  # (visit, samples of that visit consumed)
@@ -81,7 +79,8 @@ def resolve_lanes(
     sample order depends on the lanes. `paired` (mixup / cutmix pair images within a lane's
     share, `BatchMixer`): the share must be even (the micro-batch is: `train.plan`)."""
     cap = min(MAX_AUTO_LANES, shards) if shards else MAX_AUTO_LANES
-    lanes = requested or saved or _largest_divisor(micro_batch // 2 if paired else micro_batch, cap)
+    n = micro_batch // 2 if paired else micro_batch
+    lanes = requested or saved or max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
     how = "" if requested else " (auto)"
     if micro_batch % lanes:
         raise ValueError(
@@ -102,10 +101,6 @@ def resolve_lanes(
             "than shards: shards are shared, each lane keeping its share)"
         )
     return lanes
-
-
-def _largest_divisor(n: int, cap: int) -> int:
-    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
 
 
 def lane_range(lanes: int, rank: int, world_size: int, worker: int, workers: int) -> range:

@@ -42,23 +42,12 @@ from torch.utils.data import get_worker_info
 
 from ssl_vit import seeds
 from ssl_vit.config.schema import FinetuneDataConfig, PretrainDataConfig
+from ssl_vit.data import stages
 from ssl_vit.data.assembled import TrainLoader
 from ssl_vit.data.images import SquareLoad, train_transform
 from ssl_vit.data.shards import is_shard_spec, resolve_shards
 from ssl_vit.data.sources import open_source
-from ssl_vit.data.stages import (
-    Batch,
-    Sample,
-    Stats,
-    StreamDataset,
-    collate,
-    decode_stage,
-    make_loader,
-    record_sample,
-    shard_samples,
-    share,
-    to_sample,
-)
+from ssl_vit.data.stages import Batch, Sample, Stats, StreamDataset
 from ssl_vit.data.stream_state import StreamArgs, lane_range, source_id, start_stream
 
 __all__ = ["pretrain_loader", "train_loader"]
@@ -122,7 +111,7 @@ class _LaneStream(StreamDataset):
     def _lane(self, lane: int, stats: Stats) -> Iterator[tuple[torch.Tensor, int, str, Any]]:
         v, skip = self.start.get(lane, (0, 0))
         samples = self._positions(lane, v, skip, stats)
-        return decode_stage(
+        return stages.decode_stage(
             samples, self.transform, stats, self.max_consecutive_failures, self.num_classes
         )
 
@@ -146,7 +135,7 @@ class _LaneStream(StreamDataset):
                     items += got
                     position[lane] = got[-1][3]
                 positions.append(position)
-            yield collate(items, self.image_size)._replace(
+            yield stages.collate(items, self.image_size)._replace(
                 skipped=sum(s.skipped for s in stats.values()),
                 skipped_shards=sum(s.skipped_shards for s in stats.values()),
                 position=positions,
@@ -169,15 +158,15 @@ class _ShardTrainStream(_LaneStream):
             j = random.Random(seeds.derive(self.seed, seeds.SHARDS, lane, v)).randrange(n)
             url, sid = self.urls[j], (lane, v)
         else:  # an epoch: this lane's share of a permutation of the shards
-            mine, keep, of = share(n, lane, lanes)
+            mine, keep, of = stages.share(n, lane, lanes)
             epoch, k = divmod(v, len(range(n)[mine]))
             perm = np.random.default_rng(seeds.derive(self.seed, seeds.EPOCH, epoch)).permutation(n)
             j = range(n)[mine][k]
             url, sid = self.urls[perm[j]], (epoch, int(perm[j]))
         # A shard shared by several lanes reports its errors once (from the lane keeping 0).
-        for i, sample in enumerate(shard_samples(url, stats, count=keep == 0)):
+        for i, sample in enumerate(stages.shard_samples(url, stats, count=keep == 0)):
             if i % of == keep:
-                yield to_sample(sample, self.require_labels), (*sid, i)
+                yield stages.to_sample(sample, self.require_labels), (*sid, i)
 
 
 @dataclass(eq=False)
@@ -191,7 +180,7 @@ class _IndexedTrainStream(_LaneStream):
         source = open_source(self.spec)  # opened per worker: pickles as a path
         perm = np.random.default_rng(seeds.derive(self.seed, seeds.EPOCH, v)).permutation
         for i in perm(len(source))[lane :: self.lanes].tolist():  # (not iter_records: sorted)
-            yield record_sample(source, source[i], self.require_labels), (v, i)
+            yield stages.record_sample(source, source[i], self.require_labels), (v, i)
 
 
 # The fields of the data configs the loaders read (both job configs name them alike).
@@ -242,7 +231,7 @@ def _build(
         **fields,
     )
     # With several workers `assembled._Assembled` copies their shares into pinned memory itself.
-    loader = make_loader(dataset, workers, persistent=True, prefetch=2, pin=workers <= 1)
+    loader = stages.make_loader(dataset, workers, persistent=True, prefetch=2, pin=workers <= 1)
     return TrainLoader(loader, tracker)
 
 

@@ -106,12 +106,6 @@ def ridge_solve(
     return X_ND.T @ torch.cholesky_solve(Y_NK, torch.linalg.cholesky(gram_NN))
 
 
-def _num_classes(train_y: torch.Tensor, test_y: torch.Tensor, num_classes: int | None) -> int:
-    if num_classes is not None:
-        return num_classes
-    return int(max(train_y.max().item(), test_y.max().item())) + 1
-
-
 def ridge_accuracies(
     train_x: ArrayLike,
     train_y: ArrayLike,
@@ -132,7 +126,9 @@ def ridge_accuracies(
     device = train_ND.device
     test_MD = _as_float64(test_x, device)
     train_N, test_M = _as_labels(train_y, device), _as_labels(test_y, device)
-    K = _num_classes(train_N, test_M, num_classes)
+    K = num_classes
+    if K is None:
+        K = int(max(train_N.max().item(), test_M.max().item())) + 1
     if standardize_features:
         train_ND, test_MD = standardize(train_ND, test_MD)
     train_ND, test_MD = _add_bias(train_ND), _add_bias(test_MD)

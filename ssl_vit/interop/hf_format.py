@@ -18,25 +18,10 @@ from typing import Any
 
 import torch
 
-from ssl_vit.interop.keymap import (
-    InteropError,
-    Table,
-    check_complete,
-    check_model_config,
-    mlp_ratio_for,
-    rename,
-)
+from ssl_vit.interop import keymap
+from ssl_vit.interop.keymap import InteropError, Table
 
-__all__ = [
-    "HF_CLASSIFIER_PREFIX",
-    "HF_HEAD_PREFIXES",
-    "HF_KEYS",
-    "from_hf",
-    "hf_classifier_config",
-    "hf_config",
-    "hf_preprocessor",
-    "to_hf",
-]
+__all__ = ["from_hf", "hf_classifier_config", "hf_config", "hf_preprocessor", "to_hf"]
 
 _L = "encoder.layer.{i}."
 # Our side uses `attn.q/k/v` for the three thirds of the fused `attn.qkv`.
@@ -75,7 +60,7 @@ HF_CLASSIFIER_PREFIX = "vit."
 
 def hf_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """config.json for transformers.ViTModel (model_type vit)."""
-    check_model_config(cfg, "transformers")
+    keymap.check_model_config(cfg, "transformers")
     hidden = int(cfg["width"] * cfg["mlp_ratio"])
     return {
         "architectures": ["ViTModel"],
@@ -153,7 +138,7 @@ def to_hf(
     """Our encoder state dict -> ViTModel state dict (legacy key names, no pooler); with a
     classifier's `head` {weight [K, D], bias [K]}, ViTForImageClassification's (`vit.*` and
     `classifier.*`)."""
-    check_model_config(cfg, "transformers")
+    keymap.check_model_config(cfg, "transformers")
     split = {}
     for key, value in state.items():
         if ".attn.qkv." in key:  # rows: q of all heads, then k, then v (see Attention.forward)
@@ -161,7 +146,7 @@ def to_hf(
                 split[key.replace(".attn.qkv.", f".attn.{part}.")] = chunk.contiguous()
         else:
             split[key] = value
-    out, unmatched = rename(split, HF_KEYS)
+    out, unmatched = keymap.rename(split, HF_KEYS)
     if unmatched:
         raise InteropError(f"weights with no transformers equivalent: {unmatched}")
     if head is not None:
@@ -196,7 +181,7 @@ def _model_config(hf: dict[str, Any], source: str) -> dict[str, Any]:
         "width": width,
         "depth": hf.get("num_hidden_layers", 12),
         "heads": hf.get("num_attention_heads", 12),
-        "mlp_ratio": mlp_ratio_for(hf.get("intermediate_size", 3072), width),
+        "mlp_ratio": keymap.mlp_ratio_for(hf.get("intermediate_size", 3072), width),
         "norm_eps": float(hf.get("layer_norm_eps", 1e-12)),
     }
 
@@ -211,9 +196,9 @@ def from_hf(
     state = {k.removeprefix(HF_CLASSIFIER_PREFIX): v for k, v in state.items()}
     dropped = sorted(k for k in state if k.startswith(HF_HEAD_PREFIXES))
     state = {k: v for k, v in state.items() if not k.startswith(HF_HEAD_PREFIXES)}
-    legacy, rest = rename(state, _V5_KEYS, reverse=True)
+    legacy, rest = keymap.rename(state, _V5_KEYS, reverse=True)
     legacy.update({k: state[k] for k in rest})
-    split, unexpected = rename(legacy, HF_KEYS, reverse=True)
+    split, unexpected = keymap.rename(legacy, HF_KEYS, reverse=True)
     ours, thirds = {}, {}
     for key, value in split.items():
         m = _QKV.match(key)
@@ -226,6 +211,6 @@ def from_hf(
             ours[f"{head}.attn.qkv.{tail}"] = torch.cat([parts[c] for c in "qkv"], dim=0)
         else:  # an incomplete triple: the fused key is reported missing, the pieces unexpected
             pieces = {f"{head}.attn.{c}.{tail}": parts[c] for c in parts}
-            unexpected += list(rename(pieces, HF_KEYS)[0])
-    check_complete(ours, cfg, source, sorted(unexpected))
+            unexpected += list(keymap.rename(pieces, HF_KEYS)[0])
+    keymap.check_complete(ours, cfg, source, sorted(unexpected))
     return ours, cfg, dropped

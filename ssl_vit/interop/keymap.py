@@ -18,15 +18,7 @@ import torch
 from ssl_vit.config.schema import ModelConfig
 from ssl_vit.model.shapes import size_mismatch
 
-__all__ = [
-    "InteropError",
-    "KNOWN_CONFIG",
-    "check_complete",
-    "check_model_config",
-    "expected_shapes",
-    "mlp_ratio_for",
-    "rename",
-]
+__all__ = ["InteropError", "check_complete", "check_model_config", "mlp_ratio_for", "rename"]
 
 Table = list[tuple[str, str]]
 

@@ -13,24 +13,10 @@ from typing import Any
 
 import torch
 
-from ssl_vit.interop.keymap import (
-    InteropError,
-    Table,
-    check_complete,
-    check_model_config,
-    mlp_ratio_for,
-    rename,
-)
+from ssl_vit.interop import keymap
+from ssl_vit.interop.keymap import InteropError, Table
 
-__all__ = [
-    "TIMM_HEAD_KEYS",
-    "TIMM_POOLS",
-    "TIMM_KEYS",
-    "from_timm",
-    "timm_architecture",
-    "timm_config",
-    "to_timm",
-]
+__all__ = ["from_timm", "timm_config", "to_timm"]
 
 TIMM_KEYS: Table = [
     ("cls_token", "cls_token"),
@@ -140,13 +126,13 @@ def to_timm(
 ) -> dict[str, torch.Tensor]:
     """Our encoder state dict -> timm VisionTransformer(num_classes=0) state dict; with a
     classifier's `head` {weight [K, D], bias [K]}, VisionTransformer(num_classes=K)'s."""
-    check_model_config(cfg, "timm")
+    keymap.check_model_config(cfg, "timm")
     if not math.isclose(cfg.get("norm_eps", 1e-6), TIMM_NORM_EPS, rel_tol=1e-9):
         raise InteropError(
             f"norm_eps={cfg['norm_eps']} does not map to timm (its VisionTransformer builds "
             f"LayerNorm with eps {TIMM_NORM_EPS}; export to hf instead)"
         )
-    out, unmatched = rename(state, TIMM_KEYS)
+    out, unmatched = keymap.rename(state, TIMM_KEYS)
     if unmatched:
         raise InteropError(f"weights with no timm equivalent: {unmatched}")
     if head is not None:
@@ -189,7 +175,7 @@ def _infer_config(state: dict[str, torch.Tensor], heads: int | None, source: str
         "width": width,
         "depth": depth,
         "heads": heads,
-        "mlp_ratio": mlp_ratio_for(hidden, width),
+        "mlp_ratio": keymap.mlp_ratio_for(hidden, width),
         "norm_eps": TIMM_NORM_EPS,
     }
 
@@ -203,6 +189,6 @@ def from_timm(
     dropped = sorted(k for k in state if k in TIMM_HEAD_KEYS)
     state = {k: v for k, v in state.items() if k not in TIMM_HEAD_KEYS}
     cfg = _infer_config(state, heads, source)
-    ours, unexpected = rename(state, TIMM_KEYS, reverse=True)
-    check_complete(ours, cfg, source, unexpected)
+    ours, unexpected = keymap.rename(state, TIMM_KEYS, reverse=True)
+    keymap.check_complete(ours, cfg, source, unexpected)
     return ours, cfg, dropped

@@ -26,13 +26,8 @@ from ssl_vit.config.pixels import PIXEL_NORM
 from ssl_vit.config.schema import ObjectiveConfig
 from ssl_vit.model.pixels import PixelNorm
 from ssl_vit.model.vit import ViT
-from ssl_vit.objectives.corruption import (
-    MASKED,
-    UNTOUCHED,
-    corrupt_patches,
-    draw_corruption,
-    num_corrupted,
-)
+from ssl_vit.objectives import corruption
+from ssl_vit.objectives.corruption import MASKED, UNTOUCHED
 from ssl_vit.objectives.decoder import PredictionDecoder, encode_visible, split_visible
 from ssl_vit.objectives.targets import (
     NUM_COLOR_CLASSES,
@@ -101,7 +96,12 @@ class MaskedPatchPrediction(nn.Module):
         self.encoder = encoder
         self.cfg = cfg
         # Created only when asked for, so that decoder_depth=0 draws the same initial weights.
-        self.decoder = _build_decoder(encoder, cfg) if cfg.decoder_depth else None
+        self.decoder = None
+        if cfg.decoder_depth:
+            width, heads = cfg.decoder_shape(encoder.width, encoder.blocks[0].attn.heads)
+            self.decoder = PredictionDecoder(
+                encoder.width, width, cfg.decoder_depth, heads, encoder.num_patches
+            )
         head_in = encoder.width if self.decoder is None else self.decoder.embed.out_features
         # [mask] is an encoder input (the paper), or a decoder input in the visible arm (MAE).
         mask_width = head_in if cfg.encoder == "visible" else encoder.width
@@ -115,7 +115,7 @@ class MaskedPatchPrediction(nn.Module):
 
     @property
     def num_corrupted(self) -> int:
-        return num_corrupted(self.encoder.num_patches, self.cfg.mask_ratio)
+        return corruption.num_corrupted(self.encoder.num_patches, self.cfg.mask_ratio)
 
     def targets(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(targets, colour classes), each [B, N, ...], of every patch (see MaskedPatchOutput)."""
@@ -133,7 +133,7 @@ class MaskedPatchPrediction(nn.Module):
         objectives.corruption.draw_corruption): made outside `forward`, so that `forward` is
         one graph under torch.compile."""
         device = self.mask_embedding.device
-        return draw_corruption(batch_size, self.encoder.num_patches, generator, device)
+        return corruption.draw_corruption(batch_size, self.encoder.num_patches, generator, device)
 
     def forward(self, images: torch.Tensor, noise: torch.Tensor) -> MaskedPatchOutput:
         """images: [B, 3, H, W] uint8 (or float in [0, 1]), un-normalized, already augmented;
@@ -145,7 +145,7 @@ class MaskedPatchPrediction(nn.Module):
         if self.cfg.encoder == "visible":
             out_BND, kind_BN, idx_Bn = self._visible_arm(emb_BND, noise)
         else:
-            corrupted_BND, kind_BN = corrupt_patches(
+            corrupted_BND, kind_BN = corruption.corrupt_patches(
                 emb_BND, self.mask_embedding, noise, self.cfg.mask_ratio, self.cfg.probs
             )
             out_BTD = self.encoder.encode(corrupted_BND)
@@ -188,12 +188,6 @@ class MaskedPatchPrediction(nn.Module):
         loss = F.cross_entropy(logits.flatten(0, -2).float(), targets_M.flatten())
         logits = logits.detach()
         return loss, logits, (logits.argmax(dim=-1) == targets_M).sum()
-
-
-def _build_decoder(encoder: ViT, cfg: ObjectiveConfig) -> PredictionDecoder:
-    width, heads = cfg.decoder_shape(encoder.width, encoder.blocks[0].attn.heads)
-    depth, N = cfg.decoder_depth, encoder.num_patches
-    return PredictionDecoder(encoder.width, width, depth, heads, N)
 
 
 def _gather(x_BN: torch.Tensor, idx_Bn: torch.Tensor) -> torch.Tensor:

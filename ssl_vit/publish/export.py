@@ -27,25 +27,12 @@ from ssl_vit.config.pixels import PIXEL_NORM
 from ssl_vit.config.schema import ModelConfig
 from ssl_vit.interop import hf_config, hf_preprocessor, timm_config, to_hf, to_timm
 from ssl_vit.publish.model_card import model_card, run_config
-from ssl_vit.train.checkpoint import (
-    ENCODER_FILE,
-    load_encoder,
-    load_head,
-    read_pixel_norm,
-    save_encoder,
-    save_weights,
-)
+from ssl_vit.train import checkpoint as ckpt
+from ssl_vit.train.checkpoint import ENCODER_FILE
 from ssl_vit.train.encoder_init import load_any_encoder
 from ssl_vit.train.rundir import check_not_source, occupant
 
-__all__ = [
-    "HEAD_FILE",
-    "check_output",
-    "check_target",
-    "export_checkpoint",
-    "import_weights",
-    "write_export",
-]
+__all__ = ["check_output", "check_target", "export_checkpoint", "import_weights", "write_export"]
 
 log = logging.getLogger(__name__)
 HEAD_FILE = "masked_patch_head.safetensors"
@@ -67,7 +54,7 @@ def export_checkpoint(
     checkpoint, out = Path(checkpoint), Path(outdir)
     check_target(to)
     check_output(out, {"checkpoint": str(checkpoint)}, overwrite)
-    state, model_cfg = load_encoder(checkpoint)
+    state, model_cfg = ckpt.load_encoder(checkpoint)
     mean, std = _pixel_norm(checkpoint)
     processor = None
     if to == "timm":
@@ -77,7 +64,7 @@ def export_checkpoint(
         processor = hf_preprocessor(model_cfg, mean, std)
     extra = {}
     if keep_head:
-        extra[HEAD_FILE] = (load_head(checkpoint), {"model_config": json.dumps(model_cfg)})
+        extra[HEAD_FILE] = (ckpt.load_head(checkpoint), {"model_config": json.dumps(model_cfg)})
     n_params = sum(v.numel() for v in weights.values())
     card = model_card(checkpoint, to, out, model_cfg, config, n_params)
     write_export(out, weights, config, card, processor, extra)
@@ -111,12 +98,12 @@ def write_export(
     metadata)} and the README.md model card."""
     with staged_dir(out) as tmp, writing(out):
         # "format": "pt" is what transformers checks in the safetensors header.
-        save_weights(weights, tmp / "model.safetensors", {"format": "pt"})
+        ckpt.save_weights(weights, tmp / "model.safetensors", {"format": "pt"})
         _write_json(tmp / "config.json", config)
         if processor is not None:
             _write_json(tmp / "preprocessor_config.json", processor)
         for name, (tensors, metadata) in (extra or {}).items():
-            save_weights(tensors, tmp / name, metadata)
+            ckpt.save_weights(tensors, tmp / name, metadata)
         (tmp / "README.md").write_text(card)
 
 
@@ -127,7 +114,7 @@ def _write_json(path: Path, value: dict[str, Any]) -> None:
 def _pixel_norm(checkpoint: Path) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """The encoder's pixel mean and std: stored with it, else its run's config.yaml, else
     PIXEL_NORM (checkpoints written before the encoder carried them)."""
-    stored = read_pixel_norm(checkpoint)
+    stored = ckpt.read_pixel_norm(checkpoint)
     if stored is not None:
         return stored.mean, stored.std
     data = run_config(checkpoint).get("data", {})
@@ -169,7 +156,7 @@ def import_weights(
     encoder = build_vit(ModelConfig.from_saved(cfg))
     encoder.load_state_dict(state, strict=True)  # keys and shapes were checked on reading
     with staged_dir(out) as tmp, writing(out):
-        save_encoder(encoder, tmp / ENCODER_FILE, cfg)
+        ckpt.save_encoder(encoder, tmp / ENCODER_FILE, cfg)
         record = {"source": str(source), "format": fmt, "model_config": cfg}
         (tmp / "source.json").write_text(json.dumps(record, indent=2) + "\n")
     log.info("imported %s (%s) to %s", source, fmt, out / ENCODER_FILE)

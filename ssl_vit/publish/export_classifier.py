@@ -20,24 +20,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ssl_vit.interop import (
-    InteropError,
-    hf_classifier_config,
-    hf_preprocessor,
-    timm_config,
-    to_hf,
-    to_timm,
-)
+from ssl_vit import interop
+from ssl_vit.interop import InteropError
 from ssl_vit.publish.export import check_output, check_target, write_export
 from ssl_vit.publish.model_card import classifier_card
-from ssl_vit.train.classifier_file import (
-    CLASSIFIER_FILE,
-    ClassifierSpec,
-    find_classifier,
-    load_classifier,
-    names_labels,
-    read_classifier_spec,
-)
+from ssl_vit.train import classifier_file
+from ssl_vit.train.classifier_file import CLASSIFIER_FILE, ClassifierSpec, read_classifier_spec
 
 __all__ = ["export_classifier", "is_classifier"]
 
@@ -53,7 +41,7 @@ def is_classifier(path: str | Path) -> bool:
     file = p / CLASSIFIER_FILE if p.is_dir() else p
     if file.name != CLASSIFIER_FILE or not file.is_file():
         return False
-    return names_labels(file) is not False
+    return classifier_file.names_labels(file) is not False
 
 
 def export_classifier(
@@ -67,21 +55,22 @@ def export_classifier(
     Returns a summary."""
     out = Path(outdir)
     check_target(to)
-    file = find_classifier(source)
+    file = classifier_file.find_classifier(source)
     check_output(out, {"classifier": str(file)}, overwrite)
     spec = read_classifier_spec(file)  # the header only: refuse before reading the weights
     check_pool(spec, to, file)
-    model, spec = load_classifier(file)
+    model, spec = classifier_file.load_classifier(file)
     state = {k: v.detach() for k, v in model.state_dict().items()}
     encoder = {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
     head = {"weight": state["head.weight"], "bias": state["head.bias"]}
     cfg, processor = spec.model_config, None
     if to == "timm":
-        weights = to_timm(encoder, cfg, head)
-        config = timm_config(cfg, spec.mean, spec.std, spec.label_names, spec.pool)
+        weights = interop.to_timm(encoder, cfg, head)
+        config = interop.timm_config(cfg, spec.mean, spec.std, spec.label_names, spec.pool)
     else:
-        weights, config = to_hf(encoder, cfg, head), hf_classifier_config(cfg, spec.label_names)
-        processor = hf_preprocessor(cfg, spec.mean, spec.std, crop=True)
+        weights = interop.to_hf(encoder, cfg, head)
+        config = interop.hf_classifier_config(cfg, spec.label_names)
+        processor = interop.hf_preprocessor(cfg, spec.mean, spec.std, crop=True)
     n_params = sum(v.numel() for v in weights.values())
     card = classifier_card(file, to, out, spec, n_params)
     write_export(out, weights, config, card, processor)

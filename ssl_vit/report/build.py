@@ -14,7 +14,7 @@ import logging
 import time
 from pathlib import Path
 
-from ssl_vit.report.render import Chart, Section, png_bytes
+from ssl_vit.report.render import Section
 from ssl_vit.report.runs import Run, fewshot_pool, fewshot_table, link_runs, load_runs
 
 __all__ = ["build_report"]
@@ -28,13 +28,11 @@ def pretrain_section(runs: list[Run]) -> Section:
     pre = [r for r in runs if r.kind == "pretrain"]
     s_pre = Section("Pretraining")
     if fig := figures.pretrain_curves(pre):
-        caption = "Loss and colour accuracy on the corrupted patches."
-        s_pre.charts.append(Chart("pretrain_curves", png_bytes(fig), caption))
+        s_pre.chart("pretrain_curves", fig, "Loss and colour accuracy on the corrupted patches.")
     else:
         s_pre.notes.append("No pretraining metrics in the runs given.")
     if fig := figures.fewshot_over_steps(pre):
-        caption = "Few-shot accuracy logged during pretraining."
-        s_pre.charts.append(Chart("fewshot_over_steps", png_bytes(fig), caption))
+        s_pre.chart("fewshot_over_steps", fig, "Few-shot accuracy logged during pretraining.")
     elif pre:
         s_pre.notes.append("No few-shot evaluation was logged during pretraining.")
     return s_pre
@@ -69,8 +67,7 @@ def fewshot_section(runs: list[Run], groups: dict) -> Section:
 
     s_few = Section("Few-shot")
     if fig := figures.fewshot_vs_shots(_shots_curves(runs, groups)):
-        caption = "One line per encoder; band: ±1 std over seeds."
-        s_few.charts.append(Chart("fewshot_vs_shots", png_bytes(fig), caption))
+        s_few.chart("fewshot_vs_shots", fig, "One line per encoder; band: ±1 std over seeds.")
     else:
         s_few.notes.append("No few-shot results in the runs given.")
     layer_curves = [
@@ -83,7 +80,7 @@ def fewshot_section(runs: list[Run], groups: dict) -> Section:
     ]
     if fig := figures.fewshot_vs_layer(layer_curves):
         caption = "Few-shot accuracy of each block's output (few-shot runs with `layers=all`)."
-        s_few.charts.append(Chart("fewshot_vs_layer", png_bytes(fig), caption))
+        s_few.chart("fewshot_vs_layer", fig, caption)
     return s_few
 
 

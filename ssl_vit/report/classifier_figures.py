@@ -18,11 +18,6 @@ ANNOTATE_UP_TO = 20  # classes: each cell's percentage written in it
 LABEL_UP_TO = 40  # classes: every name on the axes (more: every n-th)
 
 
-def _cell_inches(K: int) -> float:
-    """A heat-map cell's side: 0.45 in for 10 classes, smaller for many, the figure <= ~11 in."""
-    return max(0.08, min(0.45, 8.0 / K))
-
-
 def _heat_map(ax, conf: Confusion) -> None:
     K = len(conf.names)
     frac = row_normalised(conf.counts)
@@ -68,7 +63,8 @@ def confusion_figure(conf: Confusion, title: str) -> Figure:
     """Heat map of `conf` row-normalised (cells: % of the row's images, written in each
     non-empty cell up to ANNOTATE_UP_TO classes) and per-class accuracy bars beside it."""
     K = len(conf.names)
-    side = _cell_inches(K) * K
+    # A heat-map cell's side: 0.45 in for 10 classes, smaller for many, the figure <= ~11 in.
+    side = max(0.08, min(0.45, 8.0 / K)) * K
     fig, (ax_map, ax_bars) = new_figure(
         side + 5.2, side + 1.9, ncols=2, gridspec_kw={"width_ratios": [side + 1.4, 2.6]}
     )

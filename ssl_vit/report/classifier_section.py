@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ssl_vit.report.budget import all_labels_per_class, budget_label, budget_of, encoder_name
 from ssl_vit.report.classifier import chosen_runs, confusion_of
-from ssl_vit.report.render import Chart, Section, png_bytes
+from ssl_vit.report.render import Section
 from ssl_vit.report.runs import Run
 
 __all__ = ["classifier_section"]
@@ -68,6 +68,5 @@ def classifier_section(runs: list[Run]) -> Section | None:
         while name in names:  # runs of one name in several folders
             name += "_"
         names.add(name)
-        fig = confusion_figure(confusion_of(run), title)
-        s.charts.append(Chart(name, png_bytes(fig), caption))
+        s.chart(name, confusion_figure(confusion_of(run), title), caption)
     return s

@@ -13,7 +13,6 @@ Shape legend: B images, N patches, M corrupted patches in all, K classes, P patc
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +28,6 @@ from ssl_vit.report.runs import Run
 from ssl_vit.train.checkpoint import load_checkpoint
 
 __all__ = ["Examples", "PATCH_PIXELS", "target_pixels", "find_data", "run_examples"]
-
-log = logging.getLogger(__name__)
 
 
 def _mean_color_pixels(

@@ -33,10 +33,6 @@ def mean_curve(runs: list[Run], key: str) -> tuple[list[float], list[float], lis
     return steps, [statistics.fmean(by_step[s]) for s in steps], band
 
 
-def _group_label(enc: str, k: int, n: int, x_all: float | None) -> str:
-    return f"{enc}, {budget_label(k, x_all)} / class ({n} seed{'s' if n > 1 else ''})"
-
-
 def _curves_panel(ax, groups: Groups, key: str, style: dict, x_all: float | None) -> None:
     """One line per group (mean over its seeds, band: min-max), scaled to % for top-1."""
     scale = 100.0 if key == "top1" else 1.0
@@ -45,7 +41,8 @@ def _curves_panel(ax, groups: Groups, key: str, style: dict, x_all: float | None
         if not steps:
             continue
         color, (ls, marker) = style[enc, k]
-        label = _group_label(enc, k, len(runs), x_all)
+        n = len(runs)
+        label = f"{enc}, {budget_label(k, x_all)} / class ({n} seed{'s' if n > 1 else ''})"
         ax.plot(steps, [scale * m for m in mean], ls=ls, marker=marker, ms=4, color=color,
                 label=label)  # fmt: skip
         if len(runs) > 1:

@@ -7,17 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from ssl_vit.report.budget import (
-    all_labels_per_class,
-    budget_of,
-    budget_table,
-    encoder_order,
-    fewshot_curves,
-    finetune_groups,
-    images_per_class,
-    labels_curves,
-    scored,
-)
+from ssl_vit.report import budget
 from ssl_vit.report.render import Chart, Section, png_bytes
 from ssl_vit.report.runs import Run
 
@@ -31,21 +21,19 @@ def finetune_section(runs: list[Run]) -> Section:
     """The "Fine-tuning" section: training loss (and test top-1 when evaluated during
     training) per (encoder, label budget), mean over seeds, and the final top-1, seeds as dots."""
     s = Section("Fine-tuning")
-    groups = finetune_groups(runs)
+    groups = budget.finetune_groups(runs)
     try:
         from ssl_vit.report.finetune_figures import finetune_figure
     except ImportError as e:
         s.notes.append(SKIPPED.format(e))
         return s
-    if fig := finetune_figure(groups, all_labels_per_class(runs)):
-        s.charts.append(
-            Chart(
-                "finetune_curves",
-                png_bytes(fig),
-                "Fine-tunes grouped by encoder (colour) and labelled images per class (line "
-                "style; all: every label): lines are the mean over seeds, the band their "
-                "min-max. Last panel: final test top-1, bar the mean, dots the seeds.",
-            )
+    if fig := finetune_figure(groups, budget.all_labels_per_class(runs)):
+        s.chart(
+            "finetune_curves",
+            fig,
+            "Fine-tunes grouped by encoder (colour) and labelled images per class (line "
+            "style; all: every label): lines are the mean over seeds, the band their "
+            "min-max. Last panel: final test top-1, bar the mean, dots the seeds.",
         )
     else:
         s.notes.append("No fine-tuning runs given.")
@@ -58,8 +46,8 @@ def _labels_chart(runs: list[Run], curves, x_all: float | None) -> Chart | str:
         from ssl_vit.report.finetune_figures import accuracy_vs_labels
     except ImportError as e:
         return SKIPPED.format(e)
-    fewshot = fewshot_curves(runs, {e.split(" (")[0] for e in curves})  # without the recipe
-    fig = accuracy_vs_labels(curves, x_all, fewshot, order=sorted(curves, key=encoder_order))
+    fewshot = budget.fewshot_curves(runs, {e.split(" (")[0] for e in curves})  # without the recipe
+    fig = accuracy_vs_labels(curves, x_all, fewshot, order=sorted(curves, key=budget.encoder_order))
     return Chart(
         "accuracy_vs_labels",
         png_bytes(fig),
@@ -72,9 +60,9 @@ def _labels_chart(runs: list[Run], curves, x_all: float | None) -> Chart | str:
 def budget_section(runs: list[Run]) -> Section | None:
     """The section "Accuracy vs labels per class", or None when no fine-tune used a label
     budget (K > 0): then the report is as before."""
-    if not any(budget_of(r) > 0 for r in scored(runs)):
+    if not any(budget.budget_of(r) > 0 for r in budget.scored(runs)):
         return None
-    curves, x_all = labels_curves(runs), all_labels_per_class(runs)
+    curves, x_all = budget.labels_curves(runs), budget.all_labels_per_class(runs)
     s = Section("Accuracy vs labels per class")
     s.notes.append(
         "Fine-tune test top-1 (%) by label budget (data.labels_per_class; all: every label, "
@@ -82,12 +70,13 @@ def budget_section(runs: list[Run]) -> Section | None:
         "encoder (the pretraining run its checkpoint is in; every step of one encoder is "
         "pooled, each fine-tuning recipe is a line of its own when there are several)."
     )
-    left = [r.name for r in scored(runs) if budget_of(r) == 0 and images_per_class(r) is None]
+    every_label = [r for r in budget.scored(runs) if budget.budget_of(r) == 0]
+    left = [r.name for r in every_label if budget.images_per_class(r) is None]
     if left:
         s.notes.append(
             f"Left out (every label, but results.json does not say how many): {', '.join(left)}."
         )
-    s.tables.append(budget_table(curves, x_all))
+    s.tables.append(budget.budget_table(curves, x_all))
     chart = _labels_chart(runs, curves, x_all)
     if isinstance(chart, str):
         log.info(chart)

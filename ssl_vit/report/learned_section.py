@@ -37,10 +37,7 @@ def _examples_chart(run: Run, num_examples: int, seed: int):
 
 def _run_charts(run: Run, num_examples: int, seed: int):
     from ssl_vit.report.learned import filter_components, position_similarity
-    from ssl_vit.report.learned_figures import (
-        filter_components_figure,
-        position_similarity_figure,
-    )
+    from ssl_vit.report.learned_figures import filter_components_figure, position_similarity_figure
     from ssl_vit.report.render import Chart, png_bytes
     from ssl_vit.train.checkpoint import load_encoder
 

@@ -37,6 +37,10 @@ class Section:
     tables: list[Table] = field(default_factory=list)
     charts: list[Chart] = field(default_factory=list)
 
+    def chart(self, name: str, fig, caption: str) -> None:
+        """Add a matplotlib Figure as a chart (PNG)."""
+        self.charts.append(Chart(name, png_bytes(fig), caption))
+
 
 def png_bytes(fig, dpi: int = 110) -> bytes:
     """A matplotlib Figure as PNG bytes."""

@@ -75,20 +75,10 @@ _KINDS: dict[str | None, Kind] = {
 }
 
 
-def _kind(config: dict[str, Any]) -> Kind | None:
-    return _KINDS.get(run_kind(config))
-
-
 def fewshot_pool(config: dict[str, Any]) -> str:
     """The pooling of a run's summarized readout, from its config.yaml: a few-shot run's
     `fewshot.pool` (`pool` at the top level before that section), a fine-tune's `pool`."""
     return (config.get("fewshot") or {}).get("pool") or config.get("pool", "cls")
-
-
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    # A torn last line (a job killed mid-write) is dropped with a warning; a corrupt line
-    # before it is an error naming file:line.
-    return read_jsonl(path) if path.is_file() else []
 
 
 def read_config(run_dir: str | Path) -> dict[str, Any]:
@@ -108,13 +98,11 @@ def read_results(run_dir: str | Path) -> dict[str, Any]:
         return {}
 
 
-def _is_predict(path: Path) -> bool:
-    """Whether `path` is a finished predict output directory (results.json says so)."""
-    return (path / "results.json").is_file() and read_results(path).get("job") == PREDICT_JOB
-
-
 def _is_run_dir(path: Path) -> bool:
-    return (path / "config.yaml").is_file() or _is_predict(path)
+    """A job's run directory, or a finished predict output directory (results.json says so)."""
+    if (path / "config.yaml").is_file():
+        return True
+    return (path / "results.json").is_file() and read_results(path).get("job") == PREDICT_JOB
 
 
 def load_run(path: str | Path) -> Run:
@@ -127,10 +115,13 @@ def load_run(path: str | Path) -> Run:
     if not cfg_file.is_file():
         raise ValueError(f"{path}: no config.yaml, not an ssl-vit run directory")
     config = read_config(path)
-    kind = _kind(config)
+    kind = _KINDS.get(run_kind(config))
     if kind is None:
         raise ValueError(f"{cfg_file}: not a pretrain, fine-tune, few-shot or predict config")
-    return Run(path, kind, config, _read_rows(path / "metrics.jsonl"), results)
+    # A torn last line (a job killed mid-write) is dropped with a warning; a corrupt line
+    # before it is an error naming file:line.
+    metrics = path / "metrics.jsonl"
+    return Run(path, kind, config, read_jsonl(metrics) if metrics.is_file() else [], results)
 
 
 def _run_dirs(folder: Path) -> list[Path]:

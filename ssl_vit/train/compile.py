@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-__all__ = ["CompileMode", "Compiled", "compile_enabled", "maybe_compile"]
+__all__ = ["Compiled", "compile_enabled", "maybe_compile"]
 
 log = logging.getLogger(__name__)
 
-CompileMode = Literal["default", "reduce-overhead", "max-autotune"]
 BACKEND: str | Callable = "inductor"  # torch.compile's backend (tests swap in a CPU-cheap one)
 
 

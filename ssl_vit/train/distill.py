@@ -107,12 +107,12 @@ def check_teacher(cfg: Any, label_names: list[str], resume: bool) -> Teacher:
     distill.unlabelled a readable source, and on --resume the teacher the run started with:
     each a one-line ConfigError before any compute."""
     from ssl_vit.data.sources import open_source
-    from ssl_vit.train.classifier_file import ClassifierError, read_classifier_spec
+    from ssl_vit.train.classifier_file import ClassifierError, find_classifier, read_classifier_spec
 
     d = cfg.distill
     try:
         spec = read_classifier_spec(d.teacher)
-        file = _classifier_path(d.teacher)
+        file = find_classifier(d.teacher).resolve()
     except ClassifierError as e:
         raise ConfigError(f"distill.teacher={d.teacher!r}: {e}") from None
     if list(spec.label_names) != list(label_names):
@@ -134,12 +134,6 @@ def check_teacher(cfg: Any, label_names: list[str], resume: bool) -> Teacher:
     if resume:
         _check_same_teacher(Path(cfg.output_dir) / TEACHER_FILE, teacher)
     return teacher
-
-
-def _classifier_path(path: str) -> Path:
-    from ssl_vit.train.classifier_file import find_classifier
-
-    return find_classifier(path).resolve()
 
 
 def _teacher_top1(run_dir: Path) -> float | None:

@@ -106,10 +106,6 @@ def one_line_errors() -> Iterator[None]:
         raise SystemExit(f"error: {e}") from None
 
 
-def _exit(code: int) -> NoReturn:
-    hard_exit(code)  # (ssl_vit.watchdog: works from any thread)
-
-
 def run_and_exit(
     main: Callable[[list[str] | None], Any], argv: list[str] | None = None
 ) -> NoReturn:
@@ -126,8 +122,8 @@ def run_and_exit(
         # First: the traceback keeps loader iterators alive, and their finalizers would wait
         # (5 s a worker, then a SIGTERM the workers ignore) for workers that may be blocked.
         kill_children()
-        _exit(_report(e, dead))
-    _exit(EXIT_OK)
+        hard_exit(_report(e, dead))
+    hard_exit(EXIT_OK)
 
 
 def _report(e: BaseException, dead: list[str] = ()) -> int:
@@ -235,7 +231,7 @@ class StopRequest:
             f"a stuck collective?); exiting{_last_good_checkpoint()}",
             file=sys.stderr,
         )
-        _exit(EXIT_ERROR)
+        hard_exit(EXIT_ERROR)  # (ssl_vit.watchdog: works from any thread)
 
     def agreed(self) -> bool:
         """Whether any rank was asked to stop (all ranks call this at the same step)."""

@@ -29,13 +29,8 @@ log = logging.getLogger(__name__)
 def new_counters() -> dict[str, int]:
     """Run totals kept in every checkpoint (images over all ranks)."""
     # scaler_skips: steps the fp16 loss scaler skipped (overflow, scale lowered), not bad steps
-    return {
-        "skipped_samples": 0,
-        "skipped_shards": 0,
-        "skipped_steps": 0,
-        "scaler_skips": 0,
-        "images": 0,
-    }
+    names = ("skipped_samples", "skipped_shards", "skipped_steps", "scaler_skips", "images")
+    return dict.fromkeys(names, 0)
 
 
 class Batches:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ssl_vit.atomic import read_jsonl, write_text, writing
+from ssl_vit.config.loader import flat_keys
 from ssl_vit.progress import format_eta, progress_bar
 
 __all__ = [
@@ -50,12 +51,8 @@ def to_python(value: Any) -> Any:
 
 
 def format_metrics(row: dict[str, Any], keys: tuple[str, ...]) -> str:
-    parts = []
-    for k in keys:
-        if k in row:
-            v = row[k]
-            parts.append(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}")
-    return " | ".join(parts)
+    shown = [(k, row[k]) for k in keys if k in row]
+    return " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown)
 
 
 PROJECT = "ssl-vit"  # wandb project / mlflow experiment (WANDB_PROJECT etc. still win)
@@ -94,17 +91,6 @@ def _tracker_args(name: str, run_dir: Path, purge_step: int | None) -> tuple[lis
 
     cls = LOGGER_TYPE_TO_CLASS[name]
     return ([PROJECT, str(run_dir)] if cls.requires_logging_directory else [PROJECT]), {}
-
-
-def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested config -> {"model.width": 128, ...}; lists and None as strings (hparams)."""
-    flat = {}
-    for k, v in config.items():
-        if isinstance(v, dict):
-            flat.update(_flat(v, f"{prefix}{k}."))
-        else:
-            flat[f"{prefix}{k}"] = v if isinstance(v, (bool, int, float, str)) else str(v)
-    return flat
 
 
 class MetricsWriter:
@@ -147,8 +133,11 @@ class MetricsWriter:
             tracker.start()
             # The config as the run's parameters; not for TensorBoard, whose hparams go to two
             # timestamped folders per start: config.yaml is already next to its events.
-            if self.config is not None and name != "tensorboard":
-                tracker.store_init_configuration(_flat(self.config))
+            if self.config is not None and name != "tensorboard":  # lists and None as strings
+                flat = flat_keys(self.config).items()
+                scalar = (bool, int, float, str)
+                hparams = {k: v if isinstance(v, scalar) else str(v) for k, v in flat}
+                tracker.store_init_configuration(hparams)
             trackers.append(tracker)
         log.info("metrics also go to %s", ", ".join(self.log_with))
         return trackers

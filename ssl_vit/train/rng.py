@@ -33,7 +33,9 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = Non
     name, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
-    _set_cuda_rng_state(state.get("cuda"))
+    # This process's own device (another node may have fewer GPUs).
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device())
     if generator is not None and state.get("generator") is not None:
         generator.set_state(state["generator"])
 
@@ -43,9 +45,3 @@ def _cuda_rng_state() -> torch.Tensor | None:
     if not torch.cuda.is_available():
         return None
     return torch.cuda.get_rng_state(torch.cuda.current_device())
-
-
-def _set_cuda_rng_state(saved: torch.Tensor | None) -> None:
-    """Restore this process's own device state (another node may have fewer GPUs)."""
-    if saved is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(saved, torch.cuda.current_device())

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ssl_vit.config import ConfigError, to_dict
-from ssl_vit.config.loader import read_yaml_file, run_kind, save_config
+from ssl_vit.config.loader import flat_keys, read_yaml_file, run_kind, save_config
 from ssl_vit.config.schema import SHAPE_KEYS
 from ssl_vit.data.format import INDEX_NAME
 from ssl_vit.data.stream_state import check_same_stream
@@ -34,16 +34,7 @@ from ssl_vit.jsonfile import parse_json
 from ssl_vit.train.checkpoint import ENCODER_FILE, MANIFEST, STATE_FILE, checkpoint_dirs
 from ssl_vit.train.run_lock import RunLock, lock_held, lock_run_dir
 
-__all__ = [
-    "check_not_source",
-    "claim_run_dir",
-    "is_run_dir",
-    "occupant",
-    "read_paths",
-    "release_new_run",
-    "run_files",
-    "source_root",
-]
+__all__ = ["check_not_source", "claim_run_dir", "occupant", "release_new_run", "run_files"]
 
 log = logging.getLogger(__name__)
 
@@ -77,16 +68,6 @@ def run_files(run_dir: Path) -> list[Path]:
     return [p for p in found if not (p.is_dir() and not any(p.iterdir()))]
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def _check_resumed_config(run_dir: Path, cfg: Any) -> None:
     """Refuse another kind of run or a changed shape on --resume; log every other changed
     key. Without config.yaml, the shape is compared with the newest checkpoint's."""
@@ -103,7 +84,7 @@ def _check_resumed_config(run_dir: Path, cfg: Any) -> None:
             f"--resume: output_dir={str(run_dir)!r} holds a {kinds[0]} run, not a {kinds[1]} "
             "run; start this job in another output_dir"
         )
-    saved, new = _flat(saved_tree), _flat(to_dict(cfg))
+    saved, new = flat_keys(saved_tree), flat_keys(to_dict(cfg))
     # Keys only one side has (a config written by another version) cannot be compared.
     changed = [k for k in sorted(set(saved) & set(new)) if saved[k] != new[k]]
     changed = [k for k in changed if k != "output_dir"]
@@ -227,16 +208,12 @@ def _is_checkpoint(folder: Path) -> bool:
     return (folder / MANIFEST).is_file() or (folder / STATE_FILE).is_file()
 
 
-def _is_dataset(folder: Path) -> bool:
-    return (folder / INDEX_NAME).is_file() or any(folder.glob("shard-*.tar"))
-
-
 def _holds(folder: Path) -> str | None:
     if is_run_dir(folder):
         return "a run directory"
     if _is_checkpoint(folder):
         return "a training checkpoint"
-    if _is_dataset(folder):
+    if (folder / INDEX_NAME).is_file() or any(folder.glob("shard-*.tar")):
         return "a shard dataset"
     return None
 

@@ -29,16 +29,11 @@ import torch
 from ssl_vit.config import to_dict
 from ssl_vit.data.stream_state import StreamArgs
 from ssl_vit.train import checkpoint as ckpt
+from ssl_vit.train import run_state
 from ssl_vit.train.guard import StopRequest, note_checkpoints
 from ssl_vit.train.loop import BadSteps, Batches, StepStats, lap_row, new_counters
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
 from ssl_vit.train.rng import rng_state, set_rng_state
-from ssl_vit.train.run_state import (
-    augment_state,
-    check_augment_mode,
-    load_scaler_state,
-    scaler_state,
-)
 from ssl_vit.train.runtime import RunContext, replica_checksum
 from ssl_vit.train.schedules import set_lr, warmup_cosine
 from ssl_vit.train.step import TrainStep
@@ -184,8 +179,10 @@ class TrainLoop:
 
     def _load_parts(self) -> None:
         if self.start.path is not None:  # resumed: the same augmentation, the fp16 scale
-            check_augment_mode(self.start.rng.get("augment"), self.augment, self.start.path)
-            load_scaler_state(self.acc, self.start.state.get("scaler"))
+            run_state.check_augment_mode(
+                self.start.rng.get("augment"), self.augment, self.start.path
+            )
+            run_state.load_scaler_state(self.acc, self.start.state.get("scaler"))
         if self.augment is not None:
             self.augment.load_state_dict(self.start.rng.get("augment"))
         if not self.start.state:
@@ -360,13 +357,13 @@ class TrainLoop:
             **self.record,
             **{k: p.state_dict() for k, p in self.parts.items() if p is not None},
             "replica_checksums": replica_checksum(self.model, acc),  # raises if they diverged
-            "scaler": scaler_state(acc),  # fp16's loss scale (None without fp16)
+            "scaler": run_state.scaler_state(acc),  # fp16's loss scale (None without fp16)
         }
         rng = {
             **rng_state(),
             "stream": self.batches.tracker.state_dict(),
             **{_stream_key(k): b.tracker.state_dict() for k, b in self.side.items()},
-            "augment": augment_state(self.augment),  # the resolved mode (+ its generator)
+            "augment": run_state.augment_state(self.augment),  # the resolved mode (+ its generator)
         }
         path = ckpt.save_checkpoint(
             self.ctx.ckpt_dir,

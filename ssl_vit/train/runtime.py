@@ -109,15 +109,10 @@ def make_accelerator(
     # Denormal floats (tiny gradients and Adam moments late in training) make CPU matmuls
     # up to 10x slower; flushing them to zero changes nothing measurable in training.
     torch.set_flush_denormal(True)
-    if acc.device.type == "cuda":
-        set_tf32(tf32)
+    if acc.device.type == "cuda":  # TF32 (Ampere and newer) for float32 matmuls and convolutions
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
     return acc
-
-
-def set_tf32(enabled: bool) -> None:
-    """TF32 (Ampere and newer) for float32 matmuls and cuDNN convolutions, or neither."""
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
 
 
 def warn_if_launcher_returns_early() -> None:
