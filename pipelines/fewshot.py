@@ -15,13 +15,11 @@ import dataclasses
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Any, NamedTuple
 
-from ssl_vit.atomic import write_text
 from ssl_vit.config import FewshotConfig, load_config, to_dict
 from ssl_vit.config.frozen import freeze
-from ssl_vit.eval.fewshot_job import fewshot_evaluate
+from ssl_vit.eval.fewshot_job import fewshot_evaluate, log_fewshot
 from ssl_vit.eval.readouts import format_layer_table
 from ssl_vit.model import build_vit
 from ssl_vit.train import preflight
@@ -64,21 +62,13 @@ def check(cfg: FewshotConfig, checkpoint: str) -> Checked:
     preflight.check_same_labels(("fewshot.train", train_names), ("fewshot.eval", eval_names))
     encoder = note = None
     if checkpoint != "random":
-        i = cfg.init
-        checkpoint, (encoder, model, _) = preflight.load_init_encoder(
-            "--checkpoint", checkpoint, cfg.model, i.pos_interp, i.format
-        )
-        data = dataclasses.replace(cfg.data)  # its null mean / std: the checkpoint's
-        pixels_from = preflight.resolve_pixel_norm(data, checkpoint)
-        init = dataclasses.replace(i, checkpoint=checkpoint)  # recorded in config.yaml
-        cfg = freeze(dataclasses.replace(cfg, init=init, model=model, data=data))
-        note = preflight.checkpoint_note("--checkpoint", cfg, pixels_from)
+        cfg, (encoder, _, _), note = preflight.init_from_checkpoint("--checkpoint", cfg, checkpoint)
     else:  # recorded as such in config.yaml
         init = dataclasses.replace(cfg.init, checkpoint="random")
         cfg = freeze(dataclasses.replace(cfg, init=init))
     preflight.check_writable("output_dir", cfg.output_dir)
     # --overwrite never removes the run (or checkpoint) being evaluated.
-    reads = {"--checkpoint": checkpoint} if checkpoint != "random" else {}
+    reads = {"--checkpoint": cfg.init.checkpoint} if checkpoint != "random" else {}
     return Checked(cfg, encoder, reads, note)
 
 
@@ -98,32 +88,21 @@ def main(argv: list[str] | None = None) -> dict:
     if job.note:
         log.info(job.note)
     encoder = job.encoder if job.encoder is not None else build_vit(cfg.model)
-    res = evaluate(encoder, cfg, run.acc.device)
+    norm = dict(image_size=cfg.model.image_size, mean=cfg.data.mean, std=cfg.data.std)
+    # The features' autocast as mixed_precision `auto` (bf16 on a GPU that has it).
+    how = dict(
+        device=run.acc.device, compile=cfg.compile, precision=resolve_mixed_precision("auto")
+    )
+    res = fewshot_evaluate(encoder.to(run.acc.device), cfg.fewshot, **norm, **how)
     res.update(checkpoint=cfg.init.checkpoint, image_size=cfg.model.image_size)
     res.update(wall_time_s=time.time() - t_start)
-    write_text(run.run_dir / "results.json", json.dumps(res, indent=2, default=str) + "\n")
-    record(run.run_dir, cfg, res)
+    # The summary (and k-NN) as metrics.jsonl rows at step 0, as the training jobs log them;
+    # results.json last, as theirs.
+    metrics = MetricsWriter(run.run_dir, log_with=cfg.trackers, config=to_dict(cfg))
+    log_fewshot(metrics, 0, res)
+    metrics.write_results(res)
     print(format_results(cfg, res))
     return res
-
-
-def evaluate(encoder: Any, cfg: FewshotConfig, device: Any) -> dict:
-    """`fewshot_evaluate` of `encoder` on `device`; the features' autocast as mixed_precision
-    `auto` (bf16 on a GPU that has it)."""
-    norm = dict(image_size=cfg.model.image_size, mean=cfg.data.mean, std=cfg.data.std)
-    return fewshot_evaluate(
-        encoder.to(device), cfg.fewshot, **norm, device=device, compile=cfg.compile,
-        precision=resolve_mixed_precision("auto"),
-    )  # fmt: skip
-
-
-def record(run_dir: Path, cfg: FewshotConfig, res: dict) -> None:
-    """The summary (and k-NN) as one metrics.jsonl row at step 0, as the training jobs log."""
-    metrics = MetricsWriter(run_dir, log_with=cfg.trackers, config=to_dict(cfg))
-    metrics.log({"step": 0, **{f"fewshot/{k}": v for k, v in res["summary"].items()}})
-    if "knn" in res:
-        metrics.log({"step": 0, "knn/top1": res["knn"]["top1"]})
-    metrics.close()
 
 
 def format_results(cfg: FewshotConfig, res: dict) -> str:

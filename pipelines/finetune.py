@@ -25,7 +25,6 @@ import torch
 from ssl_vit.atomic import write_text
 from ssl_vit.cli import training_args
 from ssl_vit.config import FinetuneConfig, load_config, to_dict
-from ssl_vit.config.frozen import freeze
 from ssl_vit.config.schema import FinetuneDataConfig
 from ssl_vit.data import eval_loader, open_source, train_loader
 from ssl_vit.data.device_augment import build_device_augment
@@ -37,7 +36,7 @@ from ssl_vit.train.classifier_file import CLASSIFIER_FILE, ClassifierSpec, save_
 from ssl_vit.train.distill import SelfTraining, check_teacher, record_teacher
 from ssl_vit.train.ema import EMA
 from ssl_vit.train.guard import one_line_errors, run_and_exit
-from ssl_vit.train.metrics import format_metrics
+from ssl_vit.train.metrics import format_metrics, ratio
 from ssl_vit.train.probe_head import fit_probe_head
 from ssl_vit.train.recipe import BatchMixer, build_finetune_optimizer, recipe_loss
 from ssl_vit.train.rundir import release_new_run
@@ -79,18 +78,10 @@ def check(cfg: FinetuneConfig, resume: bool) -> Checked:
         eval_names = preflight.check_labelled_source("data.eval", cfg.data.eval)
         preflight.check_same_labels(("data.train", label_names), ("data.eval", eval_names))
     loaded = note = None
-    if not cfg.init.scratch:
-        i = cfg.init
-        # A run directory -> its newest valid checkpoint, recorded as such in config.yaml.
-        path, loaded = preflight.load_init_encoder(
-            "init.checkpoint", i.checkpoint, cfg.model, i.pos_interp, i.format
+    if not cfg.init.scratch:  # a run directory -> its newest valid checkpoint
+        cfg, loaded, note = preflight.init_from_checkpoint(
+            "init.checkpoint", cfg, cfg.init.checkpoint
         )
-        data = dataclasses.replace(cfg.data)  # its null mean / std: the checkpoint's
-        pixels_from = preflight.resolve_pixel_norm(data, path)
-        init = dataclasses.replace(i, checkpoint=path)
-        # The checkpoint's shape (at this image size) and pixel normalisation: a resolved copy.
-        cfg = freeze(dataclasses.replace(cfg, init=init, model=loaded.model_config, data=data))
-        note = preflight.checkpoint_note("init.checkpoint", cfg, pixels_from)
     teacher = check_teacher(cfg, label_names, resume) if cfg.distill.enabled else None
     preflight.check_writable("output_dir", cfg.output_dir)
     return Checked(cfg, label_names, loaded, subset, note, teacher)
@@ -148,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
     )  # fmt: skip
     # Self-training (distill.teacher): the frozen teacher and the unlabelled stream.
     selftrain = SelfTraining(cfg, loop, job.teacher, augment) if job.teacher is not None else None
-    forward = classifier_forward(loop.model, cfg, acc)
+    forward = classifier_forward(loop.model, cfg)
     if selftrain is not None:
         forward = selftrain.forward(loop.model, recipe_loss(cfg.parts))
     step = loop.train_step(forward)
@@ -222,11 +213,11 @@ def micro_step(step, augment, mixer, selftrain, acc):
 
 def log_row(selftrain, sums: dict, lap: dict, done: int) -> dict:
     """A lap's row: loss and training accuracy (with self-training, its term and agreement)."""
-    out = {"step": done, "loss": _div(sums["loss"], sums["micro"])}
-    out.update(train_acc=_div(sums["correct"], sums["seen"]), **lap)
+    out = {"step": done, "loss": ratio(sums["loss"], sums["micro"])}
+    out.update(train_acc=ratio(sums["correct"], sums["seen"]), **lap)
     if selftrain is not None:  # the distillation term, and how often student = teacher
-        out.update(distill_loss=_div(sums["distill"], sums["micro"]))
-        out.update(teacher_agree=_div(sums["agree"], sums["unlabelled"]))
+        out.update(distill_loss=ratio(sums["distill"], sums["micro"]))
+        out.update(teacher_agree=ratio(sums["agree"], sums["unlabelled"]))
     return out
 
 
@@ -277,7 +268,7 @@ class LossLogits(NamedTuple):
     logits: torch.Tensor  # [B, K]
 
 
-def classifier_forward(model, cfg: FinetuneConfig, acc):
+def classifier_forward(model, cfg: FinetuneConfig):
     """forward+loss of the prepared classifier: the region compiled with `compile.enabled`."""
     loss_fn = recipe_loss(cfg.parts)
 
@@ -371,10 +362,6 @@ def _source_size(spec: str) -> int | None:
         return len(open_source(spec))
     except (OSError, ValueError):
         return None
-
-
-def _div(a: float, b: float) -> float:
-    return a / b if b else float("nan")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ Exit status: 0 done, 1 failed.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import time
@@ -22,7 +21,6 @@ from pathlib import Path
 
 import torch
 
-from ssl_vit.atomic import write_text
 from ssl_vit.config import ConfigError, load_config, to_dict
 from ssl_vit.config.checks import auto_num_workers
 from ssl_vit.config.loader import read_yaml_file, run_kind
@@ -123,9 +121,8 @@ def main(argv: list[str] | None = None) -> dict:
         set_data_timeout(cfg.timeouts.data_s)
         acc = make_accelerator(cfg.mixed_precision, 1, cfg.timeouts.data_s)
         setup_logging(acc.is_main_process)
-        reads = {"--checkpoint": cfg.checkpoint, "--source": cfg.source}
-        out = Path(cfg.output_dir)
-        lock = claim_on_main(acc, out, cfg, overwrite=args.overwrite, reads=reads)  # noqa: F841
+        out = Path(cfg.output_dir)  # (check_output refused an --overwrite of what it reads)
+        lock = claim_on_main(acc, out, cfg, overwrite=args.overwrite)  # noqa: F841
         model, spec = load_classifier(cfg.checkpoint)
     workers = auto_num_workers(cfg.num_workers)
     loader = predict_loader(
@@ -188,10 +185,9 @@ def run_rounds(model, loader, n: int, cfg: PredictConfig, spec, acc, writer):
 
 
 def write_results(out: Path, cfg: PredictConfig, results: dict) -> None:
-    write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     metrics = MetricsWriter(out, config=to_dict(cfg))
     metrics.log({k: v for k, v in results.items() if isinstance(v, (int, float))})
-    metrics.close()
+    metrics.write_results(results)  # results.json last: it says the job finished
     top1 = results.get("top1")
     log.info(
         "predicted %d images (%d skipped)%s: %s", results["images"], results["skipped"],

@@ -12,7 +12,6 @@ Exit status: 0 done or preempted (checkpoint written), 1 failed.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from argparse import Namespace
 
@@ -22,13 +21,13 @@ from ssl_vit.cli import training_args
 from ssl_vit.config import PretrainConfig, load_config
 from ssl_vit.data import pretrain_loader
 from ssl_vit.data.device_augment import build_device_augment
-from ssl_vit.eval.fewshot_job import fewshot_evaluate
+from ssl_vit.eval.fewshot_job import fewshot_evaluate, log_fewshot
 from ssl_vit.model import build_vit
 from ssl_vit.objectives import NUM_COLOR_CLASSES, MaskedPatchPrediction
 from ssl_vit.objectives.corruption import CorruptionDraws
 from ssl_vit.train import preflight
 from ssl_vit.train.guard import one_line_errors, run_and_exit
-from ssl_vit.train.metrics import format_metrics
+from ssl_vit.train.metrics import format_metrics, ratio
 from ssl_vit.train.optim import build_adam
 from ssl_vit.train.runner import TrainLoop
 from ssl_vit.train.runtime import start_run
@@ -188,20 +187,15 @@ def log_row(sums: dict, hist: torch.Tensor, step: int) -> dict:
     corrupted = masked + random + kept
     return {
         "step": step,
-        "loss": _div(sums["loss"], sums["micro"]),
-        "color_acc": _div(sums["correct"], sums["predicted"]),
+        "loss": ratio(sums["loss"], sums["micro"]),
+        "color_acc": ratio(sums["correct"], sums["predicted"]),
         # Accuracy of always predicting the most frequent colour class seen so far.
         "color_acc_majority": (hist.max() / hist.sum().clamp(min=1)).item(),
-        "frac_corrupted": _div(corrupted, corrupted + untouched),
-        "frac_mask": _div(masked, corrupted),
-        "frac_random": _div(random, corrupted),
-        "frac_keep": _div(kept, corrupted),
+        "frac_corrupted": ratio(corrupted, corrupted + untouched),
+        "frac_mask": ratio(masked, corrupted),
+        "frac_random": ratio(random, corrupted),
+        "frac_keep": ratio(kept, corrupted),
     }
-
-
-def _div(a: float, b: float) -> float:
-    """a / b, NaN when a lap held only skipped steps."""
-    return a / b if b else math.nan
 
 
 def fewshot(cfg, encoder, acc, metrics, step, model) -> dict | None:
@@ -212,9 +206,7 @@ def fewshot(cfg, encoder, acc, metrics, step, model) -> dict | None:
         norm = dict(image_size=cfg.model.image_size, mean=cfg.data.mean, std=cfg.data.std)
         how = dict(device=acc.device, compile=cfg.compile, precision=acc.mixed_precision)
         res = fewshot_evaluate(encoder, cfg.fewshot, **norm, **how)
-        metrics.log({"step": step, **{f"fewshot/{k}": v for k, v in res["summary"].items()}})
-        if "knn" in res:  # the k-NN monitor (fewshot.knn_k > 0), on the same test features
-            metrics.log({"step": step, "knn/top1": res["knn"]["top1"]})
+        log_fewshot(metrics, step, res)
         log.info("few-shot at step %d: %s", step, res["summary"])
     acc.wait_for_everyone()
     model.train()

@@ -44,6 +44,7 @@ import gc
 import json
 import logging
 import platform
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -58,14 +59,13 @@ from ssl_vit.bench.loaders import (
     ours_loader,
     streaming_peak_rss,
 )
-from ssl_vit.bench.timing import PeakRSS, median
+from ssl_vit.bench.timing import PeakRSS
 from ssl_vit.bench.train_suite import SHAPES, bf16_supported, training_figures
 from ssl_vit.bench.train_table import print_table
 from ssl_vit.config.checks import auto_num_workers
 from ssl_vit.data import resolve_shards
 from ssl_vit.train.runtime import resolve_mixed_precision
 
-# Batch sizes chosen so one step takes ~1-3 s on 2 CPU cores; --batch-size overrides.
 # Where docs/results.md's data steps put CIFAR-10 (relative to the repo root): the shards made by
 # `ssl-vit make-shards` and the PNG folder they were made from.
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,7 +94,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--synthetic", action="store_true", help="synthetic images, not CIFAR-10")
     p.add_argument("--batch-size", type=int, help="training batch for every shape")
     p.add_argument("--rounds", type=int, help="alternating timing rounds (default 7, quick 3)")
-    p.add_argument("--steps", type=int, help="timed steps per round (default 1)")
+    p.add_argument("--steps", type=int, default=1, help="timed steps per round (default 1)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per contender")
     p.add_argument("--workers", type=int, default=auto_num_workers(-1), help="default: auto")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
@@ -135,7 +135,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     pg.add_argument("--variant", default="Ti/16", help="the classifier's ViT variant")
     args = p.parse_args(argv)
     args.rounds = args.rounds or (3 if args.quick else 7)
-    args.steps = args.steps or 1
     args.models = args.model.split(",")
     if args.sections and (unknown := set(args.sections.split(",")) - set(SECTIONS)):
         p.error(f"unknown section(s) {sorted(unknown)}; choose from {sorted(SECTIONS)}")
@@ -181,7 +180,7 @@ def loader_figures(name: str, args, shards: str, folder: str, train_ips: float) 
     rates = interleaved_rates(loaders, int(n_images), args.rounds)
     del loaders
     gc.collect()
-    med = {k: median(v) for k, v in rates.items()}
+    med = {k: statistics.median(v) for k, v in rates.items()}
     k = max(w, 1)
     return {
         "loader_images_per_s": med,

@@ -275,12 +275,10 @@ def main(argv: list[str] | None = None) -> dict | None:
     if not budget.output_dir:
         sys.exit(f"error: {preset}.output_dir: required")
     out = Path(budget.output_dir)
-    jobs = plan(cfg, budget, out)
+    planned = plan(cfg, budget, out)
     if args.copy_small:
         return copy_small(out, Path(args.copy_small))
-    planned = jobs
-    if args.only:
-        jobs = only(jobs, args.only)
+    jobs = only(planned, args.only) if args.only else planned
     if args.summary:  # e.g. while a long study runs, or after it was stopped
         summarize(cfg, budget, out, preset)
         print((out / "summary.md").read_text())

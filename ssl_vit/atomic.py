@@ -17,12 +17,15 @@
   processes fill (a checkpoint), `staged_dir` for one that this process fills.
 - `writing(path)`: a failed write (disk full, quota, file too large, read-only) becomes one
   `WriteError` line naming the path instead of a traceback.
+- `file_sha256(path)`: what the manifests of checkpoints and labelled copies record of a file
+  written, to find it damaged later.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -36,6 +39,7 @@ from typing import Any
 __all__ = [
     "WriteError",
     "clean_staging",
+    "file_sha256",
     "read_jsonl",
     "publish_dir",
     "replacing",
@@ -234,12 +238,20 @@ def staged_dir(target: str | os.PathLike) -> Iterator[Path]:
     if target.exists() and not target.is_dir():
         raise NotADirectoryError(f"{target}: exists and is not a directory")
     target.parent.mkdir(parents=True, exist_ok=True)
-    clean_staging(target)
+    clean_staging(target)  # this process's own earlier staging directory included
     staging = target.parent / f".{target.name}{_STAGING}{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
         yield staging
         publish_dir(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes (hex), read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

@@ -20,6 +20,7 @@ of a new interpreter's imports saved per job on 2 cores).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import os
 import runpy
@@ -50,10 +51,9 @@ def _prctl() -> Callable[..., int] | None:
 _PRCTL = _prctl()
 
 
-def die_with_parent(parent: int | None = None) -> Callable[[], None]:
-    """A `preexec_fn`: the child gets SIGKILL when the process that started it dies. `parent`:
-    that process's pid (default: this one), to catch a parent that died before the call."""
-    parent = os.getpid() if parent is None else parent
+def die_with_parent() -> Callable[[], None]:
+    """A `preexec_fn`: the child gets SIGKILL when the process that started it (this one) dies."""
+    parent = os.getpid()
 
     def preexec() -> None:
         if _PRCTL is not None:
@@ -75,17 +75,14 @@ def stop_child(proc: subprocess.Popen | ForkedScript, timeout: float = 10.0) -> 
     loader workers and `pipe:` commands), and reap it."""
     if proc.poll() is not None:
         return
-    try:
+    with contextlib.suppress(OSError):  # it ended meanwhile
         if os.getpgid(proc.pid) == proc.pid:
             os.killpg(proc.pid, signal.SIGKILL)
         else:
             proc.kill()
-    except OSError:  # it ended meanwhile
-        pass
-    try:
+    # Still there after `timeout`: in uninterruptible sleep (a hung mount), let it be.
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout)
-    except subprocess.TimeoutExpired:  # in uninterruptible sleep (a hung mount): let it be
-        pass
 
 
 def fork_script(argv: list[str], log: IO) -> subprocess.Popen | ForkedScript:

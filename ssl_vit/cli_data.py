@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import time
 
-__all__ = ["add_make_shards", "add_make_synthetic", "cmd_make_shards", "cmd_make_synthetic"]
+__all__ = ["add_make_shards", "add_make_synthetic"]
 
 
 # The commands import their modules when run, so that `ssl-vit --help` does not load torch.
@@ -14,7 +14,8 @@ __all__ = ["add_make_shards", "add_make_synthetic", "cmd_make_shards", "cmd_make
 
 def cmd_make_shards(args: argparse.Namespace) -> int:
     """`ssl-vit make-shards`: image folder / HF dataset -> WebDataset shards + index.json."""
-    from ssl_vit.data.write.convert import available_cpus, cap_workers, make_shards
+    from ssl_vit.config.checks import available_cpus
+    from ssl_vit.data.write.convert import cap_workers, make_shards
 
     start = time.perf_counter()
     workers = available_cpus() if args.workers is None else args.workers

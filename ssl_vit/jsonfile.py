@@ -31,18 +31,17 @@ def parse_json(
     text: str | bytes,
     source: str,
     expect: type | tuple[type, ...] = dict,
-    max_depth: int = MAX_DEPTH,
 ) -> Any:
     """The JSON value of `text`, which must be of type `expect` (a JSON object: dict) and nest
-    at most `max_depth` levels; JsonFileError naming `source` otherwise."""
+    at most `MAX_DEPTH` levels; JsonFileError naming `source` otherwise."""
     try:
         value = json.loads(text)
     except RecursionError:  # the C parser recurses per level: caught before our own code
-        raise JsonFileError(f"{source}: JSON nested deeper than {max_depth} levels") from None
+        raise JsonFileError(f"{source}: JSON nested deeper than {MAX_DEPTH} levels") from None
     except (ValueError, TypeError) as e:  # JSONDecodeError, bad UTF-8, a 5,000-digit number
         raise JsonFileError(f"{source}: not valid JSON ({str(e).splitlines()[0]})") from None
-    if _depth(value, max_depth) > max_depth:
-        raise JsonFileError(f"{source}: JSON nested deeper than {max_depth} levels")
+    if _depth(value, MAX_DEPTH) > MAX_DEPTH:
+        raise JsonFileError(f"{source}: JSON nested deeper than {MAX_DEPTH} levels")
     if not isinstance(value, expect):
         raise JsonFileError(f"{source}: expected {_json_type(expect)}, got {_json_type(value)}")
     return value
@@ -52,7 +51,6 @@ def read_json(
     path: str | os.PathLike,
     expect: type | tuple[type, ...] = dict,
     max_bytes: int = MAX_JSON_BYTES,
-    max_depth: int = MAX_DEPTH,
 ) -> Any:
     """`parse_json` of the file at `path`, read only when it holds at most `max_bytes` bytes.
     A missing or unreadable file raises OSError as `open` does."""
@@ -60,7 +58,7 @@ def read_json(
         data = f.read(max_bytes + 1)  # bounded even when the size changes under us
     if len(data) > max_bytes:
         raise JsonFileError(f"{path}: over {max_bytes} bytes, too large for a JSON file of ours")
-    return parse_json(data, str(path), expect, max_depth)
+    return parse_json(data, str(path), expect)
 
 
 def _depth(value: Any, limit: int) -> int:

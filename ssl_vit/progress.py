@@ -7,6 +7,7 @@ No torch here: every layer may use it (make-shards, feature extraction, the loop
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -20,7 +21,7 @@ T = TypeVar("T")
 
 def format_eta(seconds: float) -> str:
     """Seconds -> '42s', '3m05s', '1h02m' ('?' when unknown)."""
-    if seconds != seconds or seconds in (float("inf"), float("-inf")) or seconds < 0:
+    if not math.isfinite(seconds) or seconds < 0:
         return "?"
     s = round(seconds)
     if s < 60:
@@ -85,12 +86,6 @@ class LogProgress:
 
     def close(self) -> None:
         pass
-
-    def __enter__(self) -> LogProgress:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def progress_bar(

@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import NoReturn, TypeVar
 
 __all__ = [
@@ -55,10 +55,8 @@ def kill_children(timeout: float = 10.0) -> None:
     for p in children:
         p.kill()
     for pgid in groups:
-        try:
+        with suppress(OSError):  # already gone
             os.killpg(pgid, signal.SIGKILL)
-        except OSError:  # already gone
-            pass
     for p in children:
         p.join(timeout)
 
@@ -109,10 +107,8 @@ _loaders: weakref.WeakSet = weakref.WeakSet()
 def track_loader(iterator: object) -> None:
     """Remember a DataLoader iterator: its workers are checked by `dead_workers` even after
     DataLoader itself noticed one dead (which drops it from multiprocessing's registry)."""
-    try:
+    with suppress(TypeError):  # not weak-referenceable: multiprocessing's registry still covers it
         _loaders.add(iterator)
-    except TypeError:  # not weak-referenceable: multiprocessing's registry still covers it
-        pass
 
 
 def dead_workers(grace_s: float = 0.0) -> list[str]:
@@ -154,10 +150,8 @@ def hard_exit(code: int) -> NoReturn:
     kill_children()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(code)
 
 

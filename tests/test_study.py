@@ -191,6 +191,21 @@ def test_recipes_fine_tune_each_variant_and_scratch_once_per_recipe(tmp_path, ca
         study.main([*base, f"quick.output_dir={out}", "recipes=[{name: a-b}]"])
 
 
+def test_one_recipe_keeps_its_fine_tune_wall_time(tmp_path):
+    """With one recipe the fine-tune runs as finetune/<name>-<recipe>: the summary's fine-tune
+    wall time is that run's (it read finetune/<name>, which does not exist, before)."""
+    study, out = load_study(), tmp_path / "quick"
+    over = [f"quick.output_dir={out}", "recipes=[{name: paper}]"]
+    cfg = study.load_config(StudyConfig, REPO / "configs/study/cifar10.yaml", over)
+    (out / "finetune/scratch-paper").mkdir(parents=True)
+    (out / "finetune/scratch-paper/results.json").write_text('{"top1": 0.5, "wall_time_s": 60}')
+    (out / "fewshot/random").mkdir(parents=True)
+    (out / "fewshot/random/results.json").write_text(json.dumps({"shots": {}}))
+    scratch = study.summarize(cfg, cfg.quick, out, "quick")["rows"][0]
+    assert scratch["finetune_by_recipe"] == {"paper": 0.5}
+    assert scratch["wall_time_s"]["finetune"] == 60
+
+
 @pytest.mark.system
 @pytest.mark.parametrize("stage", ["fewshot", "pretrain"])
 def test_a_stop_during_a_job_is_a_stop_not_a_failure(tmp_path, capsys, stage):

@@ -23,6 +23,7 @@ then say `skipped: no CUDA`.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import shutil
@@ -38,7 +39,7 @@ import torch
 
 from ssl_vit.bench.host_sync import error_line, sync_count_row, sync_debug_row
 from ssl_vit.bench.pipeline_rows import ddp_pipeline_row, pipeline_row
-from ssl_vit.bench.timing import make_train_step, matmul_step, step_flops, sync
+from ssl_vit.bench.timing import MODEL_KEYS, make_train_step, matmul_step, step_flops, sync
 from ssl_vit.config.checks import auto_num_workers
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig
 
@@ -83,7 +84,6 @@ class Suite:
     rows: list[dict] = field(default_factory=list)
     start: float = field(default_factory=time.monotonic)
     tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ssl-vit-bench-")))
-    _shards: str | None = None
 
     @property
     def cuda(self) -> bool:
@@ -103,26 +103,21 @@ class Suite:
     def peak_flops(self) -> float | None:
         return next((r["flops_per_s"] for r in self.rows if r["name"] == "matmul peak"), None)
 
+    @functools.cached_property
     def shards(self) -> str:
-        """The shards the loader and pipeline rows read: --data, else synthetic 32 px shapes."""
-        if self._shards is None:
-            if self.data:
-                self._shards = self.data
-            else:
-                from ssl_vit.datasets.synthetic import make_synthetic_shards
+        """The shards the loader and pipeline rows read: --data, else synthetic 32 px shapes
+        (made on first use)."""
+        if self.data:
+            return self.data
+        from ssl_vit.datasets.synthetic import make_synthetic_shards
 
-                n, per = (64, 32) if self.tiny else (4096, 512)
-                out = self.tmp / "shards"
-                make_synthetic_shards(out, n=n, image_size=32, seed=0, shard_size=per)
-                self._shards = str(out)
-        return self._shards
+        n, per = (64, 32) if self.tiny else (4096, 512)
+        make_synthetic_shards(self.tmp / "shards", n=n, image_size=32, seed=0, shard_size=per)
+        return str(self.tmp / "shards")
 
     def shapes(self) -> dict[str, dict]:
         """The model shapes of this size, with `batch` applied."""
-        shapes = SIZES[self.size]
-        if self.batch:
-            shapes = {k: {**s, "batch": self.batch} for k, s in shapes.items()}
-        return shapes
+        return {k: {**s, "batch": self.batch or s["batch"]} for k, s in SIZES[self.size].items()}
 
     def small_shape(self) -> tuple[str, dict]:
         """The last shape (name, shape): that of the objectives, sync, loader, pipeline rows."""
@@ -193,7 +188,7 @@ def model_row(
     from ssl_vit.train.optim import build_adam
 
     torch.manual_seed(0)
-    mcfg = ModelConfig(**{k: v for k, v in shape.items() if k != "batch"})  # the `_shape` keys
+    mcfg = ModelConfig(**{k: shape[k] for k in MODEL_KEYS})
     dev = suite.device
     if contender == "ours":
         model = MaskedPatchPrediction(build_vit(mcfg), objective or ObjectiveConfig()).to(dev)
@@ -281,7 +276,7 @@ def loader_rows(suite: Suite) -> dict:
     _, shape = suite.small_shape()
     batch, size = shape["batch"], shape["image_size"]
     workers = 1 if suite.tiny else auto_num_workers(-1)
-    urls, data = resolve_shards(suite.shards()), PretrainDataConfig()
+    urls, data = resolve_shards(suite.shards), PretrainDataConfig()
     load, stream = load_size(0, size), StreamArgs(batch, workers, size)
     loaders = {
         "device": pretrain_loader(data, replace(stream, load_size=load), urls=urls),

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ssl_vit.bench.timing import MODEL_KEYS
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig, OptimConfig
 
 __all__ = ["HostReads", "error_line", "sync_count_row", "sync_debug_row"]
@@ -61,7 +62,7 @@ def error_line(e: BaseException) -> str:
     return f"error: {type(e).__name__}: {first[:300]}"
 
 
-def training_step(shape: dict, device: torch.device, precision: str) -> Callable[[], None]:
+def training_step(shape: dict, dev: torch.device, precision: str) -> Callable[[], None]:
     """The pretraining step as pipelines/pretrain.py runs it (device augmentation, the model
     under Accelerate, its `TrainStep`, the on-device statistics)."""
     from accelerate import Accelerator
@@ -73,10 +74,8 @@ def training_step(shape: dict, device: torch.device, precision: str) -> Callable
     from ssl_vit.train.optim import build_adam
     from ssl_vit.train.step import TrainStep
 
-    dev = device  # (short: it is on every line below)
-    acc = Accelerator(mixed_precision=precision, cpu=device.type != "cuda")
-    keys = ("image_size", "patch_size", "width", "depth", "heads")
-    mcfg = ModelConfig(**{k: shape[k] for k in keys})
+    acc = Accelerator(mixed_precision=precision, cpu=dev.type != "cuda")
+    mcfg = ModelConfig(**{k: shape[k] for k in MODEL_KEYS})
     model = MaskedPatchPrediction(build_vit(mcfg), ObjectiveConfig()).to(dev)
     optimizer = build_adam(model, OptimConfig())
     model, optimizer = acc.prepare(model, optimizer)

@@ -17,6 +17,7 @@ import filecmp
 import gc
 import logging
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,7 +25,6 @@ from typing import Any
 
 from ssl_vit.bench.loaders import imagefolder_loader, interleaved_rates, ours_loader
 from ssl_vit.bench.pipeline_rows import run_pretrain
-from ssl_vit.bench.timing import median
 from ssl_vit.data import resolve_shards
 from ssl_vit.data.sources import ShardSource
 from ssl_vit.data.write.convert import make_shards
@@ -121,7 +121,7 @@ def loader_suite(
     rates = interleaved_rates(loaders, images_per_round, rounds)
     del loaders
     gc.collect()
-    med = {k: median(v) for k, v in rates.items()}
+    med = {k: statistics.median(v) for k, v in rates.items()}
     log.info("[loader] pipelines/pretrain.py, tiny model, 1 worker ...")
     pipeline = {
         name: pipeline_rate(shards, tmp / f"run_{name}", image_size, batch_size, pipeline_steps)

@@ -38,16 +38,12 @@ def ours_loader(urls: Sequence[str], batch_size: int, image_size: int, num_worke
 
 
 def imagefolder_loader(
-    root: str | Path,
-    batch_size: int,
-    image_size: int,
-    num_workers: int,
-    crop_scale: Sequence[float] = (0.08, 1.0),
+    root: str | Path, batch_size: int, image_size: int, num_workers: int
 ) -> DataLoader:
     """The usual torchvision pipeline: ImageFolder (PIL decoding), the same augmentation from
     stock v2 transforms on the uint8 tensor, DataLoader with shuffling, persistent workers,
     pinned memory on GPU."""
-    augment = torchvision_train_transform(image_size, crop_scale)
+    augment = torchvision_train_transform(image_size)
     transform = v2.Compose([v2.PILToTensor(), augment])
     return DataLoader(
         datasets.ImageFolder(str(root), transform=transform),

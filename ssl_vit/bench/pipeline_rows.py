@@ -5,17 +5,17 @@ a `gpu_suite.Suite` (typed Any: that module imports this one)."""
 from __future__ import annotations
 
 import functools
-import json
 import os
 import statistics
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ssl_vit.atomic import read_jsonl
+from ssl_vit.bench.timing import MODEL_KEYS
 from ssl_vit.children import die_with_parent
 
 __all__ = ["DDP_PIPELINE", "ddp_pipeline_row", "pipeline_row", "run_pretrain"]
@@ -31,15 +31,13 @@ def pipeline_row(suite: Any, compile: bool, processes: int = 1) -> dict:
     _, shape = suite.small_shape()
     steps, every = (4, 2) if suite.tiny else (300, 100)
     out = suite.tmp / f"pipeline_run_{'compiled' if compile else 'eager'}_{processes}"
-    model = [
-        f"model.{k}={shape[k]}" for k in ("image_size", "patch_size", "width", "depth", "heads")
-    ]
+    model = [f"model.{k}={shape[k]}" for k in MODEL_KEYS]
     launch = [sys.executable]
     if processes > 1:
         launch += ["-m", "accelerate.commands.launch", "--multi_gpu", "--dynamo_backend", "no"]
         launch += ["--num_processes", str(processes)]
     cmd = [
-        *(*launch, str(suite.pipeline), f"data.train_shards={suite.shards()}"),
+        *(*launch, str(suite.pipeline), f"data.train_shards={suite.shards}"),
         *(f"output_dir={out}", *model, f"train.batch_size={shape['batch'] * processes}"),
         *(f"train.steps={steps}", f"train.log_every={every}", "train.warmup_steps=2"),
         *("train.checkpoint_every=0", "data.augment=device"),
@@ -74,17 +72,9 @@ def run_pretrain(
     proc = subprocess.run(cmd, **run, preexec_fn=die_with_parent())  # it dies with this process
     if proc.returncode != 0:
         raise RuntimeError(f"pretrain.py exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
-    laps = [r for r in _jsonl(out / "metrics.jsonl") if "img_per_s" in r]
+    laps = [r for r in read_jsonl(out / "metrics.jsonl") if "img_per_s" in r]
     steady = [r["img_per_s"] for r in laps[1:]] or [r["img_per_s"] for r in laps]
     return statistics.median(steady), laps
-
-
-def _jsonl(path: Path) -> Iterator[dict]:
-    for line in path.read_text().splitlines():
-        try:
-            yield json.loads(line)
-        except json.JSONDecodeError:  # a torn last line
-            continue
 
 
 DDP_PIPELINE = "pipelines/pretrain.py compiled, every GPU (DDP)"

@@ -14,7 +14,6 @@ elsewhere) in alternating rounds (ours, timm, timm, ours, ...); medians are repo
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ssl_vit.bench.timing import autocast_dtype
 from ssl_vit.config.pixels import PIXEL_NORM
 from ssl_vit.config.schema import ModelConfig
 from ssl_vit.config.variants import resolve_variant
@@ -87,7 +87,7 @@ def _timm(model, folder: Path, batch_size: int, workers: int, device, autocast) 
     )
     t0, n = time.perf_counter(), 0
     for images, _ in loader:
-        with autocast():
+        with autocast:
             logits = model(images.to(device, non_blocking=True))
         p, idx = logits.float().softmax(dim=-1).topk(min(5, logits.shape[-1]), dim=-1)
         rows = list(zip(idx.tolist(), p.tolist(), strict=True))
@@ -112,13 +112,8 @@ def predict_suite(
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = resolve_mixed_precision("auto")
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-
-    def autocast():
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device.type, dtype=dtype)
-
+    dtype = autocast_dtype(precision)
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
     folder = Path(photos) if photos else tmp / "photos"
     if not photos:
         write_photo_folder(folder, n=num_images, seed=0)

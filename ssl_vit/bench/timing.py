@@ -8,10 +8,9 @@ ratios of medians stay fair even when the absolute numbers are depressed.
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -20,18 +19,19 @@ from torch.utils.flop_counter import FlopCounterMode
 from ssl_vit.train.step import TrainStep
 
 __all__ = [
+    "MODEL_KEYS",
     "PeakRSS",
     "autocast_dtype",
     "cpu_has_native_bf16",
     "make_train_step",
     "matmul_step",
-    "median",
     "plain_train_step",
     "step_flops",
     "sync",
     "time_interleaved",
 ]
 
+MODEL_KEYS = ("image_size", "patch_size", "width", "depth", "heads")  # of a benchmark shape
 DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -145,10 +145,6 @@ def time_interleaved(
                 sync(device)
                 times[name].append(time.perf_counter() - t0)
     return times
-
-
-def median(xs: Iterable[float]) -> float:
-    return statistics.median(list(xs))
 
 
 class PeakRSS:

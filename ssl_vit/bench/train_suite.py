@@ -5,6 +5,7 @@ FLOPs, the matmul peak they are a fraction of, the corruption's overhead and pea
 from __future__ import annotations
 
 import gc
+import statistics
 from typing import Any
 
 import torch
@@ -18,12 +19,12 @@ from ssl_vit.train.optim import build_adam
 
 __all__ = ["SHAPES", "bf16_supported", "overhead_step", "training_figures"]
 
+# Batch sizes chosen so one step takes ~1-3 s on 2 CPU cores; --batch-size overrides.
 SHAPES = {
     "small": dict(image_size=32, patch_size=4, width=192, depth=12, heads=3, batch=64, gpu=256),
     "base": dict(image_size=224, patch_size=16, width=768, depth=12, heads=12, batch=8, gpu=128),
     "tiny": dict(image_size=16, patch_size=4, width=32, depth=2, heads=2, batch=8, gpu=8),
 }
-_MODEL_KEYS = ("image_size", "patch_size", "width", "depth", "heads")
 
 
 def bf16_supported(device: torch.device) -> bool:
@@ -40,8 +41,8 @@ def training_figures(name: str, args: Any, device: torch.device, default_precisi
     g = torch.Generator(device).manual_seed(0)
     images = torch.randint(0, 256, (batch, 3, s["image_size"], s["image_size"]), generator=g,
                            dtype=torch.uint8, device=device)  # fmt: skip
-    fns, flops = _step_fns(ModelConfig(**{k: s[k] for k in _MODEL_KEYS}), args, images, g,
-                           default_precision)  # fmt: skip
+    shape = {k: s[k] for k in timing.MODEL_KEYS}
+    fns, flops = _step_fns(ModelConfig(**shape), args, images, g, default_precision)
     times = timing.time_interleaved(fns, device, args.rounds, args.steps, args.warmup)
     peak_mem = None
     if device.type == "cuda":  # our default step alone, after the others have freed theirs
@@ -52,8 +53,7 @@ def training_figures(name: str, args: Any, device: torch.device, default_precisi
         peak_mem = torch.cuda.max_memory_allocated(device) / 2**20
     del fns  # the models and optimizers they hold
     gc.collect()
-    out = {"model": name, "shape": {k: v for k, v in s.items() if k not in ("batch", "gpu")}}
-    out["batch_size"] = batch
+    out = {"model": name, "shape": shape, "batch_size": batch}
     return _figures(out, times, flops, default_precision, peak_mem, device)
 
 
@@ -110,7 +110,7 @@ def _figures(
     """`out` with the rates, ratios and utilizations of the timed rows; `d`: the default
     precision."""
     precisions, mm = _precisions(device), _matmul_size(device)
-    med = {k: timing.median(v) for k, v in times.items()}
+    med = {k: statistics.median(v) for k, v in times.items()}
     ips = {k: out["batch_size"] / med[k] for k in times if not k.startswith(("matmul", "corrupt"))}
     peak = {p: 2 * mm**3 / med[f"matmul_{p}"] for p in precisions}
     out.update({

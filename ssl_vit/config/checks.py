@@ -10,19 +10,24 @@ from ssl_vit.config.errors import ConfigError
 __all__ = [
     "MAX_AUTO_WORKERS",
     "auto_num_workers",
+    "available_cpus",
     "check_data_loading",
-    "check_fewshot_grid",
     "check_fraction",
-    "check_knn",
-    "check_layers",
     "check_min",
     "check_pixels_norm",
     "check_positive",
     "check_seed",
-    "check_shots",
 ]
 
 MAX_AUTO_WORKERS = 8
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, e.g. a SLURM allocation)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def auto_num_workers(requested: int) -> int:
@@ -32,9 +37,8 @@ def auto_num_workers(requested: int) -> int:
     and torchrun) says how many share the node's CPUs."""
     if requested >= 0:
         return requested
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     local = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), 1)
-    return max(min(MAX_AUTO_WORKERS, (cpus or 1) // local), 1)
+    return max(min(MAX_AUTO_WORKERS, available_cpus() // local), 1)
 
 
 def check_data_loading(num_workers: int, load_size: int) -> None:
@@ -47,7 +51,7 @@ def check_data_loading(num_workers: int, load_size: int) -> None:
 
 
 def check_min(prefix: str, obj: Any, names: tuple[str, ...], minimum: int) -> None:
-    """Every `obj.<name>` (an int) is >= `minimum`; the error names `prefix + name`."""
+    """Every `obj.<name>` (a number) is >= `minimum`; the error names `prefix + name`."""
     for name in names:
         if getattr(obj, name) < minimum:
             raise ConfigError(f"{prefix}{name}: must be >= {minimum}, got {getattr(obj, name)}")
@@ -82,49 +86,6 @@ def check_pixels_norm(
             raise ConfigError(
                 f"{prefix}crop_scale: need 0 < low <= high <= 1, got {list(crop_scale)}"
             )
-
-
-def check_fewshot_grid(
-    prefix: str, shots: list[int | str], seeds: list[int], l2_reg: list[float]
-) -> None:
-    """Shots as `check_shots`, seeds >= 0 (NumPy draws), l2_reg > 0 (a ridge needs it); none
-    empty."""
-    check_shots(shots, prefix)
-    for key, values, ok, need in (
-        ("seeds", seeds, lambda k: k >= 0, ">= 0"),
-        ("l2_reg", l2_reg, lambda k: k > 0, "> 0"),
-    ):
-        if not values:
-            raise ConfigError(f"{prefix}{key}: an empty list")
-        if not all(ok(v) for v in values):
-            raise ConfigError(f"{prefix}{key}: every value must be {need}, got {values}")
-
-
-def check_knn(k: int, num_train: int, temperature: float, prefix: str = "") -> None:
-    if k < 0 or num_train < 0 or temperature <= 0:
-        raise ConfigError(
-            f"{prefix}knn_k, {prefix}knn_train: must be >= 0, {prefix}knn_temperature > 0; "
-            f"got {k}, {num_train}, {temperature}"
-        )
-
-
-def check_shots(shots: list[int | str], prefix: str = "") -> None:
-    """Shots per class: counts >= 1 and/or "all" (every train image: a full linear probe)."""
-    if not shots or len(set(shots)) != len(shots) or any(k != "all" and k < 1 for k in shots):
-        raise ConfigError(
-            f"{prefix}shots: expected distinct counts >= 1 and/or 'all', got {shots!r}"
-        )
-
-
-def check_layers(layers: str | list[int], concat_last: int, prefix: str = "") -> None:
-    if isinstance(layers, str) and layers not in ("last", "all"):
-        raise ConfigError(
-            f"{prefix}layers: expected 'last', 'all' or a list of block indices, got {layers!r}"
-        )
-    if isinstance(layers, list) and not layers:
-        raise ConfigError(f"{prefix}layers: an empty list")
-    if concat_last < 0:
-        raise ConfigError(f"{prefix}concat_last: must be >= 0, got {concat_last}")
 
 
 def check_seed(seed: int) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ssl_vit.config.checks import check_positive
+from ssl_vit.config.checks import check_min, check_positive
 from ssl_vit.config.errors import ConfigError
 from ssl_vit.config.frozen import Frozen
 
@@ -41,8 +41,7 @@ class DistillConfig(Frozen):
 
     def validate(self) -> None:
         check_positive("distill.", self, ("temperature", "ratio"))
-        if self.weight < 0:
-            raise ConfigError(f"distill.weight: must be >= 0, got {self.weight}")
+        check_min("distill.", self, ("weight",), 0)
         if self.enabled != bool(self.unlabelled.strip()):
             raise ConfigError(
                 "distill.teacher and distill.unlabelled: give both (self-training) or neither"

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ssl_vit.config.checks import check_fewshot_grid, check_knn, check_layers, check_min
+from ssl_vit.config.checks import check_min
+from ssl_vit.config.errors import ConfigError
 from ssl_vit.config.frozen import Frozen
 
 __all__ = ["FewshotEvalConfig"]
@@ -43,8 +44,33 @@ class FewshotEvalConfig(Frozen):
     every: int = 0  # pretraining only: run every N steps (0: only at the end, if train is set)
 
     def validate(self) -> None:
-        check_knn(self.knn_k, self.knn_train, self.knn_temperature, "fewshot.")
-        check_fewshot_grid("fewshot.", self.shots, self.seeds, self.l2_reg)
-        check_layers(self.layers, self.concat_last, "fewshot.")
+        if self.knn_k < 0 or self.knn_train < 0 or self.knn_temperature <= 0:
+            raise ConfigError(
+                "fewshot.knn_k, fewshot.knn_train: must be >= 0, fewshot.knn_temperature > 0; "
+                f"got {self.knn_k}, {self.knn_train}, {self.knn_temperature}"
+            )
+        shots = self.shots
+        if not shots or len(set(shots)) != len(shots) or any(k != "all" and k < 1 for k in shots):
+            raise ConfigError(
+                f"fewshot.shots: expected distinct counts >= 1 and/or 'all', got {shots!r}"
+            )
+        # Seeds seed NumPy's draws (>= 0); a ridge needs l2_reg > 0.
+        for key, ok, need in (
+            ("seeds", lambda k: k >= 0, ">= 0"),
+            ("l2_reg", lambda k: k > 0, "> 0"),
+        ):
+            values = getattr(self, key)
+            if not values:
+                raise ConfigError(f"fewshot.{key}: an empty list")
+            if not all(ok(v) for v in values):
+                raise ConfigError(f"fewshot.{key}: every value must be {need}, got {values}")
+        if isinstance(self.layers, str) and self.layers not in ("last", "all"):
+            raise ConfigError(
+                "fewshot.layers: expected 'last', 'all' or a list of block indices, "
+                f"got {self.layers!r}"
+            )
+        if isinstance(self.layers, list) and not self.layers:
+            raise ConfigError("fewshot.layers: an empty list")
+        check_min("fewshot.", self, ("concat_last",), 0)
         check_min("fewshot.", self, ("batch_size",), 1)
         check_min("fewshot.", self, ("num_workers", "max_eval", "every"), 0)

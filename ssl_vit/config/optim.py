@@ -40,15 +40,12 @@ class OptimConfig(Frozen):
     keep_checkpoints: int = 3  # the newest N checkpoints are kept
 
     def validate(self) -> None:
-        for name in ("steps", "batch_size", "grad_accum", "log_every", "max_bad_steps"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
+        check_min("train.", self, ("steps", "batch_size", "grad_accum", "log_every"), 1)
+        check_min("train.", self, ("max_bad_steps",), 1)
         check_min("train.", self, ("warmup_steps", "checkpoint_every"), 0)
         check_min("train.", self, ("keep_checkpoints",), 1)
         check_positive("train.", self, ("lr",))
-        for name in ("min_lr", "weight_decay", "grad_clip"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"train.{name}: must be >= 0, got {getattr(self, name)}")
+        check_min("train.", self, ("min_lr", "weight_decay", "grad_clip"), 0)
         if self.min_lr > self.lr:
             raise ConfigError(f"train.min_lr ({self.min_lr}) must be <= train.lr ({self.lr})")
         for i, beta in enumerate(self.betas):

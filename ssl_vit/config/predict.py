@@ -10,6 +10,7 @@ from typing import Literal
 
 from ssl_vit.config.checks import check_positive
 from ssl_vit.config.errors import ConfigError
+from ssl_vit.config.optim import MixedPrecision
 from ssl_vit.config.run import DataTimeoutConfig
 
 __all__ = ["PredictConfig"]
@@ -29,7 +30,7 @@ class PredictConfig:
     ignore_labels: bool = False
     batch_size: int = 256  # images per forward pass, on each process
     num_workers: int = -1  # loader workers per process; -1: auto, as the training jobs
-    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"  # auto: bf16 on a GPU with it
+    mixed_precision: MixedPrecision = "auto"  # auto: bf16 on a GPU with it
     timeouts: DataTimeoutConfig = field(default_factory=DataTimeoutConfig)
 
     def validate(self) -> None:

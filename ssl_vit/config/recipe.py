@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ssl_vit.config.checks import check_fraction, check_min
 from ssl_vit.config.frozen import Frozen
 from ssl_vit.config.loader import ConfigError
 
@@ -56,16 +57,12 @@ class RecipeParts(Frozen):
     drop_path: float = 0.0  # stochastic depth of the last block (linear from 0 over blocks)
 
     def validate(self) -> None:
-        if not 0.0 < self.layer_decay <= 1.0:
-            raise ConfigError(f"parts.layer_decay: must be in (0, 1], got {self.layer_decay}")
-        for name in ("mixup", "cutmix"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"parts.{name}: must be >= 0, got {getattr(self, name)}")
+        check_fraction("parts.layer_decay", self.layer_decay)
+        check_min("parts.", self, ("mixup", "cutmix"), 0)
         for name in ("mixup_prob", "switch_prob", "label_smoothing"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"parts.{name}: must be in [0, 1], got {getattr(self, name)}")
-        if not 0.0 <= self.drop_path < 1.0:
-            raise ConfigError(f"parts.drop_path: must be in [0, 1), got {self.drop_path}")
+        check_fraction("parts.drop_path", self.drop_path, low_open=False)
         if self.randaugment and not self.randaugment.startswith("rand"):
             raise ConfigError(
                 f"parts.randaugment: a timm RandAugment spec starting with 'rand' (e.g. "

@@ -95,8 +95,7 @@ class ModelConfig(Frozen):
         return replace(self, patch_size=patch, **given)
 
     def validate(self) -> None:
-        names = ("image_size", "patch_size", "width", "depth", "heads", "mlp_ratio", "norm_eps")
-        check_positive("model.", self, names)
+        check_positive("model.", self, ("image_size", *SHAPE_KEYS))
         if self.width and self.heads and self.width % self.heads:
             raise ConfigError(
                 f"model.width ({self.width}) must be divisible by model.heads ({self.heads})"
@@ -150,8 +149,7 @@ class ObjectiveConfig(Frozen):
     encoder: Literal["all", "visible"] = "all"
 
     def validate(self) -> None:
-        if not 0.0 < self.mask_ratio <= 1.0:
-            raise ConfigError(f"objective.mask_ratio: must be in (0, 1], got {self.mask_ratio}")
+        check_fraction("objective.mask_ratio", self.mask_ratio)
         if min(self.probs) < 0 or not math.isclose(sum(self.probs), 1.0, abs_tol=1e-6):
             raise ConfigError(f"objective.probs: must be >= 0 and sum to 1, got {self.probs}")
         check_min("objective.", self, ("decoder_depth", "decoder_width", "decoder_heads"), 0)

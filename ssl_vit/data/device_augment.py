@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from ssl_vit import seeds
 from ssl_vit.config.schema import FinetuneDataConfig, PretrainDataConfig
+from ssl_vit.data.images import fallback_box
 
 __all__ = ["DeviceAugment", "build_device_augment", "load_size", "resolve_augment"]
 
@@ -108,7 +109,7 @@ class DeviceAugment:
         ok_BT = (w_BT > 0) & (w_BT <= width) & (h_BT > 0) & (h_BT <= height)
         first_B1 = ok_BT.to(torch.uint8).argmax(dim=1, keepdim=True)  # first try that fits
         found_B = ok_BT.any(dim=1)
-        fb_h, fb_w = _fallback_box(height, width, self.ratio)
+        fb_h, fb_w = map(float, fallback_box(height, width, self.ratio))
         h_B = torch.where(found_B, h_BT.gather(1, first_B1)[:, 0], fb_h)
         w_B = torch.where(found_B, w_BT.gather(1, first_B1)[:, 0], fb_w)
         # randint(0, n - h + 1): floor of a uniform over the n - h + 1 positions.
@@ -152,16 +153,6 @@ class DeviceAugment:
         saved = None if state is None else state.get("generator")
         if saved is not None and saved.numel() == self.generator.get_state().numel():
             self.generator.set_state(saved)
-
-
-def _fallback_box(height: int, width: int, ratio: Sequence[float]) -> tuple[float, float]:
-    """(h, w) of get_params' fallback: the whole image, cut to the nearest allowed ratio."""
-    h, w = height, width
-    if width / height < min(ratio):
-        h = int(round(w / min(ratio)))
-    elif width / height > max(ratio):
-        w = int(round(h * max(ratio)))
-    return float(h), float(w)
 
 
 def build_device_augment(

@@ -21,24 +21,6 @@ from ssl_vit.data.stages import Batch, Sample, Stats, StreamDataset
 __all__ = ["eval_loader"]
 
 
-def _split_for_eval(
-    urls: list[str], rank: int, world_size: int, worker: int, num_workers: int
-) -> tuple[list[str], list[tuple[int, int]], bool]:
-    """One pass, each sample once: split shards by rank, then by worker (`share`).
-
-    Returns (shards to read, [(offset, step)] sample filters, whether to report shard errors:
-    of the units sharing a shard, only the one keeping its sample 0 does).
-    """
-    shards, filters, owner = list(urls), [], True
-    for index, count in ((rank, world_size), (worker, num_workers)):
-        mine, keep, of = stages.share(len(shards), index, count)
-        shards = shards[mine]
-        if of > 1:
-            filters.append((keep, of))
-            owner = owner and keep == 0
-    return shards, filters, owner
-
-
 def _batch_stage(
     items: Iterator[tuple[torch.Tensor, int, str, Any]],
     batch_size: int,
@@ -91,9 +73,15 @@ class _ShardStream(_PassStream):
     urls: list[str] = field(default_factory=list)
 
     def _samples(self, worker: int, num_workers: int, stats: Stats) -> Iterator[Sample]:
-        urls, filters, owner = _split_for_eval(
-            self.urls, self.rank, self.world_size, worker, num_workers
-        )
+        # Split the shards by rank, then by worker (`share`); [(offset, step)] filters the
+        # samples of shared shards, whose errors only the unit keeping their sample 0 reports.
+        urls, filters, owner = list(self.urls), [], True
+        for index, count in ((self.rank, self.world_size), (worker, num_workers)):
+            mine, keep, of = stages.share(len(urls), index, count)
+            urls = urls[mine]
+            if of > 1:
+                filters.append((keep, of))
+                owner = owner and keep == 0
         raw = itertools.chain.from_iterable(stages.shard_samples(url, stats, owner) for url in urls)
         for offset, step in filters:
             raw = itertools.islice(raw, offset, None, step)
@@ -128,7 +116,6 @@ def eval_loader(
     world_size: int = 1,
     indices: Sequence[int] | np.ndarray | None = None,
     limit: int = 0,
-    max_consecutive_failures: int = 1000,
     num_classes: int = 0,
 ) -> DataLoader:
     """One pass over a labelled source (shards, image folder, HF dataset), resize + center crop.
@@ -149,7 +136,7 @@ def eval_loader(
         rank=rank,
         world_size=world_size,
         require_labels=False,
-        max_consecutive_failures=max_consecutive_failures,
+        max_consecutive_failures=1000,
         num_classes=num_classes,
     )
     if indices is None and limit <= 0 and is_shard_spec(source):

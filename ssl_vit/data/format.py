@@ -40,7 +40,6 @@ __all__ = [
     "check_parts_agree",
     "complete_parts",
     "difference",
-    "holds_parts",
     "load_index",
     "part_dir",
     "part_identity",
@@ -115,21 +114,12 @@ def part_dir(root: str | os.PathLike, i: int, n: int) -> Path:
     return Path(root) / f"part-{i:05d}-of-{n:05d}"
 
 
-def parts_in(root: Path) -> dict[str, tuple[int, int]]:
+def parts_in(root: str | os.PathLike) -> dict[str, tuple[int, int]]:
     """Part directories of `root` (name -> (I, N)); hidden staging directories are not parts."""
-    if not root.is_dir():
+    if not os.path.isdir(root):
         return {}
-    found = {}
-    for entry in os.scandir(root):
-        m = PART_DIR.fullmatch(entry.name)
-        if m and entry.is_dir():
-            found[entry.name] = (int(m.group(1)), int(m.group(2)))
-    return found
-
-
-def holds_parts(root: str | os.PathLike) -> bool:
-    """Whether `root` holds part directories (a dataset written with `--part`)."""
-    return bool(parts_in(Path(root)))
+    found = ((e, PART_DIR.fullmatch(e.name)) for e in os.scandir(root))
+    return {e.name: (int(m.group(1)), int(m.group(2))) for e, m in found if m and e.is_dir()}
 
 
 def part_identity(index: dict[str, Any]) -> dict[str, Any]:

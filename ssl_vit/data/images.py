@@ -21,6 +21,7 @@ __all__ = [
     "RandomResizedCropFlip",
     "SquareLoad",
     "eval_transform",
+    "fallback_box",
     "torchvision_train_transform",
     "train_transform",
 ]
@@ -58,12 +59,7 @@ class RandomResizedCropFlip:
                 top = torch.randint(0, height - h + 1, size=(1,)).item()
                 left = torch.randint(0, width - w + 1, size=(1,)).item()
                 return top, left, h, w
-        in_ratio = width / height  # fallback: the central crop of the nearest allowed ratio
-        w, h = width, height
-        if in_ratio < min(self.ratio):
-            h = int(round(w / min(self.ratio)))
-        elif in_ratio > max(self.ratio):
-            w = int(round(h * max(self.ratio)))
+        h, w = fallback_box(height, width, self.ratio)
         return (height - h) // 2, (width - w) // 2, h, w
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
@@ -100,6 +96,17 @@ class RandomResizedCropFlip:
             raise ValueError(f"JPEG header says {size[0]}x{size[1]}, decoded {image.shape}")
         out = TF.resized_crop_image(image, top, left, h, w, self.size, antialias=True)
         return self._flip(out)
+
+
+def fallback_box(height: int, width: int, ratio: Sequence[float]) -> tuple[int, int]:
+    """(h, w) of get_params' fallback (no try fits): the whole image, cut to the nearest allowed
+    ratio; the box is its centre."""
+    h, w = height, width
+    if width / height < min(ratio):
+        h = int(round(w / min(ratio)))
+    elif width / height > max(ratio):
+        w = int(round(h * max(ratio)))
+    return h, w
 
 
 class RandAugment:

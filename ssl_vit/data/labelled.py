@@ -27,7 +27,6 @@ when it is missing or damaged, provided the chosen images' bytes are those it wa
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import shutil
@@ -43,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from ssl_vit import seeds
-from ssl_vit.atomic import write_text
+from ssl_vit.atomic import file_sha256, write_json
 from ssl_vit.config import ConfigError
 from ssl_vit.data.decode import decode_image
 from ssl_vit.data.image_source import ImageSource, Record
@@ -54,7 +53,6 @@ from ssl_vit.data.labelled_record import (
     copy_problem,
     listed,
     read_record,
-    sha256,
 )
 from ssl_vit.data.sources import open_source
 from ssl_vit.data.write.writer import ShardWriter
@@ -80,11 +78,8 @@ class CopyInterruptedError(ValueError):
 
 
 class _Stopped(BaseException):
-    """Raised by the copy's signal handler (a BaseException: no `except Exception` holds it)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+    """Raised by the copy's signal handler with the signal's name (a BaseException: no `except
+    Exception` holds it)."""
 
 
 @dataclass
@@ -191,7 +186,7 @@ def _build(subset: LabelledSubset, run_dir: Path, content: dict[str, str] | None
         with _signals_raise():
             written = _write_shards(subset, out, content)
             published = True
-            write_text(record, json.dumps({**subset.record(), **written}, indent=1) + "\n")
+            write_json(record, {**subset.record(), **written})
             done = True
     except _Stopped as e:
         raise CopyInterruptedError(
@@ -216,7 +211,7 @@ def _signals_raise() -> Iterator[None]:
     def handle(signum: int, _frame: Any) -> None:
         if not stopped:
             stopped.append(signum)
-            raise _Stopped(signum)
+            raise _Stopped(signal.Signals(signum).name)
 
     previous = {
         sig: signal.signal(sig, handle)
@@ -288,7 +283,7 @@ def _write_shards(
         "labelled subset: %d images (%d per class) of %s written to %s in %.1f s",
         *(subset.num_labelled, subset.labels_per_class, subset.source, out, time.time() - t0),
     )
-    files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256(p)} for p in _files(out)}
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in _files(out)}
     return {"content": digests, "files": files}
 
 

@@ -9,11 +9,11 @@ and sha256) or must be rebuilt (`ssl_vit.data.labelled.use_labelled`).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ssl_vit.atomic import file_sha256
 from ssl_vit.config import ConfigError
 from ssl_vit.data.format import INDEX_NAME, sample_fields
 from ssl_vit.data.shards import resolve_shards
@@ -30,7 +30,6 @@ __all__ = [
     "copy_problem",
     "listed",
     "read_record",
-    "sha256",
 ]
 
 LABELLED_DIR, LABELLED_RECORD = "labelled", "labelled.json"  # inside the run directory
@@ -58,10 +57,8 @@ def check_recorded(subset: LabelledSubset | None, run_dir: str | Path) -> None:
     if had is None:
         return
     k, seed = (subset.labels_per_class, subset.labels_seed) if subset else (0, had["labels_seed"])
-    diffs = [f"data.labels_per_class {had['labels_per_class']} -> {k}"]
-    diffs = diffs if had["labels_per_class"] != k else []
-    if had["labels_seed"] != seed:
-        diffs.append(f"data.labels_seed {had['labels_seed']} -> {seed}")
+    now = {"labels_per_class": k, "labels_seed": seed}
+    diffs = [f"data.{key} {had[key]} -> {value}" for key, value in now.items() if had[key] != value]
     if diffs:
         raise ConfigError(
             f"--resume: the run in {run_dir} was started on another labelled subset and cannot "
@@ -175,7 +172,7 @@ def copy_problem(out: Path, rec: dict[str, Any] | None, hashes: bool) -> str | N
             return f"{path} is empty"
         if want is not None and size != want["bytes"]:
             return f"{path} has {size} bytes, {want['bytes']} when written"
-        if want is not None and hashes and sha256(path) != want["sha256"]:
+        if want is not None and hashes and file_sha256(path) != want["sha256"]:
             return f"{path} has other bytes than when written (sha256)"
     return None
 
@@ -223,11 +220,3 @@ def _list_of(value: Any, kind: type) -> bool:
 def listed(items: list[str]) -> str:
     more = len(items) - _SHOWN
     return "; ".join(items[:_SHOWN]) + (f"; and {more} more" if more > 0 else "")
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()

@@ -26,7 +26,7 @@ from ssl_vit.data.decode import decode_image
 from ssl_vit.data.image_source import ImageSource
 from ssl_vit.data.images import eval_transform
 from ssl_vit.data.sources import open_source
-from ssl_vit.data.stages import make_loader, rate_limited
+from ssl_vit.data.stages import collate, make_loader, rate_limited
 
 __all__ = ["PredictBatch", "num_batches", "predict_loader"]
 
@@ -70,8 +70,7 @@ class _PredictDataset(IterableDataset):
         R, n = self.world_size, num_batches(self.num_images, self.batch_size)
         mine = range(self.rank + worker * R, n, workers * R)  # this worker's global batches
         for start in range(0, len(mine), _CHUNK):
-            chunk = mine[start : start + _CHUNK]
-            yield from self._batches(source, transform, chunk)
+            yield from self._batches(source, transform, mine[start : start + _CHUNK])
 
     def _batches(self, source: ImageSource, transform, batches: range) -> Iterator[PredictBatch]:
         B = self.batch_size
@@ -86,22 +85,14 @@ class _PredictDataset(IterableDataset):
                     if not rec.data:
                         raise ValueError("no image data")
                     label = self.label_map[rec.label] if self.label_map and rec.label >= 0 else -1
-                    items.append((transform(decode_image(rec.data)), name, label))
+                    items.append((transform(decode_image(rec.data)), label, name, None))
                 except Exception as e:  # any unreadable image: named, counted, never a crash
                     skipped.append((name, f"{type(e).__name__}: {e}"))
                     self.skipped += 1
                     if rate_limited(self.skipped):
                         log.warning("skipping %s: %s: %s", name, type(e).__name__, e)
-            yield _collate(g, items, skipped, self.image_size)
-
-
-def _collate(g: int, items: list, skipped: list, size: int) -> PredictBatch:
-    if not items:
-        empty = torch.empty((0, 3, size, size), dtype=torch.uint8)
-        return PredictBatch(g, empty, [], torch.empty(0, dtype=torch.int64), skipped)
-    images, names, labels = zip(*items, strict=True)
-    labels_t = torch.tensor(labels, dtype=torch.int64)
-    return PredictBatch(g, torch.stack(images), list(names), labels_t, skipped)
+            batch = collate(items, self.image_size)
+            yield PredictBatch(g, batch.images, batch.keys, batch.labels, skipped)
 
 
 def predict_loader(

@@ -19,8 +19,8 @@ from ssl_vit.data.format import (
     PART_DIR,
     check_parts_agree,
     complete_parts,
-    holds_parts,
     load_index,
+    parts_in,
 )
 
 __all__ = ["is_shard_spec", "read_index", "resolve_shards"]
@@ -156,6 +156,6 @@ def is_shard_spec(spec: str) -> bool:
         return (
             os.path.isfile(os.path.join(path, INDEX_NAME))
             or bool(glob.glob(os.path.join(path, "*.tar")))
-            or holds_parts(path)
+            or bool(parts_in(path))
         )
     return False

@@ -343,7 +343,7 @@ def open_raw_source(
     return FolderSource(spec)
 
 
-def open_source(spec: str, split: str | None = None, source_format: str = "auto") -> ImageSource:
+def open_source(spec: str, split: str | None = None) -> ImageSource:
     """Open a labelled image source: shards (directory with index.json or *.tar, index JSON,
     brace pattern, tar), an HF saved dataset or `imagefolder` directory, an image folder, or
     a Hugging Face Hub dataset as `hf://NAME[:SPLIT]` (e.g. `hf://uoft-cs/cifar10:test`).
@@ -354,8 +354,8 @@ def open_source(spec: str, split: str | None = None, source_format: str = "auto"
     if spec.startswith(HUB_PREFIX):
         name, _, hub_split = spec[len(HUB_PREFIX) :].partition(":")
         return HFSource(name, hub_split or split, hub=True)
-    if source_format in ("auto", "shards") and is_shard_spec(spec):
+    if is_shard_spec(spec):
         return ShardSource(spec)
     if not os.path.exists(os.path.expanduser(spec)):
         raise FileNotFoundError(f"image source not found: {spec}")
-    return open_raw_source(os.path.expanduser(spec), split, source_format)
+    return open_raw_source(os.path.expanduser(spec), split)

@@ -38,7 +38,6 @@ from ssl_vit.data.tar import tar_groups
 __all__ = [
     "Batch",
     "Sample",
-    "ShardErrorHandler",
     "Stats",
     "StreamDataset",
     "WorkerLoader",
@@ -142,30 +141,23 @@ def _decoded(transform: Callable, data: bytes, seed: int | None) -> torch.Tensor
     return _seeded(transform, decode_image(data), seed)
 
 
-class ShardErrorHandler:
-    """WebDataset exception handler for one shard: count and log its first tar-level error,
-    then go on. One per shard, because WebDataset reports a truncated tar twice (the member
-    read fails, then the next header read) and the shard must count once."""
-
-    def __init__(self, stats: Stats, count: bool) -> None:
-        self.stats, self.count = stats, count  # count=False: another unit reports this shard
-        self.failed = False
-
-    def __call__(self, exn: Exception) -> bool:
-        if self.count and not self.failed:
-            self.failed = True
-            self.stats.skipped_shards += 1
-            self.stats.total_shard_errors += 1
-            if rate_limited(self.stats.total_shard_errors):
-                log.warning("skipping (rest of) shard after %s: %s", type(exn).__name__, exn.args)
-        return True
-
-
 def shard_samples(url: str, stats: Stats, count: bool) -> Iterator[dict[str, Any]]:
-    """The raw samples of one tar shard (`ssl_vit.data.tar.tar_groups`, with `__url__`), with
-    an error handler of its own so that its read errors count once (count=False: another unit
-    reports this shard)."""
-    for _, sample in tar_groups(url, on_error=ShardErrorHandler(stats, count)):
+    """The raw samples of one tar shard (`ssl_vit.data.tar.tar_groups`, with `__url__`). Of its
+    tar-level errors the first is counted and logged: one shard may report several (each
+    duplicate member, then the read error that ends it) and must count once (count=False:
+    another unit reports this shard)."""
+    failed = False
+
+    def on_error(exn: Exception) -> None:
+        nonlocal failed
+        if count and not failed:
+            failed = True
+            stats.skipped_shards += 1
+            stats.total_shard_errors += 1
+            if rate_limited(stats.total_shard_errors):
+                log.warning("skipping (rest of) shard after %s: %s", type(exn).__name__, exn.args)
+
+    for _, sample in tar_groups(url, on_error=on_error):
         sample["__url__"] = url
         yield sample
 

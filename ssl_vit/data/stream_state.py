@@ -5,7 +5,7 @@ number of samples from each lane, in lane order. The number of lanes is fixed fo
 ranks and loader workers that read them are not, so a position saved by one cluster shape is
 continued by any other. `StreamTracker` records the position of every lane after the last
 *consumed* batch (prefetched ones do not count) and gathers all ranks' lanes into the state a
-checkpoint holds; `start_positions` checks a saved state against the stream about to start and
+checkpoint holds; `start_stream` checks a saved state against the stream about to start and
 refuses, in one line, a stream it cannot continue (other shards, seed, shuffle or lanes).
 """
 
@@ -27,7 +27,6 @@ __all__ = [
     "lane_range",
     "resolve_lanes",
     "source_id",
-    "start_positions",
     "start_stream",
 ]
 
@@ -112,20 +111,6 @@ def lane_range(lanes: int, rank: int, world_size: int, worker: int, workers: int
     return range(first + worker * per_rank // workers, first + (worker + 1) * per_rank // workers)
 
 
-def start_positions(
-    resume: dict | None, identity: dict[str, Any], lanes: int, keys: dict[str, str]
-) -> dict[int, Position]:
-    """Each lane's saved position (empty: from the start), after checking that `resume` (a
-    `StreamTracker.state_dict()`) belongs to this stream: a saved stream that cannot be
-    continued exactly is one error line naming the config key (`keys`: identity field -> key),
-    never a silently different run."""
-    if resume is None:
-        return {}
-    saved = {**resume["identity"], "lanes": resume["lanes"]}
-    check_same_stream(saved, {**identity, "lanes": lanes}, keys, "the checkpoint's data stream")
-    return {int(lane): (int(p[0]), int(p[1])) for lane, p in resume["positions"].items()}
-
-
 def check_same_stream(
     saved: dict[str, Any],
     now: dict[str, Any],
@@ -165,7 +150,12 @@ def start_stream(
     identity = {**identity, "seed": s.seed}
     names = {"source": key, "seed": "seed", "lanes": "data.lanes"}
     names.update({k: f"data.{k}" for k in identity if k not in names})
-    start = start_positions(s.resume, identity, lanes, names)
+    start: dict[int, Position] = {}
+    if s.resume is not None:  # one that cannot be continued exactly: an error naming the key
+        before = {**s.resume["identity"], "lanes": s.resume["lanes"]}
+        now = {**identity, "lanes": lanes}
+        check_same_stream(before, now, names, "the checkpoint's data stream")
+        start = {int(lane): (int(p[0]), int(p[1])) for lane, p in s.resume["positions"].items()}
     mine = lane_range(lanes, s.rank, s.world_size, 0, 1)
     tracker = StreamTracker(identity, lanes, {k: p for k, p in start.items() if k in mine})
     return lanes, start, tracker

@@ -114,9 +114,9 @@ def make_photo_shards(
 
 def write_photo_folder(
     output: str | os.PathLike, n: int = 10000, seed: int = 0, overwrite: bool = False
-) -> int:
+) -> None:
     """Write `photo_views(n, seed)` as an image folder `output/<photo>/<key>.jpg` (the input of
-    `make-shards` and of torchvision's ImageFolder); return the number written.
+    `make-shards` and of torchvision's ImageFolder).
 
     `output` must be missing or empty (ValueError, one line, before anything is written): an
     image folder's classes are its sub-folders, so images already there would be mixed into
@@ -137,4 +137,3 @@ def write_photo_folder(
             folder = staging / PHOTO_NAMES[label]
             folder.mkdir(exist_ok=True)
             (folder / f"{key}.jpg").write_bytes(data)
-    return n

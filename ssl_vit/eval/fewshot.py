@@ -173,7 +173,7 @@ def select_fewshot_indices(
         class, in permutation order, so that the k-shot subset is the first k indices of each
         class in the array.
     """
-    labels_N = np.asarray(torch.as_tensor(labels).cpu()).astype(np.int64).reshape(-1)
+    labels_N = _int_labels(labels)
     K = int(labels_N.max()) + 1 if num_classes is None else num_classes
     max_shot = max([k for k in shots if k != ALL_SHOTS], default=0)
     counts = np.bincount(labels_N, minlength=K)[:K]
@@ -261,8 +261,7 @@ def fewshot_sweep(
     per_seed = _per_seed_accuracies(
         accuracies, train_ND, train_labels_N, shots, seeds, l2_regs, selection
     )
-    result = {"shots": {}, "seeds": list(seeds), "num_classes": num_classes}
-    result["standardize"] = standardize
+    result = dict(shots={}, seeds=list(seeds), num_classes=num_classes, standardize=standardize)
     return _summarize(result, per_seed, shots, l2_regs)
 
 

@@ -39,7 +39,7 @@ from ssl_vit.model.vit import ViT
 from ssl_vit.progress import progress_bar
 from ssl_vit.watchdog import watched
 
-__all__ = ["extract_features", "fewshot_evaluate", "knn_train_rows"]
+__all__ = ["extract_features", "fewshot_evaluate", "knn_train_rows", "log_fewshot"]
 
 log = logging.getLogger(__name__)
 
@@ -54,17 +54,12 @@ def extract_features(
     """(uint8 images [B, 3, S, S], labels [B]) batches -> (features [M, D] float32 on CPU,
     labels [M]), computed as `how` says. The representation is the pooled output of the final
     LayerNorm."""
-    feats, labels = [], []
 
     def pooled(x: torch.Tensor) -> torch.Tensor:
         return encoder(x, pool)
 
-    for x, y in frozen_forward(encoder, images, how, pooled):
-        feats.append(x)
-        labels.append(y)
-    if not feats:
-        raise ValueError("no images to extract features from")
-    return torch.cat(feats), torch.cat(labels)
+    feats, labels = frozen_forward(encoder, images, how, pooled)
+    return torch.cat(feats), labels
 
 
 def _subset_batches(
@@ -172,6 +167,14 @@ def fewshot_evaluate(
     log.info("few-shot: %s (%d test images, %.1fs)", result["summary"], len(test_x),
              result["time_s"])  # fmt: skip
     return result
+
+
+def log_fewshot(metrics: Any, step: int, res: dict) -> None:
+    """`res` as the jobs' metrics rows at `step` (`metrics`: a `MetricsWriter`): the summary
+    (`fewshot/{k}shot`), then the k-NN monitor (fewshot.knn_k > 0) on the same test features."""
+    metrics.log({"step": step, **{f"fewshot/{k}": v for k, v in res["summary"].items()}})
+    if "knn" in res:
+        metrics.log({"step": step, "knn/top1": res["knn"]["top1"]})
 
 
 def _train_labels(source: str) -> tuple[np.ndarray, np.ndarray, int]:

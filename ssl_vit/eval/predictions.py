@@ -75,8 +75,7 @@ class PredictionWriter:
                 part.names, part.labels, part.top_idx, part.top_p, strict=True
             ):
                 top = [[self.names[i], round(q, 6)] for i, q in zip(idx, p, strict=True)]
-                row: dict[str, Any] = {"key": name, "label": top[0][0], "score": top[0][1]}
-                row["top_k"] = top
+                row = {"key": name, "label": top[0][0], "score": top[0][1], "top_k": top}
                 if self.labelled:
                     row["true_label"] = self.names[label] if label >= 0 else None
                 self._write_row(row)

@@ -13,7 +13,7 @@ Shape legend: B batch, M images, D width.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -114,10 +114,11 @@ def frozen_forward(
     images: Iterable[tuple[torch.Tensor, torch.Tensor]],
     how: Extraction,
     forward: Callable[[torch.Tensor], T],
-) -> Iterator[tuple[T, torch.Tensor]]:
-    """(uint8 images [B, 3, S, S], labels [B]) batches -> (forward(normalized images) as float32
-    on the CPU, labels) per batch, computed as `how` says: `forward` returns device tensors
-    (any nesting of lists and dicts); the encoder in eval mode (its mode restored after).
+) -> tuple[list[T], torch.Tensor]:
+    """(uint8 images [B, 3, S, S], labels [B]) batches -> ([forward(normalized images) of each
+    batch, as float32 on the CPU], labels [M]), computed as `how` says: `forward` returns device
+    tensors (any nesting of lists and dicts); the encoder in eval mode (its mode restored after).
+    ValueError when there are no images.
 
     Compiled (`how.compile`), the last, smaller batch is padded to the first's size so that one
     static-shape graph (one CUDA graph with reduce-overhead) serves every batch."""
@@ -128,7 +129,7 @@ def frozen_forward(
     autocast = torch.autocast(dev.type, dtype=dtype, enabled=dev.type == "cuda" and bool(dtype))
     pixels = PixelNorm(how.mean, how.std).to(dev)
     step = maybe_compile(forward, how.compile, how.compile_mode, dev)
-    padded_size = 0
+    padded_size, outs, labels = 0, [], []
     try:
         for x_u8, y in images:
             n = len(x_u8)
@@ -140,9 +141,13 @@ def frozen_forward(
             x = pixels(x_u8)
             with autocast:
                 out = step(x)
-            yield tree_map(lambda t, n=n: t[:n].float().cpu(), out), y
+            outs.append(tree_map(lambda t, n=n: t[:n].float().cpu(), out))
+            labels.append(y)
     finally:
         encoder.train(was_training)
+    if not labels:
+        raise ValueError("no images to extract features from")
+    return outs, torch.cat(labels)
 
 
 def extract_layer_features(
@@ -153,22 +158,17 @@ def extract_layer_features(
 ) -> tuple[LayerFeatures, torch.Tensor]:
     """(uint8 images [B, 3, S, S], labels [B]) batches -> ({block: {"cls", "gap"}}, labels
     [M]): one forward pass per batch for all `layers` (sorted), pooled on the device."""
-    parts: dict[int, dict[str, list[torch.Tensor]]] = {i: {"cls": [], "gap": []} for i in layers}
-    labels = []
 
     def pooled(x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         outs = encoder.forward_features(x, layers=list(layers))
         return [{p: ViT.pool(t, p) for p in ("cls", "gap")} for t in outs]
 
-    for outs, y in frozen_forward(encoder, images, how, pooled):
-        for i, by_pool in zip(layers, outs, strict=True):
-            for p, x in by_pool.items():
-                parts[i][p].append(x)
-        labels.append(y)
-    if not labels:
-        raise ValueError("no images to extract features from")
-    feats = {i: {p: torch.cat(v) for p, v in by_pool.items()} for i, by_pool in parts.items()}
-    return feats, torch.cat(labels)
+    outs, labels = frozen_forward(encoder, images, how, pooled)  # outs[b][j]: layers[j], batch b
+    feats = {
+        i: {p: torch.cat([out[j][p] for out in outs]) for p in ("cls", "gap")}
+        for j, i in enumerate(layers)
+    }
+    return feats, labels
 
 
 def layer_sweep(
@@ -183,10 +183,7 @@ def layer_sweep(
     table = {}
     for r in readouts:
         res = fewshot_sweep(r.features(train[0]), train[1], r.features(test[0]), test[1], **sweep)
-        shots = {
-            k: {key: v for key, v in next(iter(e["l2_reg"].values())).items()}
-            for k, e in res["shots"].items()
-        }
+        shots = {k: dict(next(iter(e["l2_reg"].values()))) for k, e in res["shots"].items()}
         dim = r.features(test[0]).shape[1]
         table[r.name] = {"layers": list(r.layers), "pool": r.pool, "dim": dim, "shots": shots}
     return {"readouts": table, "best": best_readout(table)}

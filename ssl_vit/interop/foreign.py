@@ -121,15 +121,13 @@ def _timm_heads(cfg: dict[str, Any] | None) -> int | None:
         return None
     if "num_heads" in cfg.get("model_args", {}):
         return int(cfg["model_args"]["num_heads"])
-    arch = cfg.get("architecture")
-    try:
-        import timm
-    except ImportError:
-        return None
-    if not arch or not timm.is_model(arch.split(".")[0]):
+    import timm
+
+    arch = (cfg.get("architecture") or "").split(".")[0]
+    if not arch or not timm.is_model(arch):
         return None
     with torch.device("meta"):
-        model = timm.create_model(arch.split(".")[0], pretrained=False)
+        model = timm.create_model(arch, pretrained=False)
     return model.blocks[0].attn.num_heads
 
 
@@ -146,13 +144,12 @@ def read_foreign(
     if fmt not in ("timm", "hf"):
         raise InteropError(f"read_foreign reads timm or hf weights, not {fmt!r}")
     cfg = _config(path)
+    if fmt == "hf" and cfg is None:
+        raise InteropError(f"{path}: no config.json next to the transformers weights")
+    state = _weights_in(path) if path.is_dir() else read_weights(path)
     if fmt == "hf":
-        if cfg is None:
-            raise InteropError(f"{path}: no config.json next to the transformers weights")
-        state = _weights_in(path) if path.is_dir() else read_weights(path)
         ours, model_cfg, dropped = from_hf(state, cfg, str(path))
     else:
-        state = _weights_in(path) if path.is_dir() else read_weights(path)
         heads = heads if heads is not None else _timm_heads(cfg)
         ours, model_cfg, dropped = from_timm(state, heads, str(path))
     if dropped:

@@ -61,14 +61,13 @@ HF_CLASSIFIER_PREFIX = "vit."
 def hf_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """config.json for transformers.ViTModel (model_type vit)."""
     keymap.check_model_config(cfg, "transformers")
-    hidden = int(cfg["width"] * cfg["mlp_ratio"])
     return {
         "architectures": ["ViTModel"],
         "model_type": "vit",
         "hidden_size": cfg["width"],
         "num_hidden_layers": cfg["depth"],
         "num_attention_heads": cfg["heads"],
-        "intermediate_size": hidden,
+        "intermediate_size": int(cfg["width"] * cfg["mlp_ratio"]),
         "hidden_act": "gelu",
         "hidden_dropout_prob": 0.0,
         "attention_probs_dropout_prob": 0.0,

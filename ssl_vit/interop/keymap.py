@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ssl_vit.config.schema import ModelConfig
-from ssl_vit.model.shapes import size_mismatch
+from ssl_vit.model.shapes import expected_shapes, size_mismatch
 
 __all__ = ["InteropError", "check_complete", "check_model_config", "mlp_ratio_for", "rename"]
 
@@ -75,8 +75,6 @@ def check_model_config(cfg: dict[str, Any], target: str) -> None:
             f"model config field(s) {unknown} have no {target} equivalent "
             f"(known: {', '.join(KNOWN_CONFIG)})"
         )
-    if cfg["width"] % cfg["heads"]:
-        raise InteropError(f"width {cfg['width']} is not divisible by heads {cfg['heads']}")
 
 
 def mlp_ratio_for(hidden: int, width: int) -> float:
@@ -87,15 +85,6 @@ def mlp_ratio_for(hidden: int, width: int) -> float:
     return r
 
 
-def expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Key -> shape of our encoder's state dict for a model config (built on the meta device)."""
-    from ssl_vit.model.vit import build_vit
-
-    with torch.device("meta"):
-        vit = build_vit(ModelConfig.from_saved(cfg))
-    return {k: tuple(v.shape) for k, v in vit.state_dict().items()}
-
-
 def check_complete(
     state: dict[str, torch.Tensor], cfg: dict[str, Any], source: str, unexpected: list[str]
 ) -> None:
@@ -103,11 +92,12 @@ def check_complete(
     # The sizes first, by arithmetic: building the expected model even on the meta device takes
     # time and memory in the depth a config.json claims (10^6 layers: minutes, gigabytes).
     present = {k: tuple(v.shape) for k, v in state.items()}
+    model_cfg = ModelConfig.from_saved(cfg)
     if {"pos_embed", "patch_embed.weight"} <= set(present):
-        why = size_mismatch(ModelConfig.from_saved(cfg), present, claim="its config")
+        why = size_mismatch(model_cfg, present, claim="its config")
         if why is not None:
             raise InteropError(f"{source}: {why}")
-    shapes = expected_shapes(cfg)
+    shapes = expected_shapes(model_cfg)
     missing = sorted(set(shapes) - set(state))
     if missing or unexpected:
         raise InteropError(

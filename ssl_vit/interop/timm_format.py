@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ssl_vit.config.variants import VARIANTS
 from ssl_vit.interop import keymap
 from ssl_vit.interop.keymap import InteropError, Table
 
@@ -36,13 +37,9 @@ TIMM_HEAD_KEYS = ("head.weight", "head.bias")
 TIMM_POOLS = {"cls": "token", "gap": "avg"}
 # timm builds LayerNorm(eps=1e-6) and has no config argument for another epsilon.
 TIMM_NORM_EPS = 1e-6
-_FAMILIES = {
-    (192, 12, 3): "tiny",
-    (384, 12, 6): "small",
-    (768, 12, 12): "base",
-    (1024, 24, 16): "large",
-    (1280, 32, 16): "huge",
-}
+# timm's name of each of our variants, found by (width, depth, heads) (config.variants).
+_TIMM_NAMES = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge"}
+_FAMILIES = {VARIANTS[v]: name for v, name in _TIMM_NAMES.items()}
 
 
 def timm_architecture(cfg: dict[str, Any]) -> str:
@@ -50,14 +47,11 @@ def timm_architecture(cfg: dict[str, Any]) -> str:
     else vit_base_patch16_224 as the entry point that the explicit model_args reshape."""
     family = _FAMILIES.get((cfg["width"], cfg["depth"], cfg["heads"]))
     if family and cfg["mlp_ratio"] == 4.0:
-        name = f"vit_{family}_patch{cfg['patch_size']}_{cfg['image_size']}"
-        try:
-            import timm
+        import timm  # a dependency, imported only here: it takes ~1 s
 
-            if timm.is_model(name):
-                return name
-        except ImportError:
-            pass
+        name = f"vit_{family}_patch{cfg['patch_size']}_{cfg['image_size']}"
+        if timm.is_model(name):
+            return name
     return "vit_base_patch16_224"
 
 
@@ -141,11 +135,7 @@ def to_timm(
 
 
 def _infer_config(state: dict[str, torch.Tensor], heads: int | None, source: str) -> dict:
-    if (
-        "cls_token" not in state
-        or "patch_embed.proj.weight" not in state
-        or "pos_embed" not in state
-    ):
+    if not {"cls_token", "patch_embed.proj.weight", "pos_embed"} <= state.keys():
         raise InteropError(
             f"{source}: not a timm ViT with a [class] token (missing cls_token, pos_embed or "
             "patch_embed.proj.weight)"

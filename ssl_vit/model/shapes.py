@@ -17,7 +17,7 @@ import torch
 from ssl_vit.config.schema import ModelConfig
 from ssl_vit.model.vit import build_vit
 
-__all__ = ["shape_mismatch", "size_mismatch"]
+__all__ = ["expected_shapes", "shape_mismatch", "size_mismatch"]
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -61,14 +61,20 @@ def size_mismatch(cfg: ModelConfig, shapes: Shapes, claim: str = "metadata") -> 
     return None
 
 
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of the state dict of `build_vit(cfg)`, built on the meta device (nothing
+    allocated, but time and memory in the depth and width `cfg` claims: check the sizes first)."""
+    with torch.device("meta"):
+        return {k: tuple(v.shape) for k, v in build_vit(cfg).state_dict().items()}
+
+
 def shape_mismatch(cfg: ModelConfig, shapes: Shapes, claim: str = "metadata") -> str | None:
     """`size_mismatch`, then every tensor: None when `shapes` are exactly the state dict of
     `build_vit(cfg)`, else one line naming what differs (missing, unexpected, wrong keys)."""
     why = size_mismatch(cfg, shapes, claim)
     if why is not None:
         return why
-    with torch.device("meta"):  # bounded by the sizes just checked against the file
-        expected = {k: tuple(v.shape) for k, v in build_vit(cfg).state_dict().items()}
+    expected = expected_shapes(cfg)  # bounded by the sizes just checked against the file
     missing, unexpected = sorted(set(expected) - set(shapes)), sorted(set(shapes) - set(expected))
     wrong = [
         f"{k} is {_dims(shapes[k])}, not {_dims(expected[k])}"

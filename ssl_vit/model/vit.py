@@ -32,12 +32,10 @@ def resolve_layers(layers: int | Sequence[int], depth: int) -> list[int]:
     wanted = [layers] if isinstance(layers, int) else list(layers)
     if not wanted:
         raise ValueError("layers: empty")
-    out = set()
     for i in wanted:
         if not -depth <= i < depth:
             raise ValueError(f"layer {i}: out of range for depth {depth} ({-depth}..{depth - 1})")
-        out.add(i % depth)
-    return sorted(out)
+    return sorted({i % depth for i in wanted})
 
 
 class Attention(nn.Module):
@@ -60,9 +58,9 @@ class Attention(nn.Module):
 class Block(nn.Module):
     """Pre-LN Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)) (paper eq. 2-3).
 
-    `drop_path` > 0: stochastic depth (Huang et al. 2016), in training each sample's residual
-    branch is dropped with that probability (timm DropPath, kept ones scaled by 1/(1-p)); at 0
-    the branch is added as is (identity, no random draw)."""
+    `set_drop_path(p)`, p > 0: stochastic depth (Huang et al. 2016), in training each sample's
+    residual branch is dropped with that probability (timm DropPath, kept ones scaled by
+    1/(1-p)); at 0 (as built) the branch is added as is (identity, no random draw)."""
 
     def __init__(
         self,
@@ -70,7 +68,6 @@ class Block(nn.Module):
         heads: int,
         mlp_ratio: float = 4.0,
         norm_eps: float = 1e-6,
-        drop_path: float = 0.0,
     ) -> None:
         super().__init__()
         hidden = int(width * mlp_ratio)
@@ -78,7 +75,7 @@ class Block(nn.Module):
         self.attn = Attention(width, heads)
         self.norm2 = nn.LayerNorm(width, eps=norm_eps)
         self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
-        self.set_drop_path(drop_path)
+        self.set_drop_path(0.0)
 
     def set_drop_path(self, rate: float) -> None:
         if rate > 0:

@@ -34,8 +34,6 @@ class PredictionDecoder(nn.Module):
         depth: int,
         heads: int,
         num_patches: int,
-        mlp_ratio: float = 4.0,
-        norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
         self.num_patches = num_patches
@@ -43,8 +41,8 @@ class PredictionDecoder(nn.Module):
         # Learned like the encoder's (MAE fixes 2D sin-cos ones here; both are position codes
         # the encoder's do not share, so the decoder can re-place tokens it receives).
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + num_patches, width))
-        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, norm_eps) for _ in range(depth))
-        self.norm = nn.LayerNorm(width, eps=norm_eps)
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(depth))  # MLP 4x, eps 1e-6
+        self.norm = nn.LayerNorm(width, eps=1e-6)
         # The encoder's scheme: xavier-uniform linears, zero biases, N(0, 0.02) positions.
         for m in self.modules():
             if isinstance(m, nn.Linear):

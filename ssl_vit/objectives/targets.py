@@ -148,7 +148,7 @@ def pixels_to_mean_color(pixels: torch.Tensor) -> torch.Tensor:
     Used to score regressed pixels on the same 3-bit colour accuracy as the classifiers.
     """
     means_3 = pixels.to(torch.float64).unflatten(-1, (-1, 3)).mean(dim=-2)
-    return quantize_colors(torch.floor(means_3 * LEVELS).clamp_(0, LEVELS - 1).long())
+    return quantize_colors(_levels(means_3, 1, uint8=False))
 
 
 def color_class_to_rgb(classes: torch.Tensor) -> torch.Tensor:

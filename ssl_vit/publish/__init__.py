@@ -4,12 +4,10 @@ as an ssl-vit encoder."""
 
 from ssl_vit.publish.export import export_checkpoint, import_weights
 from ssl_vit.publish.export_classifier import export_classifier, is_classifier
-from ssl_vit.publish.model_card import model_card
 
 __all__ = [
     "export_checkpoint",
     "export_classifier",
     "import_weights",
     "is_classifier",
-    "model_card",
 ]

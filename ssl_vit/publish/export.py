@@ -22,10 +22,11 @@ from typing import Any
 
 import torch
 
-from ssl_vit.atomic import staged_dir, writing
+from ssl_vit.atomic import staged_dir, write_json, writing
 from ssl_vit.config.pixels import PIXEL_NORM
 from ssl_vit.config.schema import ModelConfig
-from ssl_vit.interop import hf_config, hf_preprocessor, timm_config, to_hf, to_timm
+from ssl_vit.interop import detect_format, hf_config, hf_preprocessor, timm_config, to_hf, to_timm
+from ssl_vit.model.vit import build_vit
 from ssl_vit.publish.model_card import model_card, run_config
 from ssl_vit.train import checkpoint as ckpt
 from ssl_vit.train.checkpoint import ENCODER_FILE
@@ -99,16 +100,12 @@ def write_export(
     with staged_dir(out) as tmp, writing(out):
         # "format": "pt" is what transformers checks in the safetensors header.
         ckpt.save_weights(weights, tmp / "model.safetensors", {"format": "pt"})
-        _write_json(tmp / "config.json", config)
+        write_json(tmp / "config.json", config, indent=2)
         if processor is not None:
-            _write_json(tmp / "preprocessor_config.json", processor)
+            write_json(tmp / "preprocessor_config.json", processor, indent=2)
         for name, (tensors, metadata) in (extra or {}).items():
             ckpt.save_weights(tensors, tmp / name, metadata)
         (tmp / "README.md").write_text(card)
-
-
-def _write_json(path: Path, value: dict[str, Any]) -> None:
-    path.write_text(json.dumps(value, indent=2) + "\n")
 
 
 def _pixel_norm(checkpoint: Path) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -146,9 +143,6 @@ def import_weights(
     with its model config), usable as `init.checkpoint` and by `fewshot.py --checkpoint`.
     Written beside `outdir` and renamed into place; a non-empty `outdir` is replaced only with
     `overwrite`, and never when it is a checkpoint or run directory (`check_output`)."""
-    from ssl_vit.interop import detect_format
-    from ssl_vit.model.vit import build_vit
-
     out = Path(outdir)
     check_output(out, {"source": str(source)}, overwrite)
     fmt = detect_format(source) if fmt == "auto" else fmt
@@ -158,6 +152,6 @@ def import_weights(
     with staged_dir(out) as tmp, writing(out):
         ckpt.save_encoder(encoder, tmp / ENCODER_FILE, cfg)
         record = {"source": str(source), "format": fmt, "model_config": cfg}
-        (tmp / "source.json").write_text(json.dumps(record, indent=2) + "\n")
+        write_json(tmp / "source.json", record, indent=2)
     log.info("imported %s (%s) to %s", source, fmt, out / ENCODER_FILE)
     return {"outdir": str(out), "model_config": cfg}

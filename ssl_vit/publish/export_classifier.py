@@ -16,7 +16,6 @@ fine-tune's top-1 (`model_card.classifier_card`).
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ def is_classifier(path: str | Path) -> bool:
     model.safetensors, or that file) rather than an encoder checkpoint. A model.safetensors
     that is readable and has no class names (e.g. an export directory's) is not one; an
     unreadable one is, so that exporting it fails with the classifier's own error."""
-    p = Path(os.path.expanduser(str(path)))
+    p = Path(path).expanduser()
     file = p / CLASSIFIER_FILE if p.is_dir() else p
     if file.name != CLASSIFIER_FILE or not file.is_file():
         return False

@@ -31,8 +31,9 @@ def _pct(x: Any) -> str:
     return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "n/a"
 
 
-def _shot(key: str) -> str:
-    return key.replace("shot", "-shot")  # "5shot" -> "5-shot"
+def _shots(summary: dict[str, Any]) -> str:
+    """A few-shot summary {"5shot": 0.52, ...} as '5-shot 52.0%, ...'."""
+    return ", ".join(f"{k.replace('shot', '-shot')} {_pct(v)}" for k, v in summary.items())
 
 
 def _downstream(checkpoint: Path, run: Path) -> list[str]:
@@ -52,7 +53,7 @@ def _downstream(checkpoint: Path, run: Path) -> list[str]:
                 f"{res.get('step')} steps, pool {pool} | top-1 {_pct(res['top1'])} |"
             )
         elif "summary" in res:
-            shots = ", ".join(f"{_shot(k)} {_pct(v)}" for k, v in res["summary"].items())
+            shots = _shots(res["summary"])
             rows.append(f"| few-shot linear ({res_file.parent.name}) | pool {pool} | {shots} |")
     return rows
 
@@ -74,8 +75,7 @@ def _results(checkpoint: Path, run: Path | None) -> str:
         )
     fewshot = res.get("fewshot", {}).get("summary")
     if fewshot:
-        shots = ", ".join(f"{_shot(k)} {_pct(v)}" for k, v in fewshot.items())
-        lines.append(f"| few-shot linear (during pretraining) | pool cls | {shots} |")
+        lines.append(f"| few-shot linear (during pretraining) | pool cls | {_shots(fewshot)} |")
     lines += _downstream(checkpoint, run)
     if len(lines) == 2:
         return "No results recorded for this checkpoint yet.\n"

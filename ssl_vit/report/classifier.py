@@ -52,11 +52,7 @@ def confusion_of(run: Run) -> Confusion | None:
 def row_normalised(counts: list[list[int]]) -> list[list[float | None]]:
     """Each row over its sum: [i][j] is the fraction of class i's images predicted as j (a row
     sums to 1); a class with no images is a row of None."""
-    out: list[list[float | None]] = []
-    for row in counts:
-        n = sum(row)
-        out.append([c / n for c in row] if n else [None] * len(row))
-    return out
+    return [[c / n for c in row] if (n := sum(row)) else [None] * len(row) for row in counts]
 
 
 def per_class_accuracy(counts: list[list[int]]) -> list[float | None]:

@@ -137,20 +137,17 @@ def find_data(spec: str, run: Run) -> str | None:
 
 
 @torch.no_grad()
-def run_examples(run: Run, num: int = 8, seed: int = 0) -> Examples | str:
-    """Run the final checkpoint's full objective model on the first `num` images of the run's
-    data (resized, center-cropped), corruption drawn from a seeded generator. Returns the
-    examples, or a one-line reason why there are none."""
-    ckpts = run.checkpoints()
-    if not ckpts:
-        return "no checkpoint in the run directory"
+def run_examples(run: Run, ckpt: Path, num: int = 8, seed: int = 0) -> Examples | str:
+    """Run checkpoint `ckpt`'s (one of the run's) full objective model on the first `num`
+    images of the run's data (resized, center-cropped), corruption drawn from a seeded
+    generator. Returns the examples, or a one-line reason why there are none."""
     cfg = load_config(PretrainConfig, str(run.path / "config.yaml"), [])
     if cfg.objective.target not in PATCH_PIXELS:
         return f"no example rendering for objective.target '{cfg.objective.target}' yet"
     source = find_data(cfg.data.train_shards, run)
     if source is None:
         return f"the run's data ({cfg.data.train_shards}) is not present here"
-    state = load_checkpoint(ckpts[-1], rng=False)
+    state = load_checkpoint(ckpt, rng=False)
     model = MaskedPatchPrediction(build_vit(cfg.model), cfg.objective, cfg.data.mean, cfg.data.std)
     model.load_state_dict(state["model"])
     model.eval()
@@ -167,4 +164,4 @@ def run_examples(run: Run, num: int = 8, seed: int = 0) -> Examples | str:
     tgt, pred = target_pixels(cfg.objective.target, out.targets, preds, P)
     x = images.float() / 255
     chosen = out.kind != 0
-    return Examples(x, out.kind, _paste(x, chosen, tgt), _paste(x, chosen, pred), P, ckpts[-1])
+    return Examples(x, out.kind, _paste(x, chosen, tgt), _paste(x, chosen, pred), P, ckpt)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -69,16 +70,13 @@ def _shots_of(key: str) -> tuple[int, int]:
     return shot_order(k) if k == ALL_SHOTS or k.isdigit() else (0, 0)
 
 
-def _fewshot_keys(rows: list[dict]) -> list[str]:
-    return sorted({k for r in rows for k in r if k.startswith("fewshot/")}, key=_shots_of)
-
-
 KNN_KEY = "knn/top1"  # the k-NN monitor's rows (pipelines/pretrain.py, fewshot.knn_k)
 
 
 def _monitor_keys(rows: list[dict]) -> list[str]:
     """The few-shot keys by shots, then the k-NN monitor's if logged."""
-    return _fewshot_keys(rows) + ([KNN_KEY] if any(KNN_KEY in r for r in rows) else [])
+    fewshot = sorted({k for r in rows for k in r if k.startswith("fewshot/")}, key=_shots_of)
+    return fewshot + ([KNN_KEY] if any(KNN_KEY in r for r in rows) else [])
 
 
 def fewshot_over_steps(runs: list[Run]) -> Figure | None:
@@ -87,8 +85,7 @@ def fewshot_over_steps(runs: list[Run]) -> Figure | None:
     runs = [r for r in runs if _monitor_keys(r.rows)]
     if not runs:
         return None
-    keys = sorted({k for r in runs for k in _fewshot_keys(r.rows)}, key=_shots_of)
-    keys += [KNN_KEY] if any(KNN_KEY in _monitor_keys(r.rows) for r in runs) else []
+    keys = _monitor_keys([row for r in runs for row in r.rows])  # every run's, in one order
     fig, axes = new_figure(3.2 * len(keys), 3.2, ncols=len(keys), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
         for i, run in enumerate(runs):
@@ -117,16 +114,10 @@ def fewshot_vs_shots(curves: list[tuple[str, dict[int, dict]]]) -> Figure | None
     fig, ax = new_figure(7, 4.2)
     for i, (label, table) in enumerate(curves):
         shots = [x_of(k) for k in table]
-        mean = [100 * e["mean"] for e in table.values()]
-        std = [100 * e.get("std", 0.0) for e in table.values()]
+        mean = np.array([100 * e["mean"] for e in table.values()])
+        std = np.array([100 * e.get("std", 0.0) for e in table.values()])
         ax.plot(shots, mean, "o-", color=f"C{i}", label=label)
-        ax.fill_between(
-            shots,
-            [m - s for m, s in zip(mean, std, strict=True)],
-            [m + s for m, s in zip(mean, std, strict=True)],
-            color=f"C{i}",
-            alpha=0.15,
-        )
+        ax.fill_between(shots, mean - std, mean + std, color=f"C{i}", alpha=0.15)
         for k, e in table.items():
             seeds = e.get("per_seed") or []
             ax.plot([x_of(k)] * len(seeds), [100 * a for a in seeds], ".", color=f"C{i}", alpha=0.5)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from ssl_vit.report import budget
-from ssl_vit.report.render import Chart, Section, png_bytes
+from ssl_vit.report.render import Section
 from ssl_vit.report.runs import Run
 
 __all__ = ["budget_section", "finetune_section"]
@@ -40,21 +40,22 @@ def finetune_section(runs: list[Run]) -> Section:
     return s
 
 
-def _labels_chart(runs: list[Run], curves, x_all: float | None) -> Chart | str:
-    """The accuracy-vs-labels figure, or why it is not drawn."""
+def _labels_chart(s: Section, runs: list[Run], curves, x_all: float | None) -> str | None:
+    """Add the accuracy-vs-labels figure to `s`; -> None, or why it is not drawn."""
     try:
         from ssl_vit.report.finetune_figures import accuracy_vs_labels
     except ImportError as e:
         return SKIPPED.format(e)
     fewshot = budget.fewshot_curves(runs, {e.split(" (")[0] for e in curves})  # without the recipe
     fig = accuracy_vs_labels(curves, x_all, fewshot, order=sorted(curves, key=budget.encoder_order))
-    return Chart(
+    s.chart(
         "accuracy_vs_labels",
-        png_bytes(fig),
+        fig,
         "Fine-tune top-1 vs labelled images per class (log axis), one line per encoder: mean "
         "over seeds, error bars ±1 std (population; with 2 seeds: their min–max), dots: "
         "seeds, n: seeds. Dashed: frozen few-shot linear probe of the same encoder.",
     )
+    return None
 
 
 def budget_section(runs: list[Run]) -> Section | None:
@@ -77,10 +78,7 @@ def budget_section(runs: list[Run]) -> Section | None:
             f"Left out (every label, but results.json does not say how many): {', '.join(left)}."
         )
     s.tables.append(budget.budget_table(curves, x_all))
-    chart = _labels_chart(runs, curves, x_all)
-    if isinstance(chart, str):
-        log.info(chart)
-        s.notes.append(chart)
-    else:
-        s.charts.append(chart)
+    if skipped := _labels_chart(s, runs, curves, x_all):
+        log.info(skipped)
+        s.notes.append(skipped)
     return s

@@ -76,10 +76,14 @@ def _show(ax, image_CHW: torch.Tensor, title: str | None) -> None:
         ax.set_ylabel(title, fontsize=8)
 
 
+def _pixels_of(mask_N: torch.Tensor, P: int, w_patches: int) -> torch.Tensor:
+    """A mask over the N patches (row-major) as a mask over the pixels [H, W]."""
+    return mask_N.reshape(-1, w_patches).repeat_interleave(P, 0).repeat_interleave(P, 1)
+
+
 def _dim(image_CHW: torch.Tensor, kind_N: torch.Tensor, P: int) -> torch.Tensor:
     """Untouched patches washed out, so the corrupted patches (the predictions) stand out."""
-    h, w = image_CHW.shape[1] // P, image_CHW.shape[2] // P
-    keep = (kind_N != 0).reshape(h, w).repeat_interleave(P, 0).repeat_interleave(P, 1)
+    keep = _pixels_of(kind_N != 0, P, image_CHW.shape[2] // P)
     return torch.where(keep, image_CHW, 0.35 * image_CHW + 0.65)
 
 
@@ -91,12 +95,7 @@ def examples_figure(ex: Examples, title: str) -> Figure:
     labels = ("image", "corrupted input", "target", "prediction")
     for b in range(B):
         kind = ex.kind[b]
-        grey = torch.full_like(ex.images[b], 0.5)
-        corrupted = torch.where(
-            (kind == MASKED).reshape(-1, w_patches).repeat_interleave(P, 0).repeat_interleave(P, 1),
-            grey,
-            ex.images[b],
-        )
+        corrupted = torch.where(_pixels_of(kind == MASKED, P, w_patches), 0.5, ex.images[b])
         for row, img in enumerate(
             (ex.images[b], corrupted, _dim(ex.target[b], kind, P), _dim(ex.predicted[b], kind, P))
         ):

@@ -4,7 +4,9 @@ position-embedding similarity tiles, the filter components and the example strip
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
+from ssl_vit.report.render import Section
 from ssl_vit.report.runs import Run
 from ssl_vit.train.checkpoint import CheckpointError
 
@@ -13,82 +15,70 @@ __all__ = ["learned_section"]
 log = logging.getLogger(__name__)
 
 
-def _examples_chart(run: Run, num_examples: int, seed: int):
-    """(the example strip Chart, None) or (None, why it was skipped)."""
+def _examples_chart(s: Section, run: Run, ckpt: Path, num_examples: int, seed: int) -> str | None:
+    """Add the example strip to `s`; -> None, or why it was skipped."""
     from ssl_vit.report.examples import run_examples
     from ssl_vit.report.learned_figures import examples_figure
-    from ssl_vit.report.render import Chart, png_bytes
 
     try:
-        ex = run_examples(run, num_examples, seed)
+        ex = run_examples(run, ckpt, num_examples, seed)
     except (OSError, ValueError, RuntimeError, StopIteration) as e:  # unreadable data/state
         ex = f"could not run the model on the data ({type(e).__name__}: {e})"
     if isinstance(ex, str):
-        return None, f"example strip skipped: {ex}"
+        return f"example strip skipped: {ex}"
     title = f"Examples ({run.name} @ {ex.checkpoint.name}, corruption seed {seed})"
-    return Chart(
+    s.chart(
         f"{run.name}_examples",
-        png_bytes(examples_figure(ex, title)),
+        examples_figure(ex, title),
         "Rows: image; corrupted input (coloured borders: the patches chosen for "
         "prediction; a 'random' patch shows its own pixels, but the model saw another "
         "patch's embedding there); target; prediction. Faded patches were not predicted.",
-    ), None
+    )
+    return None
 
 
-def _run_charts(run: Run, num_examples: int, seed: int):
+def _run_charts(s: Section, run: Run, ckpt: Path, num_examples: int, seed: int) -> str | None:
+    """Add the charts of `run`'s checkpoint `ckpt` to `s` (CheckpointError before any: it is
+    unreadable); -> None, or why the example strip was skipped."""
     from ssl_vit.report.learned import filter_components, position_similarity
     from ssl_vit.report.learned_figures import filter_components_figure, position_similarity_figure
-    from ssl_vit.report.render import Chart, png_bytes
     from ssl_vit.train.checkpoint import load_encoder
 
-    ckpt = run.checkpoints()[-1]
     state, mc = load_encoder(ckpt)
     grid = (mc["image_size"] // mc["patch_size"],) * 2
     where = f"{run.name} @ {ckpt.name}"
     sim = position_similarity(state["pos_embed"], grid)
     comp, explained = filter_components(state["patch_embed.weight"], 28)
-    charts = [
-        Chart(
-            f"{run.name}_pos_embed",
-            png_bytes(position_similarity_figure(sim, f"Position embedding similarity ({where})")),
-            "Each tile: cosine similarity of one patch position's embedding with all others "
-            "(paper Fig. 7, centre; the [class] token is left out).",
-        ),
-        Chart(
-            f"{run.name}_filters",
-            png_bytes(
-                filter_components_figure(
-                    comp,
-                    explained,
-                    f"Patch-embedding filters, first {len(comp)} principal components ({where})",
-                )
-            ),
-            "Principal components of the RGB patch-embedding filters, each min-max scaled; "
-            "title: fraction of variance (paper Fig. 7, left).",
-        ),
-    ]
-    chart, note = _examples_chart(run, num_examples, seed)
-    if chart is not None:
-        charts.append(chart)
-    return charts, note
+    s.chart(
+        f"{run.name}_pos_embed",
+        position_similarity_figure(sim, f"Position embedding similarity ({where})"),
+        "Each tile: cosine similarity of one patch position's embedding with all others "
+        "(paper Fig. 7, centre; the [class] token is left out).",
+    )
+    title = f"Patch-embedding filters, first {len(comp)} principal components ({where})"
+    s.chart(
+        f"{run.name}_filters",
+        filter_components_figure(comp, explained, title),
+        "Principal components of the RGB patch-embedding filters, each min-max scaled; "
+        "title: fraction of variance (paper Fig. 7, left).",
+    )
+    return _examples_chart(s, run, ckpt, num_examples, seed)
 
 
-def learned_section(pretrains: list[Run], num_examples: int = 8, seed: int = 0):
-    from ssl_vit.report.render import Section
-
+def learned_section(pretrains: list[Run], num_examples: int = 8, seed: int = 0) -> Section:
     s = Section("What the model learned")
     if not pretrains:
         s.notes.append("No pretraining runs given.")
     for run in pretrains:
-        if not run.checkpoints():
+        ckpts = run.checkpoints()
+        if not ckpts:
             s.notes.append(f"{run.name}: no checkpoint, nothing to show.")
             continue
         try:
-            charts, note = _run_charts(run, num_examples, seed)
+            note = _run_charts(s, run, ckpts[-1], num_examples, seed)
         except CheckpointError as e:
             s.notes.append(f"{run.name}: unreadable checkpoint ({e}), nothing to show.")
             continue
-        s.charts += charts
         if note:
             log.info("%s: %s", run.name, note)
             s.notes.append(f"{run.name}: {note}")

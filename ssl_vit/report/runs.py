@@ -149,12 +149,9 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
     for p in map(Path, paths):
         if not p.is_dir():
             raise ValueError(f"{p}: no such directory")
-        if _is_run_dir(p):
-            subs = [p]
-        else:
-            subs = _run_dirs(p)
-            if not subs:
-                raise ValueError(f"{p}: neither a run directory nor a folder of runs")
+        subs = [p] if _is_run_dir(p) else _run_dirs(p)
+        if not subs:
+            raise ValueError(f"{p}: neither a run directory nor a folder of runs")
         for q in subs:
             if q.resolve() not in seen:
                 seen.add(q.resolve())

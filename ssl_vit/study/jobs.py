@@ -168,12 +168,12 @@ def self_trainings(cfg: StudyConfig, own: list[str] = ()) -> list[tuple[str, str
     one pretrained encoder: per label budget with `self_train` and per seed, with the first
     recipe; the overrides are its teacher's (the encoder's `own` among them), then the
     budget's `self_train`."""
-    recipe = [(f"-{r.name}", r.finetune) for r in cfg.recipes[:1]] or [("", [])]
+    r, recipe = (f"-{cfg.recipes[0].name}", cfg.recipes[0].finetune) if cfg.recipes else ("", [])
     seeds = [(f"-s{s}", [f"seed={s}"]) for s in cfg.finetune_seeds] or [("", [])]
     out = []
     for b in (b for b in cfg.labels if b.self_train is not None):
-        r, budget = recipe[0][0], f"-l{labels_tag(b.per_class)}"
-        base = [*recipe[0][1], f"data.labels_per_class={b.per_class}", *b.finetune]
+        budget = f"-l{labels_tag(b.per_class)}"
+        base = [*recipe, f"data.labels_per_class={b.per_class}", *b.finetune]
         for tag, seed in seeds:
             teacher, name = r + budget + tag, r + budget + SELF_TRAINED + tag
             out.append((teacher, name, [*base, *own, *seed, *b.self_train]))

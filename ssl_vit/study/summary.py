@@ -51,8 +51,7 @@ def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> 
             "wall_time_s": {
                 "pretrain": pre.get("wall_time_s"),
                 "fewshot": few.get("wall_time_s"),
-                "finetune": _total([r.get("wall_time_s") for r in runs.values()])
-                if len(runs) > 1 else ft.get("wall_time_s"),
+                "finetune": _total([r.get("wall_time_s") for r in runs.values()]),
             },
         })  # fmt: skip
         if v is not None and v.self_train and self_trainings(cfg):

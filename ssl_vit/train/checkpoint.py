@@ -15,7 +15,6 @@ by the manifest on load and resume falls back to the newest valid checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -29,10 +28,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ssl_vit.atomic import publish_dir, write_json, writing
+from ssl_vit.atomic import file_sha256, publish_dir, write_json, writing
 from ssl_vit.config.loader import to_dict
 from ssl_vit.jsonfile import JsonFileError, parse_json, read_json
-from ssl_vit.train.weights_file import read_header, saved_model
+from ssl_vit.train.weights_file import WeightsFileError, read_header, saved_model
 
 __all__ = [
     "CheckpointError",
@@ -42,9 +41,8 @@ __all__ = [
     "latest_valid_checkpoint",
     "resolve_checkpoint",
     "verify_checkpoint",
-    "verify_if_checkpoint",
+    "is_checkpoint",
     "write_manifest",
-    "file_sha256",
     "save_weights",
     "save_encoder",
     "load_encoder",
@@ -66,15 +64,6 @@ class PixelStats(NamedTuple):
 
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
-
-
-def file_sha256(path: Path) -> str:
-    """The SHA-256 of a file's bytes (hex), read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def save_weights(
@@ -107,12 +96,9 @@ def read_pixel_norm(path: str | Path) -> PixelStats | None:
     file = path / ENCODER_FILE if path.is_dir() else path
     if file.suffix != ".safetensors" or not file.is_file():
         return None
-    from safetensors import safe_open
-
     try:
-        with safe_open(str(file), framework="pt") as f:
-            raw = (f.metadata() or {}).get("pixel_norm")
-    except Exception:  # noqa: BLE001 - not a safetensors file: another format, no stats
+        raw = read_header(file)[0].get("pixel_norm")
+    except WeightsFileError:  # not a safetensors file: another format, no stats
         return None
     if raw is None:
         return None
@@ -132,9 +118,13 @@ def verify_if_checkpoint(path: str | Path) -> None:
     manifest, a training state or is named step_* is a checkpoint; a lone weights file is not."""
     path = Path(path)
     folder = path if path.is_dir() else path.parent
-    is_checkpoint = (folder / MANIFEST).is_file() or (folder / STATE_FILE).is_file()
-    if is_checkpoint or folder.name.startswith("step_"):
+    if is_checkpoint(folder) or folder.name.startswith("step_"):
         verify_checkpoint(folder)
+
+
+def is_checkpoint(folder: Path) -> bool:
+    """`folder` holds a manifest or a training state: a training checkpoint."""
+    return (folder / MANIFEST).is_file() or (folder / STATE_FILE).is_file()
 
 
 def load_encoder(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

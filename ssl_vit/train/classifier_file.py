@@ -123,12 +123,10 @@ def _triple(value: Any) -> tuple[float, float, float]:
 def save_classifier(model: nn.Module, path: str | Path, spec: ClassifierSpec) -> None:
     """The classifier's weights and `spec` as one safetensors file, written atomically
     (`atomic.replacing`)."""
-    from safetensors.torch import save_file
+    from ssl_vit.train.checkpoint import save_weights
 
-    path = Path(path)
-    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     with replacing(path) as tmp:
-        save_file(tensors, str(tmp), metadata=spec.metadata())
+        save_weights(model.state_dict(), tmp, spec.metadata())
 
 
 def find_classifier(path: str | Path) -> Path:

@@ -71,13 +71,7 @@ class Compiled:
 
 
 def maybe_compile(
-    fn: Callable,
-    setting: bool | str,
-    mode: str,
-    device: torch.device | str,
-    backend: str | Callable | None = None,
+    fn: Callable, setting: bool | str, mode: str, device: torch.device | str
 ) -> Callable:
     """`Compiled(fn, mode)` when `compile.enabled` (`setting`) is on for `device`, else `fn`."""
-    if not compile_enabled(setting, device):
-        return fn
-    return Compiled(fn, mode, backend)
+    return Compiled(fn, mode) if compile_enabled(setting, device) else fn

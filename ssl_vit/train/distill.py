@@ -18,14 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ssl_vit.atomic import write_text
+from ssl_vit.atomic import file_sha256, write_text
 from ssl_vit.config.errors import ConfigError
 from ssl_vit.jsonfile import read_json
-from ssl_vit.train.checkpoint import file_sha256
 
 __all__ = [
-    "TEACHER_FILE",
-    "DistillLoss",
     "Teacher",
     "check_teacher",
     "distill_forward",
@@ -48,10 +45,7 @@ def distillation_loss(
 def frozen_teacher(teacher: nn.Module, device: torch.device) -> nn.Module:
     """The teacher on `device`, in eval mode (no dropout, drop path off) with no parameter
     that asks for a gradient: the step's backward and optimizer never reach it."""
-    teacher = teacher.to(device).eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
-    return teacher
+    return teacher.to(device).eval().requires_grad_(False)
 
 
 class DistillLoss(NamedTuple):
@@ -205,7 +199,7 @@ class SelfTraining:
         """The next unlabelled micro-batch on the device (uint8): (the student's view, the
         teacher's), cropped like the labelled; the teacher's only resized to the model's
         size under `weak_strong` (antialiased, as the loaders resize)."""
-        x = self.loop.side_batch(self.SIDE).images.to(self.device, non_blocking=True)
+        x = self.loop.side[self.SIDE].next().images.to(self.device, non_blocking=True)
         student = self.augment(x, index) if self.augment is not None else x
         if not self.two_views:
             return student, student

@@ -49,7 +49,6 @@ __all__ = [
     "JobError",
     "Preempted",
     "StopRequest",
-    "kill_children",
     "note_checkpoints",
     "one_line_errors",
     "run_and_exit",

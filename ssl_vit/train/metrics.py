@@ -22,16 +22,13 @@ import torch
 
 from ssl_vit.atomic import read_jsonl, write_text, writing
 from ssl_vit.config.loader import flat_keys
-from ssl_vit.progress import format_eta, progress_bar
 
 __all__ = [
     "MetricsWriter",
     "Stopwatch",
     "check_trackers",
-    "format_eta",
     "format_metrics",
-    "progress_bar",
-    "to_python",
+    "ratio",
 ]
 
 log = logging.getLogger(__name__)
@@ -53,6 +50,11 @@ def to_python(value: Any) -> Any:
 def format_metrics(row: dict[str, Any], keys: tuple[str, ...]) -> str:
     shown = [(k, row[k]) for k in keys if k in row]
     return " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown)
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b of a lap's sums, NaN when the lap held only skipped steps (b = 0)."""
+    return a / b if b else math.nan
 
 
 PROJECT = "ssl-vit"  # wandb project / mlflow experiment (WANDB_PROJECT etc. still win)

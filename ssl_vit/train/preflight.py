@@ -6,6 +6,7 @@ check raises `ConfigError` with one line naming the config key and its value.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ssl_vit.config import ConfigError
+from ssl_vit.config.frozen import freeze
 from ssl_vit.data import open_source, resolve_shards
 from ssl_vit.data.sources import ShardSource
 
@@ -22,9 +24,8 @@ __all__ = [
     "check_labelled_source",
     "check_same_labels",
     "check_shards",
-    "check_tars",
     "check_writable",
-    "checkpoint_note",
+    "init_from_checkpoint",
     "load_init_encoder",
     "resolve_pixel_norm",
 ]
@@ -151,6 +152,21 @@ def load_init_encoder(
         raise ConfigError(str(e)) from None
     except (CheckpointError, FileNotFoundError, ValueError, KeyError) as e:
         raise ConfigError(f"{key}={path!r}: {e}") from None
+
+
+def init_from_checkpoint(key: str, cfg: Any, path: str) -> tuple[Any, Any, str]:
+    """A job's config resolved for the encoder at `path` (named by `key`; `load_init_encoder`)
+    -> (the config, frozen, with init.checkpoint the checkpoint used, recorded as such in
+    config.yaml, and the checkpoint's shape and pixel normalisation; the `LoadedEncoder`;
+    the line to log about it)."""
+    i = cfg.init
+    path, loaded = load_init_encoder(key, path, cfg.model, i.pos_interp, i.format)
+    data = dataclasses.replace(cfg.data)  # its null mean / std: the checkpoint's
+    pixels_from = resolve_pixel_norm(data, path)
+    init = dataclasses.replace(i, checkpoint=path)
+    # The checkpoint's shape (at this image size) and pixel normalisation: a resolved copy.
+    cfg = freeze(dataclasses.replace(cfg, init=init, model=loaded.model_config, data=data))
+    return cfg, loaded, checkpoint_note(key, cfg, pixels_from)
 
 
 def resolve_pixel_norm(data: Any, checkpoint: str | None) -> str:

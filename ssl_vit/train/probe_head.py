@@ -21,7 +21,7 @@ from ssl_vit.eval.fewshot_job import extract_features
 from ssl_vit.eval.readouts import Extraction
 from ssl_vit.model.classifier import Classifier
 
-__all__ = ["PROBE_L2", "fit_probe_head", "probe_head_weights"]
+__all__ = ["fit_probe_head", "probe_head_weights"]
 
 log = logging.getLogger(__name__)
 

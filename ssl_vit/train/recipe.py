@@ -17,9 +17,9 @@ from torch import nn
 from ssl_vit import seeds
 from ssl_vit.config.optim import FinetuneOptimConfig
 from ssl_vit.config.recipe import RecipeParts
-from ssl_vit.train.optim import build_sgd, decay_exempt, fused_sgd, param_groups
+from ssl_vit.train.optim import decay_exempt, fused_sgd, param_groups
 
-__all__ = ["BatchMixer", "build_finetune_optimizer", "layer_decay_groups", "recipe_loss"]
+__all__ = ["BatchMixer", "build_finetune_optimizer", "recipe_loss"]
 
 
 def layer_decay_groups(model: nn.Module, weight_decay: float, layer_decay: float) -> list[dict]:
@@ -43,11 +43,9 @@ def build_finetune_optimizer(
     `parts.layer_decay` < 1. The schedule's `set_lr` multiplies each group's `lr_scale`."""
     if parts.layer_decay < 1.0:
         groups = layer_decay_groups(model, cfg.weight_decay, parts.layer_decay)
-    elif parts.optimizer == "sgd":
-        return build_sgd(model, cfg)  # the paper's path, exactly as before recipes existed
     else:
         groups = param_groups(model, cfg.weight_decay)
-    if parts.optimizer == "sgd":
+    if parts.optimizer == "sgd":  # without layer decay: the paper's path (`optim.build_sgd`)
         return fused_sgd(groups, cfg)
     # The fused kernel where the build has one (CUDA, CPU); same update up to float rounding.
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=True)

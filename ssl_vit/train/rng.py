@@ -15,13 +15,14 @@ __all__ = ["rng_state", "set_rng_state"]
 def rng_state(generator: torch.Generator | None = None) -> dict[str, Any]:
     """Python, NumPy, torch (CPU and CUDA) and an explicit generator's states of this rank."""
     name, keys, pos, has_gauss, gauss = np.random.get_state()
+    cuda = torch.cuda.is_available()
     state = {
         "python": random.getstate(),
         # As plain values: checkpoints load with weights_only=True, which refuses NumPy arrays.
         "numpy": (name, keys.tolist(), pos, has_gauss, gauss),
         "torch": torch.get_rng_state(),
         # This process's own device only: another node may have fewer GPUs (issue 38).
-        "cuda": _cuda_rng_state(),
+        "cuda": torch.cuda.get_rng_state(torch.cuda.current_device()) if cuda else None,
     }
     if generator is not None:
         state["generator"] = generator.get_state()
@@ -38,10 +39,3 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = Non
         torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device())
     if generator is not None and state.get("generator") is not None:
         generator.set_state(state["generator"])
-
-
-def _cuda_rng_state() -> torch.Tensor | None:
-    """The CUDA RNG state of this process's current device (None without CUDA)."""
-    if not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_rng_state(torch.cuda.current_device())

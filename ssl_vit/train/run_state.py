@@ -36,18 +36,13 @@ def augment_state(augment: Any) -> dict[str, Any]:
     return {"mode": "device", **augment.state_dict()}
 
 
-def saved_augment_mode(saved: dict[str, Any] | None) -> str:
-    """The mode a checkpoint's "augment" entry records (older ones: None under workers,
-    the generator state under device)."""
-    if saved is None:
-        return "workers"
-    return saved.get("mode", "device")
-
-
 def check_augment_mode(saved: dict[str, Any] | None, augment: Any, path: Any) -> None:
     """One error line when this run's augmentation (`augment`: the device augmentation or
     None) is not the checkpoint's: another augmentation is another run."""
-    was, now = saved_augment_mode(saved), "workers" if augment is None else "device"
+    # The mode the checkpoint records (older ones: None under workers, the generator state
+    # under device).
+    was = "workers" if saved is None else saved.get("mode", "device")
+    now = "workers" if augment is None else "device"
     if was != now:
         raise ConfigError(
             f"data.augment: the run in {path} was trained with {was!r} augmentation, this "

@@ -31,8 +31,9 @@ from ssl_vit.config.schema import SHAPE_KEYS
 from ssl_vit.data.format import INDEX_NAME
 from ssl_vit.data.stream_state import check_same_stream
 from ssl_vit.jsonfile import parse_json
-from ssl_vit.train.checkpoint import ENCODER_FILE, MANIFEST, STATE_FILE, checkpoint_dirs
+from ssl_vit.train.checkpoint import ENCODER_FILE, checkpoint_dirs, is_checkpoint
 from ssl_vit.train.run_lock import RunLock, lock_held, lock_run_dir
+from ssl_vit.train.weights_file import read_header
 
 __all__ = ["check_not_source", "claim_run_dir", "occupant", "release_new_run", "run_files"]
 
@@ -86,8 +87,7 @@ def _check_resumed_config(run_dir: Path, cfg: Any) -> None:
         )
     saved, new = flat_keys(saved_tree), flat_keys(to_dict(cfg))
     # Keys only one side has (a config written by another version) cannot be compared.
-    changed = [k for k in sorted(set(saved) & set(new)) if saved[k] != new[k]]
-    changed = [k for k in changed if k != "output_dir"]
+    changed = [k for k in sorted(set(saved) & set(new) - {"output_dir"}) if saved[k] != new[k]]
     shape = [k for k in changed if k in _RESUME_SHAPE]
     if shape:
         diffs = ", ".join(f"{k} {saved[k]!r} -> {new[k]!r}" for k in shape)
@@ -104,12 +104,9 @@ def _check_resumed_config(run_dir: Path, cfg: Any) -> None:
 def _check_checkpoint_shape(run_dir: Path, cfg: Any) -> None:
     """--resume of a run whose config.yaml is missing: the model shape asked for must be that
     of its newest checkpoint (the encoder's metadata: no weights are read)."""
-    from safetensors import safe_open
-
     for ckpt in reversed(checkpoint_dirs(run_dir / "checkpoints")):
         try:
-            with safe_open(str(ckpt / ENCODER_FILE), framework="pt") as f:
-                saved = parse_json((f.metadata() or {})["model_config"], "model_config")
+            saved = parse_json(read_header(ckpt / ENCODER_FILE)[0]["model_config"], "model_config")
         except Exception:  # noqa: BLE001 - an unreadable checkpoint: resume skips it too
             continue
         new = to_dict(cfg.model)
@@ -138,8 +135,6 @@ def claim_run_dir(
     `reads`: {key: path} the job reads besides the sources its config names (`read_paths`),
     e.g. few-shot's `--checkpoint`; an `--overwrite` of one of them is refused."""
     run_dir = Path(run_dir)
-    if not str(cfg.output_dir).strip():
-        raise ConfigError("output_dir: empty; name the run directory")
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite: pick one (continue the run, or replace it)")
     if overwrite:
@@ -204,14 +199,10 @@ def is_run_dir(folder: str | Path) -> bool:
     return has_run or lock_held(folder)
 
 
-def _is_checkpoint(folder: Path) -> bool:
-    return (folder / MANIFEST).is_file() or (folder / STATE_FILE).is_file()
-
-
 def _holds(folder: Path) -> str | None:
     if is_run_dir(folder):
         return "a run directory"
-    if _is_checkpoint(folder):
+    if is_checkpoint(folder):
         return "a training checkpoint"
     if (folder / INDEX_NAME).is_file() or any(folder.glob("shard-*.tar")):
         return "a shard dataset"
@@ -227,7 +218,7 @@ def occupant(target: str | Path) -> str | None:
     if what is not None:
         return f"is {what}"
     for d in (target, *target.parents):
-        if d != target and _is_checkpoint(d):
+        if d != target and is_checkpoint(d):
             return f"is inside the checkpoint {d}"
         if d.name == "checkpoints" and is_run_dir(d.parent):
             return f"{'is' if d == target else 'is inside'} {d}, the checkpoints of a run"

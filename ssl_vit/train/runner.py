@@ -4,7 +4,7 @@ micro-batch, at each log step, at its periodic evaluation and at the end is pass
 
     loop = TrainLoop(run, cfg, model, optimizer, resume=args.resume, ...)  # loads the checkpoint
     step = loop.train_step(forward)                                      # the one TrainStep
-    loader = ...(resume=loop.stream)                                     # where the stream was
+    loader = ...(loop.stream_args())                                     # where the stream was
     results = loop.run(loader, micro, log_row, finish=..., ...)
 
 One small class, no hierarchy and no callback registry (as torchtitan's and big_vision's loops).
@@ -28,11 +28,12 @@ import torch
 
 from ssl_vit.config import to_dict
 from ssl_vit.data.stream_state import StreamArgs
+from ssl_vit.progress import progress_bar
 from ssl_vit.train import checkpoint as ckpt
 from ssl_vit.train import run_state
 from ssl_vit.train.guard import StopRequest, note_checkpoints
 from ssl_vit.train.loop import BadSteps, Batches, StepStats, lap_row, new_counters
-from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, progress_bar
+from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics
 from ssl_vit.train.rng import rng_state, set_rng_state
 from ssl_vit.train.runtime import RunContext, replica_checksum
 from ssl_vit.train.schedules import set_lr, warmup_cosine
@@ -152,11 +153,6 @@ class TrainLoop:
         self.batches: Batches | None = None
         self.side: dict[str, Batches] = {}
 
-    @property
-    def stream(self) -> dict[str, Any] | None:
-        """The training stream's position in the checkpoint (the loaders' `resume=`)."""
-        return self.start.rng.get("stream")
-
     def stream_args(self, side: str = "") -> StreamArgs:
         """The training loader's arguments the plan and the loop decide (global micro-batch,
         workers, this rank's place, where a resumed stream continues, the device augmentation's
@@ -172,10 +168,6 @@ class TrainLoop:
             resume=self.start.rng.get(_stream_key(side)),  # where the consumed batches ended
             load_size=augment.load_size if augment is not None else None,  # decode + resize only
         )
-
-    def side_batch(self, name: str) -> Any:
-        """The next batch of the side stream `name` (its consumed position is checkpointed)."""
-        return self.side[name].next()
 
     def _load_parts(self) -> None:
         if self.start.path is not None:  # resumed: the same augmentation, the fp16 scale
@@ -208,10 +200,6 @@ class TrainLoop:
         self.bar.write(format_metrics(row, self.shown))
         return row
 
-    def paused(self):
-        """A `with` block left out of the throughput figures (an evaluation)."""
-        return self.watch.paused()
-
     def run(
         self,
         loader: Any,
@@ -238,7 +226,7 @@ class TrainLoop:
             scores join that step's row, or make a row of their own between log steps.
         finish(row): after the final checkpoint, the final evaluation and save -> results;
             `row` is the last step's, unlogged: `finish` logs it (with its final scores).
-        side: {name: loader} streams `micro` reads with `side_batch(name)`, each checkpointed
+        side: {name: loader} streams `micro` reads with `side[name].next()`, each checkpointed
             under its own key and counted in `images_<name>`.
         Preempted (a stop signal): the checkpoint of the step reached, `{"preempted": True}`."""
         self._start(loader, shown, side or {})
@@ -260,8 +248,8 @@ class TrainLoop:
                 if stop.agreed():  # preemption: every rank stops after the same step
                     break
                 if self.schedule.checkpoints(done) and not self.bad.in_a_row:
-                    with self.paused():  # never during a run of skipped steps: the last good
-                        self.save(done)  # one stays the resume point
+                    with self.watch.paused():  # never during a run of skipped steps: the
+                        self.save(done)  # last good one stays the resume point
             self.bar.close()
             self.bad.sync(done)  # (the last step may not have been a log step: a preemption)
             self.save(done)
@@ -280,10 +268,10 @@ class TrainLoop:
         the periodic evaluation's scores joined to it or in a row of their own; None."""
         due = None
         if self.schedule.logs(done):
-            lap = {"lr": lr, **self._lap(lap_steps)}
-            due = log_row(self.stats.reduce(self.acc), lap, done)
+            lap = lap_row(self.watch, lap_steps, self.ctx.plan.global_batch, self.counters)
+            due = log_row(self.stats.reduce(self.acc), {"lr": lr, **lap}, done)
         if evaluate is not None and self.schedule.evaluates(done):
-            with self.paused():
+            with self.watch.paused():
                 scores = evaluate(done) or {}
             due = {**(due or {"step": done}), **scores} if scores else due
         return due
@@ -341,9 +329,6 @@ class TrainLoop:
             self.bad.check(done)
         self.bar.update(1)
         return lr
-
-    def _lap(self, steps: int) -> dict[str, Any]:
-        return lap_row(self.watch, steps, self.ctx.plan.global_batch, self.counters)
 
     def save(self, step: int) -> None:
         """Checkpoint `step`: every rank, at the same step (the training state's entries are

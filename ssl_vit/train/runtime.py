@@ -34,7 +34,6 @@ __all__ = [
     "replica_checksum",
     "FSDP_REFUSED",
     "make_accelerator",
-    "native_bf16",
     "refuse_fsdp",
     "resolve_mixed_precision",
     "setup_logging",
@@ -57,9 +56,9 @@ def resolve_mixed_precision(setting: str) -> str:
         )
     if setting != "auto":
         return setting
-    if torch.cuda.is_available() and native_bf16(local_device_index()):
-        return "bf16"
-    return "no"
+    if not torch.cuda.is_available():
+        return "no"
+    return "bf16" if torch.cuda.get_device_capability(local_device_index()) >= (8, 0) else "no"
 
 
 def local_device_index() -> int:
@@ -67,11 +66,6 @@ def local_device_index() -> int:
     0 where each process sees one GPU (CUDA_VISIBLE_DEVICES per process)."""
     index = int(os.environ.get("LOCAL_RANK", "0"))
     return index if index < torch.cuda.device_count() else 0
-
-
-def native_bf16(device: int) -> bool:
-    """bf16 in hardware on `device` (compute capability >= 8.0); a query, not an allocation."""
-    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 FSDP_REFUSED = (
@@ -214,11 +208,11 @@ def replica_checksum(model: torch.nn.Module, acc: Accelerator) -> list[float]:
     """Every rank's float64 sum of its parameters; raises if the replicas have diverged.
 
     Data-parallel replicas must stay bit-identical (same initial broadcast, same all-reduced
-    gradients, same skipped steps); a difference means silent corruption of the run. Sharded
-    models (FSDP) hold different shards on purpose and are not compared."""
+    gradients, same skipped steps); a difference means silent corruption of the run (FSDP,
+    whose shards differ on purpose, is refused at start: `refuse_fsdp`)."""
     with torch.no_grad():
         total = sum(p.detach().double().sum() for p in model.parameters())
     sums = acc.gather(total.reshape(1).to(acc.device)).tolist()
-    if acc.distributed_type.name != "FSDP" and len(set(sums)) > 1:
+    if len(set(sums)) > 1:
         raise RuntimeError(f"parameters differ across ranks (checksums {sums})")
     return sums

@@ -26,28 +26,21 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ssl_vit.data.format import holds_parts
+from ssl_vit.config.checks import available_cpus
+from ssl_vit.data.format import parts_in
 from ssl_vit.data.image_source import ImageSource
 from ssl_vit.data.sources import FolderSource, open_raw_source
 from ssl_vit.data.write import parts
-from ssl_vit.data.write.prepare import Prepared, StoreSettings, image_error, prepare_image
+from ssl_vit.data.write.prepare import Prepared, StoreSettings, prepare_image
 from ssl_vit.data.write.writer import ShardWriter, check_output
 from ssl_vit.progress import progress_iter
 
-__all__ = ["available_cpus", "cap_workers", "image_error", "make_shards"]
+__all__ = ["cap_workers", "make_shards"]
 
 log = logging.getLogger(__name__)
 
 # One written sample or skip: (key, label, the source's description of it, the prepared image).
 _Item = tuple[str, int, str, Prepared]
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask, e.g. a SLURM allocation)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def cap_workers(workers: int) -> int:
@@ -95,12 +88,6 @@ def _prepare_chunk(indices: list[int]) -> list[_Item]:
 # In order, from one or many workers
 
 
-def _chunk_size(n: int, workers: int) -> int:
-    # Small enough that every worker gets several chunks (and a stalled image holds back few
-    # others), large enough that the per-task cost of the pool (~0.1 ms) stays small.
-    return max(1, min(64, n // (8 * workers)))
-
-
 def _prepared_in_order(
     src: ImageSource, order: list[int], settings: StoreSettings, workers: int
 ) -> Iterator[_Item]:
@@ -114,7 +101,9 @@ def _prepared_in_order(
         finally:
             _worker_state.clear()
         return
-    size = _chunk_size(len(order), workers)
+    # Chunks small enough that every worker gets several (and a stalled image holds back few
+    # others), large enough that the per-task cost of the pool (~0.1 ms) stays small.
+    size = max(1, min(64, len(order) // (8 * workers)))
     chunks = (order[k : k + size] for k in range(0, len(order), size))
     init = (src, settings, os.getpid())
     pool = ProcessPoolExecutor(workers, initializer=_init_worker, initargs=init)
@@ -241,9 +230,9 @@ def make_shards(
     src = open_raw_source(str(source), split=split, source_format=source_format)
     if len(src) == 0:
         raise ValueError(f"no images found in {source}")
-    fields = _part_fields(src, source, split, source_format, settings, part) if part else {}
+    fields: dict[str, Any] = {}  # a part's identity, checked before anything is written
     if part:
-        _check_part(source, output, target, part, len(src), fields)
+        fields = _part_fields(src, source, output, target, split, source_format, settings, part)
     order = _write_order(src, shuffle_seed, part)
     prepared = _prepared_in_order(src, order, settings, min(workers, max(1, len(order))))
     job = _Job(source, output, target, src, settings, shuffle_seed, part, fields)
@@ -264,7 +253,7 @@ def _target(
     part = parts.parse_part(part) if isinstance(part, str) else part
     if part:
         target = parts.check_new_part(output, *part)
-    elif holds_parts(output):
+    elif parts_in(output):
         raise ValueError(f"--output {output} holds parts (part-*-of-*): give --part I/N")
     else:
         target = output
@@ -275,16 +264,26 @@ def _target(
 def _part_fields(
     src: ImageSource,
     source: str | os.PathLike,
+    output: str | os.PathLike,
+    target: str | os.PathLike,
     split: str,
     source_format: str,
     settings: StoreSettings,
     part: tuple[int, int],
 ) -> dict[str, Any]:
     """The index fields that make a part one of a dataset (`ssl_vit.data.format.part_identity`):
-    its place, the source's size and what reads and converts it."""
+    its place, the source's size and what reads and converts it. Checked before anything is
+    written: a split whose every part can be written and read, and one dataset with the parts
+    `output` already holds."""
+    i, n = part
+    if n > len(src):
+        raise ValueError(
+            f"--part {i}/{n}: {source} has {len(src)} images, fewer than the {n} parts (some "
+            f"would be empty and the split could never be completed): use at most {len(src)}"
+        )
     reader = "folder" if isinstance(src, FolderSource) else source_format
     reader = "hf" if reader == "auto" else reader
-    return {
+    fields = {
         "source": os.path.abspath(source),
         "label_names": src.label_names,
         "resize": settings.record(),
@@ -297,25 +296,8 @@ def _part_fields(
             "verify": settings.verify,
         },
     }
-
-
-def _check_part(
-    source: str | os.PathLike,
-    output: str | os.PathLike,
-    target: str | os.PathLike,
-    part: tuple[int, int],
-    num_images: int,
-    fields: dict[str, Any],
-) -> None:
-    """Before anything is written: a split whose every part can be written and read, and one
-    dataset with the parts `output` already holds."""
-    i, n = part
-    if n > num_images:
-        raise ValueError(
-            f"--part {i}/{n}: {source} has {num_images} images, fewer than the {n} parts (some "
-            f"would be empty and the split could never be completed): use at most {num_images}"
-        )
     parts.check_agrees_with_written(output, target, fields)
+    return fields
 
 
 class _Job(NamedTuple):
@@ -334,10 +316,19 @@ class _Job(NamedTuple):
 def _write_dataset(
     job: _Job, prepared: Iterator[_Item], shard_size: int, total: int, progress: bool
 ) -> dict[str, Any]:
-    """Write the prepared images in order into `job.target`; return the index."""
+    """Write the prepared images in order into `job.target`, log and count the bad ones; return
+    the index."""
     items = progress_iter(prepared, total, desc="make-shards", unit="img", enabled=progress)
+    labelled = bool(job.src.label_names)
+    skipped, sizes = 0, []  # sizes: the original (width, height) of every written image
     with ShardWriter(job.target, shard_size) as writer:
-        skipped, sizes = _write_all(writer, items, bool(job.src.label_names))
+        for key, label, where, image in items:
+            if image.error is not None:
+                skipped += 1
+                log.warning("skipping %s: %s", where, image.error)
+                continue
+            writer.write(key, image.ext, image.data, label if labelled else None)
+            sizes.append(image.size)
         if skipped == total:
             raise ValueError(f"all {skipped} images in {job.source} failed verification")
         extra: dict[str, Any] = {}
@@ -355,22 +346,6 @@ def _write_dataset(
             shuffle_seed=job.shuffle_seed,
             **extra,
         )
-
-
-def _write_all(
-    writer: ShardWriter, items: Iterator[_Item], labelled: bool
-) -> tuple[int, list[tuple[int, int] | None]]:
-    """Write every prepared image in order, log and count the bad ones; (skips, the original
-    (width, height) of every written image)."""
-    skipped, sizes = 0, []
-    for key, label, where, prepared in items:
-        if prepared.error is not None:
-            skipped += 1
-            log.warning("skipping %s: %s", where, prepared.error)
-            continue
-        writer.write(key, prepared.ext, prepared.data, label if labelled else None)
-        sizes.append(prepared.size)
-    return skipped, sizes
 
 
 def _record_sizes(

@@ -41,7 +41,7 @@ def check_agrees_with_written(root: str | os.PathLike, new: Path, fields: dict[s
     """ValueError (one line) if the part about to be written to `new` with the index `fields`
     disagrees with a part already written in `root`: refused before it is written, so that the
     written parts are never mixed with one of another source or conversion."""
-    for name in sorted(parts_in(Path(root))):
+    for name in sorted(parts_in(root)):
         index = Path(root) / name / INDEX_NAME
         if not index.is_file():
             continue

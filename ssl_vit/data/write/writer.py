@@ -53,43 +53,34 @@ class ShardWriter:
         self.shard_size = shard_size
         self._staged = staged_dir(self.target)
         self.output = self._staged.__enter__()  # where the shards are written until close()
-        self._shards: list[dict[str, Any]] = []
+        # The index's shard entries so far (a caller may add fields before `close`).
+        self.shards: list[dict[str, Any]] = []
         self._keys: set[str] = set()
         self._tar: wds.TarWriter | None = None
-        self._count = 0
 
     def _finish_shard(self) -> None:
         # No per-file rename: the shards are written inside the staged directory, which
         # becomes the dataset in one rename (`close`) and is never seen half written.
-        if self._tar is None:
-            return
-        self._tar.close()
-        self._tar = None
-        self._shards[-1]["num_samples"] = self._count
+        if self._tar is not None:
+            self._tar.close()
+            self._tar = None
 
     def write(self, key: str, ext: str, data: bytes, label: int | None = None) -> None:
         """Add one sample: `{key}.{ext}` = `data` and, if `label` is not None, `{key}.cls`."""
         check_key(key, ext)
         if key in self._keys:
             raise ValueError(f"duplicate sample key {key!r}")
-        if self._tar is None or self._count == self.shard_size:
+        if self._tar is None or self.shards[-1]["num_samples"] == self.shard_size:
             self._finish_shard()
-            self._shards.append({"name": shard_name(len(self._shards)), "num_samples": 0})
-            path = self.output / self._shards[-1]["name"]
+            self.shards.append({"name": shard_name(len(self.shards)), "num_samples": 0})
+            path = self.output / self.shards[-1]["name"]
             self._tar = wds.TarWriter(str(path), encoder=False, mtime=_MTIME)
-            self._count = 0
         sample: dict[str, Any] = {"__key__": key, ext: bytes(data)}
         if label is not None:
             sample["cls"] = str(int(label)).encode("ascii")
         self._tar.write(sample)
         self._keys.add(key)
-        self._count += 1
-        self._shards[-1]["num_samples"] = self._count
-
-    @property
-    def shards(self) -> list[dict[str, Any]]:
-        """The index's shard entries so far (live: a caller may add fields before `close`)."""
-        return self._shards
+        self.shards[-1]["num_samples"] += 1
 
     def close(
         self, *, label_names: list[str], source: str, num_skipped: int = 0, **extra: Any
@@ -98,10 +89,10 @@ class ShardWriter:
         self._finish_shard()
         index = {
             "format": SHARD_FORMAT,
-            "num_samples": sum(s["num_samples"] for s in self._shards),
+            "num_samples": sum(s["num_samples"] for s in self.shards),
             "num_skipped": num_skipped,
             "label_names": list(label_names),
-            "shards": self._shards,
+            "shards": self.shards,
             "source": source,
             **extra,
         }
@@ -127,9 +118,7 @@ class ShardWriter:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if self._tar is not None:
-            self._tar.close()
-            self._tar = None
+        self._finish_shard()
         if self._staged is not None:  # failed (or never closed): the old dataset stays
             self._staged.__exit__(exc_type or RuntimeError, exc or RuntimeError(), tb)
             self._staged = None
