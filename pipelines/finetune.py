@@ -2,6 +2,7 @@
 
     accelerate launch --multi_gpu pipelines/finetune.py --config configs/finetune/smoke.yaml
     python pipelines/finetune.py --config ... [key=value ...] [--resume]   # one process
+    (--resume of a finished run leaves it as it is: one line, exit 0)
 
 The pretraining head is dropped; a zero-initialized D x K linear layer is attached; the
 position embeddings are 2D-interpolated when `model.image_size` differs from pretraining.
@@ -40,7 +41,7 @@ from ssl_vit.train.metrics import format_metrics, ratio
 from ssl_vit.train.probe_head import fit_probe_head
 from ssl_vit.train.recipe import BatchMixer, build_finetune_optimizer, recipe_loss
 from ssl_vit.train.rundir import release_new_run
-from ssl_vit.train.runner import TrainLoop
+from ssl_vit.train.runner import TrainLoop, finished_run
 from ssl_vit.train.runtime import start_run
 from ssl_vit.watchdog import watched
 
@@ -116,8 +117,11 @@ def main(argv: list[str] | None = None) -> dict:
     t_start = time.time()
     args = parse_args(argv)
     with one_line_errors():
+        cfg = load_config(FinetuneConfig, args.config, args.overrides)
+        if (done := finished_run(cfg, args.resume and not args.overwrite)) is not None:
+            return done  # a finished run: nothing checked, started or written
         # Before start_run: a bad init checkpoint or label budget makes no run directory.
-        job = check(load_config(FinetuneConfig, args.config, args.overrides), args.resume)
+        job = check(cfg, args.resume)
         cfg = job.cfg  # frozen and resolved: read from here on
         run = start_run(cfg, args.resume, args.overwrite)  # Accelerator, plan, run dir, seeds
         train_data = labelled_data(cfg, job.subset, run, args.resume)

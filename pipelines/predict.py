@@ -8,7 +8,8 @@ names and the fine-tune's own evaluation transform, so on the fine-tune's `data.
 top-1 is the fine-tune's. Rows come out in the source's order whatever the process and worker
 count (`ssl_vit.data.predict_stream`); an unreadable image is a named, counted skip.
 config -> checks -> Accelerator -> run directory -> classifier -> loader -> rounds -> results.
-Exit status: 0 done, 1 failed.
+Exit status: 0 done, 1 failed. SIGTERM / SIGINT end it at once (nothing to resume): one error
+line, exit 1, no partial predictions file; a rerun with --overwrite predicts them all again.
 """
 
 from __future__ import annotations
@@ -16,26 +17,27 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import time
 from pathlib import Path
 
 import torch
 
+from ssl_vit.atomic import clean_temporary
 from ssl_vit.config import ConfigError, load_config, to_dict
 from ssl_vit.config.checks import auto_num_workers
 from ssl_vit.config.loader import read_yaml_file, run_kind
 from ssl_vit.config.predict import PredictConfig
-from ssl_vit.data.predict_stream import num_batches, predict_loader
-from ssl_vit.data.sources import open_source
+from ssl_vit.data.predict_stream import num_batches, open_predict_source, predict_loader
 from ssl_vit.eval.confusion import add_confusion, confusion_summary
 from ssl_vit.eval.predictions import PredictionWriter, gather_on_main, predict_batch
 from ssl_vit.progress import progress_bar
 from ssl_vit.train.classifier_file import ClassifierError, load_classifier, read_classifier_spec
-from ssl_vit.train.guard import one_line_errors, run_and_exit
+from ssl_vit.train.guard import JobError, one_line_errors, run_and_exit
 from ssl_vit.train.metrics import MetricsWriter
 from ssl_vit.train.rundir import check_not_source, occupant, run_files
 from ssl_vit.train.runtime import claim_on_main, make_accelerator, setup_logging
-from ssl_vit.watchdog import set_data_timeout, watched
+from ssl_vit.watchdog import Stopped, set_data_timeout, stops_raise, watched
 
 log = logging.getLogger("predict")
 FLAGS = {  # command-line flag -> config key
@@ -77,7 +79,7 @@ def check(cfg: PredictConfig, overwrite: bool):
     except ClassifierError as e:
         raise ConfigError(f"--checkpoint {cfg.checkpoint}: {e}") from None
     try:
-        source = open_source(cfg.source)
+        source = open_predict_source(cfg.source, cfg.ignore_labels)  # every image in it
         n = len(source)
     except (OSError, ValueError) as e:
         raise ConfigError(f"--source {cfg.source}: {e}") from None
@@ -115,14 +117,30 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     flags = [f"{key}={v}" for f, key in FLAGS.items() if (v := getattr(args, f)) is not None]
     flags += ["ignore_labels=true"] * args.ignore_labels
+    cfg = None
+    try:
+        with stops_raise():  # nothing to checkpoint: a stop ends the job where it is
+            with one_line_errors():
+                cfg = load_config(PredictConfig, args.config, [*flags, *args.overrides])
+            return predict(cfg, args.overwrite, t_start)
+    except Stopped as e:  # what it was writing is removed on the way out (`run_rounds`)
+        if cfg is not None:  # (and a file it was just opening)
+            clean_temporary(cfg.output_dir, pid=os.getpid())
+        raise JobError(
+            f"{e} received: stopped before the predictions were complete (no partial file, no "
+            "results.json); run it again with --overwrite"
+        ) from None
+
+
+def predict(cfg: PredictConfig, overwrite: bool, t_start: float) -> dict:
+    """config -> checks -> ... -> results (`main`, under the stop handler)."""
     with one_line_errors():
-        cfg = load_config(PredictConfig, args.config, [*flags, *args.overrides])
-        spec, n, label_map = check(cfg, args.overwrite)  # before any image is read
+        spec, n, label_map = check(cfg, overwrite)  # before any image is read
         set_data_timeout(cfg.timeouts.data_s)
         acc = make_accelerator(cfg.mixed_precision, 1, cfg.timeouts.data_s)
         setup_logging(acc.is_main_process)
         out = Path(cfg.output_dir)  # (check_output refused an --overwrite of what it reads)
-        lock = claim_on_main(acc, out, cfg, overwrite=args.overwrite)  # noqa: F841
+        lock = claim_on_main(acc, out, cfg, overwrite=overwrite)  # noqa: F841
         model, spec = load_classifier(cfg.checkpoint)
     workers = auto_num_workers(cfg.num_workers)
     loader = predict_loader(
@@ -181,6 +199,7 @@ def run_rounds(model, loader, n: int, cfg: PredictConfig, spec, acc, writer):
         raise
     finally:
         bar.close()
+        loader.close()  # its workers end on every way out (a stop signal, an error)
     return conf, skipped
 
 

@@ -3,6 +3,7 @@
     accelerate launch --multi_gpu pipelines/pretrain.py --config configs/pretrain/smoke.yaml
     python pipelines/pretrain.py --config ... [key.sub=value ...]   # one process (CPU, 1 GPU)
     ... --resume                                 # continue from the newest valid checkpoint
+                                                 # (a finished run: left as it is, exit 0)
 
 config -> checks -> Accelerator -> model -> optimizer -> resume (TrainLoop) -> data ->
 loop -> final save and few-shot evaluation.
@@ -29,7 +30,7 @@ from ssl_vit.train import preflight
 from ssl_vit.train.guard import one_line_errors, run_and_exit
 from ssl_vit.train.metrics import format_metrics, ratio
 from ssl_vit.train.optim import build_adam
-from ssl_vit.train.runner import TrainLoop
+from ssl_vit.train.runner import TrainLoop, finished_run
 from ssl_vit.train.runtime import start_run
 
 log = logging.getLogger("pretrain")
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     with one_line_errors():
         cfg = load_config(PretrainConfig, args.config, args.overrides)
+        if (done := finished_run(cfg, args.resume and not args.overwrite)) is not None:
+            return done  # a finished run: nothing checked, started or written
         urls = check(cfg)
         run = start_run(cfg, args.resume, args.overwrite)  # Accelerator, locked run dir, seeds
     acc = run.acc

@@ -10,8 +10,9 @@
 - `replacing(path)`: THE way to write a file the project promises is atomic. A context
   manager yielding a temporary sibling path to write (any writer: `open`, `torch.save`,
   safetensors' `save_file`); when the block ends normally the file is fsynced and renamed over
-  `path` (POSIX `rename`), then the directory is fsynced. An exception (or a kill) inside the
-  block leaves the old `path` exactly as it was and no temporary file behind; a storage failure
+  `path` (POSIX `rename`), then the directory is fsynced. An exception inside the block leaves
+  the old `path` exactly as it was and no temporary file behind (a SIGKILL leaves one,
+  `.NAME.tmp-PID`, which `clean_temporary` removes); a storage failure
   becomes one `WriteError` naming `path`. `write_bytes` / `write_text` / `write_json` are the
   one-call forms; `publish_dir(staging, target)` is the same for a directory that several
   processes fill (a checkpoint), `staged_dir` for one that this process fills.
@@ -31,14 +32,17 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ssl_vit.jsonfile import dump_json
+
 __all__ = [
     "WriteError",
     "clean_staging",
+    "clean_temporary",
     "file_sha256",
     "read_jsonl",
     "publish_dir",
@@ -52,7 +56,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_STAGING, _OLD = ".staging-", ".old-"
+_STAGING, _OLD, _TMP = ".staging-", ".old-", ".tmp-"
 
 
 class WriteError(OSError):
@@ -116,7 +120,7 @@ def replacing(path: str | os.PathLike) -> Iterator[Path]:
     over `path`. On an exception `path` is left as it was and the temporary file is removed;
     a storage failure (disk full, read-only...) is one `WriteError` naming `path`."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}{_TMP}{os.getpid()}")
     try:
         with writing(path):
             yield tmp
@@ -125,6 +129,23 @@ def replacing(path: str | os.PathLike) -> Iterator[Path]:
         _fsync(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def clean_temporary(
+    folder: str | os.PathLike, names: Iterable[str] = ("*",), pid: int | None = None
+) -> list[Path]:
+    """Remove the temporary files of `replacing` (`.NAME.tmp-PID`) that a killed writer left in
+    `folder`: those of the files `names` (glob patterns), of process `pid` only (this process's
+    own, after a stop) or, with None, of any process: the caller owns the folder (a run
+    directory it has locked), so none is being written. -> the files removed."""
+    removed = []
+    for name in names:
+        for p in Path(folder).glob(f".{name}{_TMP}*"):
+            owner = p.name.rpartition(_TMP)[2]
+            if owner.isdigit() and pid in (None, int(owner)) and not p.is_dir():
+                p.unlink(missing_ok=True)
+                removed.append(p)
+    return removed
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -139,8 +160,9 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def write_json(path: str | os.PathLike, value: Any, indent: int | None = 1) -> None:
-    """Replace the file `path` by `value` as JSON and a newline, atomically (`replacing`)."""
-    write_text(path, json.dumps(value, indent=indent) + "\n")
+    """Replace the file `path` by `value` as strict JSON and a newline, atomically
+    (`replacing`); a non-finite float is a JsonFileError naming it (`jsonfile.dump_json`)."""
+    write_text(path, dump_json(value, str(path), indent) + "\n")
 
 
 def read_jsonl(path: str | os.PathLike) -> list[Any]:

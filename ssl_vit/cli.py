@@ -29,23 +29,14 @@ __all__ = ["JOBS", "build_parser", "entry", "main", "training_args"]
 def cmd_export(args: argparse.Namespace) -> int:
     """`ssl-vit export`: a checkpoint's encoder, or a fine-tuned classifier, -> timm or
     transformers directory with a model card."""
-    from ssl_vit.publish import export_checkpoint, export_classifier, is_classifier
-    from ssl_vit.train.checkpoint import CheckpointError, resolve_checkpoint
+    from ssl_vit.publish import export_model
+    from ssl_vit.train.checkpoint import CheckpointError
 
-    if is_classifier(args.checkpoint):  # a fine-tuning run (or its model.safetensors)
-        if args.keep_head:
-            raise ValueError("--keep-head: a fine-tuned classifier has no masked-prediction head")
-        info = export_classifier(args.checkpoint, args.to, args.outdir, overwrite=args.overwrite)
-        what = f"{info['num_classes']}-class classifier"
-    else:
-        try:  # a run directory -> its newest valid checkpoint (logged)
-            checkpoint = resolve_checkpoint(args.checkpoint)
-            info = export_checkpoint(
-                checkpoint, args.to, args.outdir, keep_head=args.keep_head, overwrite=args.overwrite
-            )
-        except CheckpointError as e:  # a missing or damaged checkpoint: a user error, one line
-            raise ValueError(str(e)) from None
-        what = "model"
+    try:  # a classifier or an encoder, from the file's contents (`export_source`)
+        info = export_model(args.checkpoint, args.to, args.outdir, args.keep_head, args.overwrite)
+    except CheckpointError as e:  # a missing or damaged checkpoint: a user error, one line
+        raise ValueError(str(e)) from None
+    what = f"{info['num_classes']}-class classifier" if "num_classes" in info else "model"
     print(
         f"wrote {info['format']} {what} ({info['parameters']:,} parameters) with config.json "
         f"and README.md to {info['outdir']}"
@@ -146,7 +137,11 @@ JOBS = {
     "finetune": "fine-tune an encoder as a classifier (pipelines/finetune.py)",
     "fewshot": "few-shot linear evaluation of a frozen encoder (pipelines/fewshot.py)",
     "predict": "label a source with a fine-tuned classifier (pipelines/predict.py)",
+    "select": "pick the images to label from an encoder's features (pipelines/selection.py)",
 }
+# A job whose module is not named for it: a pipelines/select.py would shadow the standard
+# library's `select` in every `python pipelines/<job>.py` (the script's folder leads sys.path).
+MODULES = {"select": "selection"}
 
 
 def training_args(doc: str, configs: str, argv: list[str] | None) -> argparse.Namespace:
@@ -163,6 +158,7 @@ def training_args(doc: str, configs: str, argv: list[str] | None) -> argparse.Na
 def pipeline_module(name: str) -> ModuleType:
     """The job `name` of pipelines/: `ssl_vit.pipelines.<name>` in an installed package (the
     wheel ships pipelines/ there), else `pipelines/<name>.py` of the checkout."""
+    name = MODULES.get(name, name)
     try:
         return importlib.import_module(f"ssl_vit.pipelines.{name}")
     except ModuleNotFoundError as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 __all__ = ["add_make_shards", "add_make_synthetic"]
 
@@ -20,6 +21,7 @@ def cmd_make_shards(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     workers = available_cpus() if args.workers is None else args.workers
     workers = cap_workers(workers)  # refuses < 1
+    _check_output_owner(Path(args.output), args.source)  # then make_shards: what it holds
     index = make_shards(
         args.source,
         args.output,
@@ -33,6 +35,7 @@ def cmd_make_shards(args: argparse.Namespace) -> int:
         max_size=args.max_size,
         quality=args.quality,
         lossless=args.lossless,
+        overwrite=args.overwrite,
     )
     seconds = time.perf_counter() - start
     where = args.output if args.part is None else f"{args.output} (part {args.part})"
@@ -42,6 +45,37 @@ def cmd_make_shards(args: argparse.Namespace) -> int:
         f"in {seconds:.1f}s ({index['num_samples'] / seconds:.0f} img/s, {workers} workers)"
     )
     return 0
+
+
+def _check_output_owner(out: Path, source: str) -> None:
+    """ConfigError (one line, before the source is opened) if make-shards' `out` belongs to a
+    job, as predict and export refuse theirs (`ssl_vit.train.rundir`): it is a run directory
+    (a finished run's files or a live job's lock), or lies in a checkpoint or in what a run
+    writes (its checkpoints/, its labelled copy); or it is, holds or lies in `source`. A new
+    folder inside a run directory is fine, as for them."""
+    from ssl_vit.config import ConfigError
+    from ssl_vit.train.rundir import check_not_source
+
+    check_not_source("--output", out, {"--source": source})
+    why = _job_owned(out)
+    if why is not None:
+        raise ConfigError(f"--output {out}: {why}; write the shards to a folder of their own")
+
+
+def _job_owned(out: Path) -> str | None:
+    from ssl_vit.train.checkpoint import is_checkpoint
+    from ssl_vit.train.rundir import is_run_dir, run_files
+
+    real = out.expanduser().resolve()
+    if is_run_dir(real):
+        return "is a run directory"
+    for d in (real, *real.parents):
+        how = "is" if d == real else "is inside"
+        if is_checkpoint(d):
+            return f"{how} the training checkpoint {d}"
+        if is_run_dir(d.parent) and (d.name == "checkpoints" or d in run_files(d.parent)):
+            return f"{how} {d}, written by the run {d.parent}"
+    return None
 
 
 def cmd_make_synthetic(args: argparse.Namespace) -> int:
@@ -138,6 +172,12 @@ def add_make_shards(sub: argparse._SubParsersAction) -> None:
         "--lossless",
         action="store_true",
         help="with --max-size: store resized PNG (lossless) sources as PNG, not JPEG",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier make-shards output (shards and index.json only; with --part, "
+        "that part); a folder holding anything else is never written",
     )
     p.set_defaults(func=cmd_make_shards)
 

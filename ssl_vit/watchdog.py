@@ -9,6 +9,10 @@ the main thread, which may be blocked in a read that never returns).
 one arrives within `timeouts.data_s` (a `pipe:` command or a FIFO that stalls, a hung network
 mount, a worker that never starts): past it, one line `error: ...` naming `what` and exit 1.
 The check costs two attribute writes per batch, and the thread wakes at most 4 times a second.
+
+`stops_raise()`: inside it a stop signal (SIGTERM, SIGINT) raises `Stopped` where the job is, for
+a job with nothing to checkpoint (predict): its own `except BaseException` paths remove what it
+was writing, and the job ends in one line instead of dying by the signal.
 """
 
 from __future__ import annotations
@@ -23,14 +27,17 @@ import time
 import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 __all__ = [
+    "Stopped",
+    "data_wait",
     "dead_workers",
     "exiting",
     "hard_exit",
     "kill_children",
     "set_data_timeout",
+    "stops_raise",
     "track_loader",
     "track_pipe",
     "waiting_for",
@@ -191,6 +198,13 @@ def set_data_timeout(seconds: float) -> None:
     _WATCH.timeout_s = float(seconds)
 
 
+def data_wait() -> tuple[str, float] | None:
+    """(what, its `time.monotonic()` start) of the wait for data under way (`waiting_for`), or
+    None: what a stop signal cannot finish its step without (`guard.StopRequest`)."""
+    deadline, what = _WATCH.deadline, _WATCH.what
+    return None if deadline is None else (what, deadline - _WATCH.timeout_s)
+
+
 @contextmanager
 def waiting_for(what: str) -> Iterator[None]:
     """The block (one wait for data) must end within the data timeout, or the process ends
@@ -215,3 +229,35 @@ def watched(iterable: Iterable[T], what: str) -> Iterator[T]:
             except StopIteration:
                 return
         yield item
+
+
+class Stopped(BaseException):
+    """A stop signal inside `stops_raise()`, by name (a BaseException: no `except Exception` on
+    the way holds it)."""
+
+
+@contextmanager
+def stops_raise() -> Iterator[None]:
+    """Inside the block the first SIGTERM / SIGINT raises `Stopped` (a repeat while it unwinds,
+    a launcher's relayed copy, is the same request); the handlers before are back after it. A
+    signal ignored before stays ignored; outside the main thread nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stopped: list[int] = []
+
+    def handle(signum: int, _frame: Any) -> None:
+        if not stopped:
+            stopped.append(signum)
+            raise Stopped(signal.Signals(signum).name)
+
+    previous = {
+        sig: signal.signal(sig, handle)
+        for sig in (signal.SIGTERM, signal.SIGINT)
+        if signal.getsignal(sig) is not signal.SIG_IGN
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)

@@ -70,7 +70,8 @@ def test_failed_make_shards_keeps_the_dataset(tmp_path, capsys):
     bad.mkdir(parents=True)
     for i in range(3):
         (bad / f"{i}.png").write_bytes(b"not a png")
-    assert cli(["make-shards", "--source", str(bad.parent), "--output", str(data)]) == 1
+    argv = ["make-shards", "--source", str(bad.parent), "--output", str(data), "--overwrite"]
+    assert cli(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("ssl-vit make-shards: error: all 3 images"), err
     assert _snapshot(data) == before and _leftovers(data) == []
@@ -100,7 +101,7 @@ def test_killed_make_shards_keeps_the_dataset(tmp_path):
     src.mkdir(parents=True)
     for i in range(7):  # zzz.png, read last (--no-shuffle): make-shards blocks there
         (src / ("zzz.png" if i == 6 else f"img{i}.png")).write_bytes(_png((40 * i, 0, 0)))
-    args = ["make-shards", "--source", str(src.parent), "--output", str(data)]
+    args = ["make-shards", "--source", str(src.parent), "--output", str(data), "--overwrite"]
     stalled = [sys.executable, "-c", STALLED_READ, *args, "--shard-size", "1", "--no-shuffle"]
     proc = subprocess.Popen(stalled, start_new_session=True)
     try:

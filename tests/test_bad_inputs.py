@@ -311,6 +311,22 @@ def test_finetune_stream_skips_out_of_range_labels(tmp_path, caplog):
     )
 
 
+def test_self_training_reads_every_unlabelled_image_of_a_folder(tmp_path):
+    """distill.unlabelled as an image folder with class folders and images beside them: the
+    unlabelled stream reads all of them (issue 47 #5 in another job: none dropped)."""
+    from ssl_vit.config.schema import FinetuneDataConfig
+    from ssl_vit.data import StreamArgs, train_loader
+
+    folder = tmp_path / "photos"
+    for i, sub in enumerate(["a", "a", "b", ".", "."]):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (16, 16), (50 * i, 9, 9)).save(folder / sub / f"{i}.png")
+    data = FinetuneDataConfig(train=str(tmp_path / "unused"), shuffle_buffer=1)
+    batch = next(iter(train_loader(data, StreamArgs(5, 0, 16), source=str(folder))))
+    reds = sorted(round(float(r) / 50) for r in batch.images[:, 0].float().mean(dim=(1, 2)))
+    assert reds == [0, 1, 2, 3, 4] and batch.skipped == 0  # one epoch: each image once
+
+
 # Each bad value and the start of its one-line error; every numeric key is range-checked.
 BAD_CONFIGS = [
     (
@@ -622,12 +638,12 @@ def test_make_shards_keeps_files_that_only_look_like_shards(tmp_path):
     keep = {"shard-notes.txt": "my notes", "shard-000001.tar.bak": "backup", "README": "hi"}
     for name, text in keep.items():
         (out / name).write_text(text)
-    (out / "shard-000007.tar").write_text("an old shard")  # the writer's own: replaced
-    make_shards(folder, out, progress=False)
+    (out / "shard-000007.tar").write_text("an old shard")  # the writer's own name
+    # Issue 47: a folder holding files of the user's is refused, never copied and swapped.
+    with pytest.raises(ValueError, match=r"holds README, shard-000001\.tar\.bak, shard-notes"):
+        make_shards(folder, out, progress=False, overwrite=True)
     assert {n: (out / n).read_text() for n in keep} == keep
-    assert sorted(p.name for p in out.iterdir()) == sorted(
-        [*keep, "index.json", "shard-000000.tar"]
-    )
+    assert sorted(p.name for p in out.iterdir()) == sorted([*keep, "shard-000007.tar"])
 
 
 def test_yaml_key_given_twice_is_one_line_naming_it(tmp_path):

@@ -189,6 +189,7 @@ def test_killed_parallel_make_shards_keeps_the_dataset_and_no_worker(tmp_path):
         _image(src / ("zzz.png" if i == 6 else f"img{i}.png"), 16, 16, seed=10 + i)
     args = ["make-shards", "--source", str(src.parent), "--output", str(data), "--no-shuffle"]
     cmd = [sys.executable, "-c", STALLED_READ, *args, "--shard-size", "1", "--workers", "2"]
+    cmd.append("--overwrite")  # the old dataset is replaced only if the run completes
     proc = subprocess.Popen(cmd, start_new_session=True)
     try:
         deadline = time.monotonic() + 120

@@ -627,3 +627,104 @@ def test_tar_groups_reads_a_truncated_shard_up_to_the_cut(tmp_path):
     assert len(errors) == 1 and str(cut) in errors[0].args
     with pytest.raises(tarfile.ReadError):
         list(tar_groups(str(cut)))
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 47, defect 4: make-shards keeps EXIF orientation (read upright, never turned twice)
+
+
+@pytest.mark.parametrize("max_size", [None, 24])
+def test_make_shards_of_oriented_images_reads_back_upright(tmp_path, max_size):
+    """JPEGs and PNGs with EXIF orientations 1-8 through make-shards: stored byte for byte (the
+    tag kept: the reader turns them) or, resized (`max_size`), re-encoded upright without the
+    tag (so never turned twice); read back, each is the image exif_transpose shows, its
+    recorded original size the upright one."""
+    from test_images import exif_transposed, oriented, upright_reference
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for orientation in range(1, 9):
+        for fmt in ("JPEG", "PNG"):
+            name = f"o{orientation}_{fmt.lower()}.{fmt.lower()}"  # key o1_jpeg, ...
+            (src / name).write_bytes(oriented(orientation, fmt))
+    index = make_shards(src, tmp_path / "out", progress=False, max_size=max_size, shuffle_seed=None)
+    assert index["num_samples"] == 16 and index["num_skipped"] == 0
+    samples = _read_shards(tmp_path / "out")
+    for key, sample in samples.items():
+        orientation, fmt = int(key[1]), key.rsplit("_", 1)[1].upper()
+        ((_, data),) = sample.items()
+        image = decode_image(data)
+        if max_size is None:
+            assert data == oriented(orientation, fmt)
+            assert torch.equal(image, upright_reference(orientation, fmt)), key
+            continue
+        with Image.open(io.BytesIO(data)) as im:
+            assert 0x0112 not in im.getexif(), key  # re-encoded upright: no tag to turn it again
+        assert image.shape == (3, 24, 32), key
+        small = Image.fromarray(exif_transposed(oriented(orientation, fmt)))
+        expected = np.asarray(small.resize((32, 24), Image.Resampling.BICUBIC))
+        diff = np.abs(image.permute(1, 2, 0).numpy().astype(int) - expected).mean()
+        assert diff < 10, (key, diff)  # JPEG q90 of saturated blocks; a wrong turn: ~50
+    if max_size is not None:
+        assert {s["original_sizes"] for s in index["shards"]} == {" ".join(["64x48"] * 16)}
+        return
+    # The evaluation / few-shot stream of the shards: the evaluation transform of each upright
+    # image.
+    from ssl_vit.data.images import eval_transform
+
+    seen = {}
+    for batch in eval_loader(str(tmp_path / "out"), 5, 16, num_workers=0):
+        seen.update(zip(batch.keys, batch.images, strict=True))
+    assert len(seen) == 16
+    for key, image in seen.items():
+        orientation, fmt = int(key[1]), key.rsplit("_", 1)[1].upper()
+        assert torch.equal(image, eval_transform(16)(upright_reference(orientation, fmt))), key
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 47, defect 5: images beside a folder's class folders are never dropped unsaid
+
+
+def _nested_folder(root: Path) -> dict[str, bytes]:
+    """Root images, two class folders, one with a deeper sub-folder, a hidden folder."""
+    names = ["b.png", "a.jpg", "cat/1.png", "cat/deep/er/2.png", "dog/3.png", ".hidden/4.png"]
+    return _write_files(root, names)
+
+
+def test_folder_source_labels_modes_keep_or_name_the_root_images(tmp_path, caplog):
+    """Labels "required" leave the root images out in one warning naming them; "optional" keeps
+    them after the class images, label -1; "ignored" gives every image, none labelled; the
+    order is deterministic (class by class, then the root's, each sorted)."""
+    from ssl_vit.data.sources import FolderSource
+
+    _nested_folder(tmp_path)
+    classes = ["cat/1.png", "cat/deep/er/2.png", "dog/3.png"]
+    with caplog.at_level(logging.WARNING, logger="ssl_vit.data.sources"):
+        required = FolderSource(tmp_path)
+    assert required.files == classes and required.labels().tolist() == [0, 0, 1]
+    assert "leaving out 2 images outside its class folders (no class: a.jpg, b.png)" in caplog.text
+    optional = FolderSource(tmp_path, "optional")
+    assert optional.files == classes + ["a.jpg", "b.png"]
+    assert optional.labels().tolist() == [0, 0, 1, -1, -1]
+    assert optional.label_names == ["cat", "dog"]
+    ignored = FolderSource(tmp_path, "ignored")
+    assert ignored.files == optional.files and ignored.label_names == []
+    assert ignored.labels().tolist() == [-1] * 5
+    assert [optional.name(r) for r in optional.iter_records()] == optional.files
+    assert open_source(str(tmp_path), labels="ignored").files == optional.files
+
+
+def test_make_shards_counts_the_images_beside_the_class_folders_as_skipped(tmp_path, caplog):
+    """make-shards of a labelled folder with images at its root (and a deeper sub-folder):
+    the class images are written with their labels, each root image is a skip counted in
+    index.json and logged with its reason, never dropped unsaid."""
+    files = _nested_folder(tmp_path / "src")
+    with caplog.at_level(logging.WARNING):
+        index = make_shards(tmp_path / "src", tmp_path / "out", progress=False, shard_size=2)
+    assert index["label_names"] == ["cat", "dog"]
+    assert index["num_samples"] == 3 and index["num_skipped"] == 2
+    samples = _read_shards(tmp_path / "out")
+    assert sorted(samples) == ["cat_1", "cat_deep_er_2", "dog_3"]
+    assert samples["cat_deep_er_2"] == {"png": files["cat/deep/er/2.png"], "cls": b"0"}
+    for name in ("a.jpg", "b.png"):
+        assert f"skipping {tmp_path / 'src' / name}: outside the class folders" in caplog.text

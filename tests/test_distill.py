@@ -10,6 +10,7 @@ import subprocess
 import pytest
 import torch
 from conftest import pipeline
+from PIL import Image
 from safetensors.torch import load_file
 from test_compile import Backend, _losses
 from test_distributed import LAUNCH
@@ -17,11 +18,14 @@ from test_faults import stop_after_step
 from test_pipelines import ROOT, finetune_args
 from test_step_sync import EVERY, STEPS, _between_log_steps, _run_counting
 
-from ssl_vit.config import FinetuneConfig, from_dict
+from ssl_vit.config import ConfigError, FinetuneConfig, from_dict
+from ssl_vit.config import checks as config_checks
 from ssl_vit.model import Classifier, PixelNorm, build_vit
 from ssl_vit.train import compile as compile_mod
+from ssl_vit.train import runtime
 from ssl_vit.train.classifier_file import ClassifierSpec, save_classifier
 from ssl_vit.train.distill import distill_forward, distillation_loss, frozen_teacher
+from ssl_vit.train.plan import build_plan
 
 
 @pytest.fixture(scope="module")
@@ -225,3 +229,56 @@ def test_without_a_teacher_the_paper_path_records_no_distillation(synthetic_shar
     pipeline("finetune")(finetune_args(synthetic_shards, tmp_path, "train.steps=2"))
     assert "distill" not in json.loads((tmp_path / "results.json").read_text())
     assert not (tmp_path / "teacher.json").exists()
+
+
+def test_a_ratio_past_what_the_source_holds_is_one_line_before_any_compute(
+    synthetic_shards, tmp_path, monkeypatch
+):
+    """Issue 47: distill.ratio=100000 asked a step for 3,200,000 unlabelled images of a
+    96-image source and never reached step 1; the same key, a source too small for one
+    labelled batch (an image folder, counted by its listing): each one line, before the run
+    starts (a job past the checks here fails, not hangs)."""
+
+    def started(*args, **kwargs):
+        raise AssertionError("the job started: distill.ratio was not refused")
+
+    monkeypatch.setattr(runtime, "start_run", started)  # the pipeline imports it afresh
+    names = json.loads((synthetic_shards / "index.json").read_text())["label_names"]
+    teacher, out = _classifier_file(tmp_path / "teacher", names), tmp_path / "out"
+    want = (
+        "error: distill.ratio=100000: 3,200,000 unlabelled images a step (train.batch_size 32 x "
+        "100000), more than distill.unlabelled holds (96); lower distill.ratio (at most 3)"
+    )
+    with pytest.raises(SystemExit) as e:
+        pipeline("finetune")(distill_args(synthetic_shards, teacher, out, "distill.ratio=100000"))
+    assert str(e.value) == want
+    assert not out.exists()
+    folder = tmp_path / "unlabelled"
+    folder.mkdir()
+    for i in range(5):
+        Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(folder / f"{i}.png")
+    args = distill_args(synthetic_shards, teacher, out, f"distill.unlabelled={folder}")
+    with pytest.raises(SystemExit, match=r"32 unlabelled .* holds \(5\); lower train.batch_size$"):
+        pipeline("finetune")(args)
+    assert not out.exists()
+
+
+def test_a_ratio_past_the_hosts_memory_is_refused_by_the_run_plan(monkeypatch):
+    """The unlabelled micro-batch as floats (images x 3 x H x W x 4 bytes) may take a quarter of
+    a process's part of the host's memory. By hand: 8 GiB over 8 processes on the node, 1 GiB
+    each, a quarter 268,435,456 bytes; an image at 224 px 602,112 bytes; a process's micro-batch
+    32 / 8 = 4 labelled images: 4 x 111 unlabelled fit (267,337,728 bytes), 4 x 112 do not."""
+
+    def cfg(ratio: int) -> FinetuneConfig:
+        distill = {"teacher": "t", "unlabelled": "u", "ratio": ratio}
+        tree = {"data": {"train": "x"}, "model": {"image_size": 224}, "distill": distill}
+        return from_dict(FinetuneConfig, {**tree, "train": {"batch_size": 32}})
+
+    monkeypatch.setattr(config_checks, "_host_memory", lambda: 8 * 2**30)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert build_plan(cfg(111), 8).process_micro == 4
+    with pytest.raises(ConfigError, match=r"^distill.ratio=112: 448 images .* \(at most 111\)$"):
+        build_plan(cfg(112), 8)
+    monkeypatch.undo()  # this machine's memory: the reported ratio at 224 px is terabytes
+    with pytest.raises(ConfigError, match=r"^distill.ratio=100000: 3,200,000 images of 3 x 224"):
+        build_plan(cfg(100000), 1)

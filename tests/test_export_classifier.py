@@ -9,6 +9,7 @@ PNG files of several sizes, square and not, that go through the resize-and-crop 
 import dataclasses
 import io
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -24,9 +25,14 @@ from ssl_vit.data.images import eval_transform
 from ssl_vit.datasets.synthetic import make_synthetic_shards, synthetic_shapes
 from ssl_vit.interop import InteropError
 from ssl_vit.model.vit import build_vit
-from ssl_vit.publish import export_checkpoint, export_classifier, import_weights, is_classifier
+from ssl_vit.publish import export_checkpoint, export_classifier, export_source, import_weights
 from ssl_vit.train.checkpoint import load_encoder, save_encoder
-from ssl_vit.train.classifier_file import load_classifier, save_classifier
+from ssl_vit.train.classifier_file import (
+    ClassifierSpec,
+    build_classifier,
+    load_classifier,
+    save_classifier,
+)
 
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")
@@ -36,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = [(48, 48), (61, 40), (37, 53), (24, 24), (100, 31), (27, 90), (45, 40), (62, 48)]
 HF_TOL = 1e-4  # same pixels: float rounding only (rescale and normalize fused differently)
 TIMM_TOL = 1e-2  # PIL's bilinear resize vs torchvision's on uint8 tensors: +-1 grey level
+# A hand-made 16 px encoder, width 8, one block: files in milliseconds, no training.
+TINY = {"image_size": 16, "patch_size": 4, "width": 8, "depth": 1, "heads": 2}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -218,8 +226,10 @@ def test_encoder_export_is_unchanged(run, exported, tmp_path):
     cfg = load_classifier(run)[1].model_config
     (tmp_path / "enc").mkdir()
     save_encoder(build_vit(ModelConfig.from_saved(cfg)), tmp_path / "enc/encoder.safetensors", cfg)
-    assert not is_classifier(tmp_path / "enc") and not is_classifier(exported["hf"])
-    assert is_classifier(run) and is_classifier(run / "model.safetensors")
+    assert export_source(tmp_path / "enc") == ("checkpoint", tmp_path / "enc")
+    assert export_source(exported["hf"])[0] == "checkpoint"  # transformers weights: not ours
+    assert export_source(run) == export_source(run / "model.safetensors")
+    assert export_source(run) == ("classifier", run / "model.safetensors")
     hf = json.loads(
         (
             Path(export_checkpoint(tmp_path / "enc", "hf", tmp_path / "hf")["outdir"])
@@ -241,3 +251,48 @@ def test_cli_exports_a_finetuning_run(run, tmp_path, capsys):
     assert cli(["export", str(run), "--to", "timm", str(tmp_path / "t"), "--keep-head"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no masked-prediction head" in err
+
+
+# --- issue 47 #7: what is exported is decided from the file's contents, never its name ----------
+
+
+def test_an_encoder_where_a_classifier_belongs_is_refused_in_a_fine_tune_said_elsewhere(
+    tmp_path, capsys, caplog
+):
+    cfg = dataclasses.asdict(ModelConfig.from_saved(TINY))
+    runs = {"ft": "init:\n  checkpoint: x\n", "pre": "objective:\n  mask_ratio: 0.5\n"}
+    for name, config in runs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text(config)
+        save_encoder(
+            build_vit(ModelConfig.from_saved(cfg)), tmp_path / name / "model.safetensors", cfg
+        )
+    ft, pre = tmp_path / "ft", tmp_path / "pre"
+    # A fine-tuning run's model.safetensors is its classifier: an encoder there is refused.
+    for source in (ft / "model.safetensors", ft):  # before issue 47: the file exported, exit 0
+        assert cli(["export", str(source), "--to", "hf", str(tmp_path / "out")]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert f"{ft / 'model.safetensors'}: an encoder (no classifier head, no labels)" in err
+    assert not (tmp_path / "out").exists()
+    # Elsewhere (a pretraining run) the encoder is what there is: exported, and said so.
+    for to, model in (("hf", "transformers ViTModel"), ("timm", "timm VisionTransformer")):
+        with caplog.at_level(logging.INFO):
+            assert cli(["export", str(pre), "--to", to, str(tmp_path / to)]) == 0
+        said = f"{pre / 'model.safetensors'} is an encoder (no classifier head, no labels): "
+        assert f"{said}exporting a {model}" in caplog.text
+    hf = json.loads((tmp_path / "hf/config.json").read_text())
+    assert hf["architectures"] == ["ViTModel"] and "id2label" not in hf
+
+
+def test_a_classifier_under_another_name_exports_as_a_classifier(tmp_path, capsys):
+    cfg = dataclasses.asdict(ModelConfig.from_saved(TINY))
+    spec = ClassifierSpec(cfg, "cls", ("cat", "dog", "eel"), (0.5,) * 3, (0.25,) * 3)
+    save_classifier(build_classifier(spec), tmp_path / "best.safetensors", spec)
+    assert (
+        cli(["export", str(tmp_path / "best.safetensors"), "--to", "hf", str(tmp_path / "hf")]) == 0
+    )
+    assert "3-class classifier" in capsys.readouterr().out
+    hf = json.loads((tmp_path / "hf/config.json").read_text())
+    assert hf["architectures"] == ["ViTForImageClassification"]
+    assert list(hf["id2label"].values()) == ["cat", "dog", "eel"]

@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import stat
 import time
 from pathlib import Path
 
@@ -21,8 +22,10 @@ from ssl_vit.config import ConfigError
 from ssl_vit.data import open_source, read_index, resolve_shards, sources
 from ssl_vit.data.write import convert
 from ssl_vit.data.write.convert import make_shards
+from ssl_vit.data.write.writer import ShardWriter
 from ssl_vit.datasets.synthetic import make_synthetic_shards
 from ssl_vit.train.preflight import check_shards
+from ssl_vit.train.run_lock import lock_run_dir
 
 
 def _folder(root: Path, n: int, seed: int, classes: tuple[str, ...] = ("a", "b")) -> Path:
@@ -191,7 +194,7 @@ def test_a_dead_worker_is_one_line_and_the_old_dataset_stays(tmp_path, monkeypat
     monkeypatch.setattr(sources.FolderSource, "__getitem__", dying)
     monkeypatch.setattr(convert, "available_cpus", lambda: 2)
     args = ["make-shards", "--source", str(src), "--output", str(data), "--workers", "2"]
-    assert cli([*args, "--shard-size", "1"]) == 1
+    assert cli([*args, "--shard-size", "1", "--overwrite"]) == 1
     line = _one_error(capsys)
     assert "worker died" in line and "killed by SIGKILL" in line and str(data) in line, line
     assert _tree(data) == before
@@ -240,3 +243,184 @@ def test_photo_folder_refuses_a_folder_with_images_of_the_user(tmp_path, capsys)
         "chelsea/00000001_chelsea.jpg",
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+# --- Issue 47: an output make-shards does not own ---------------------------------------------
+
+
+def _entries(root: Path) -> dict[str, tuple[int, bytes | None]]:
+    """Every entry under `root`, hidden ones included -> (inode, bytes of a regular file): a
+    folder copied and swapped in has the same bytes but new inodes."""
+    found = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        data = p.read_bytes() if stat.S_ISREG(st.st_mode) else None
+        found[str(p.relative_to(root))] = (st.st_ino, data)
+    return found
+
+
+def _foreign_output(tmp_path: Path, layout: str) -> tuple[Path, Path, str]:
+    """(source, output, what the refusal names) for one layout of an output holding what
+    make-shards did not write."""
+    src = tmp_path / "src"
+    if layout == "notes and hard links":
+        _folder(src, 4, seed=0)
+        out = tmp_path / "out"
+        (out / "mine").mkdir(parents=True)
+        (out / "notes.txt").write_text("mine")
+        _folder(out / "mine", 2, seed=3, classes=("x",))
+        os.link(out / "mine" / "x" / "img00.png", out / "mine" / "x" / "link.png")
+        return src, out, "mine"
+    if layout == "dataset and a FIFO":
+        _folder(src, 4, seed=0)
+        out = tmp_path / "out"
+        make_shards(src, out, progress=False)
+        os.mkfifo(out / "pipe")
+        return src, out, "pipe"
+    if layout == "source inside":
+        out = tmp_path / "out"
+        src = _folder(out / "images", 4, seed=0)
+        return src, out, str(src)
+    assert layout == "source itself"
+    _folder(src, 4, seed=0)
+    return src, src, str(src)
+
+
+@pytest.mark.parametrize(
+    "layout", ["notes and hard links", "dataset and a FIFO", "source inside", "source itself"]
+)
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_an_output_holding_what_make_shards_did_not_write_is_refused(
+    tmp_path, capsys, layout, overwrite
+):
+    """Issue 47 #2: such an output was copied into the staging folder and swapped in: the
+    source inside it replaced by a copy, hard links made full copies, a FIFO ended the job with
+    a Python list. Now one line naming it, before any image is read; nothing moves."""
+    src, out, names = _foreign_output(tmp_path, layout)
+    before = _entries(tmp_path)
+    reads = []
+    read = sources.FolderSource.__getitem__
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sources.FolderSource, "__getitem__", lambda s, i: reads.append(i) or read(s, i))
+        assert _make_shards(src, out, *["--overwrite"] * overwrite) == 1
+    line = _one_error(capsys)
+    assert str(out) in line and names in line, line
+    assert line.endswith(("new or empty folder", "pick another directory")), line
+    assert reads == [] and _entries(tmp_path) == before  # same inodes: nothing copied
+
+
+@pytest.mark.parametrize("maker", ["make-shards", "make-synthetic"])
+def test_overwrite_replaces_only_an_earlier_dataset(tmp_path, capsys, maker):
+    """An empty folder is written into; a dataset there is replaced with --overwrite only,
+    whole (no old shard stays beside the new ones), and nothing is left beside it."""
+    src, out = _folder(tmp_path / "src", 6, seed=0), tmp_path / "data"
+    out.mkdir()
+    if maker == "make-shards":
+        assert _make_shards(src, out) == 0  # an empty existing folder: fine
+    else:
+        make_synthetic_shards(out, n=8, image_size=8, shard_size=1)
+    before = _entries(out)
+    capsys.readouterr()
+    assert _make_shards(src, out, "--shard-size", "4") == 1
+    line = _one_error(capsys)
+    assert str(out) in line and "--overwrite" in line, line
+    assert _entries(out) == before
+    assert _make_shards(src, out, "--shard-size", "4", "--overwrite") == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "index.json",
+        "shard-000000.tar",
+        "shard-000001.tar",
+    ]
+    assert json.loads((out / "index.json").read_text())["num_samples"] == 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "src"]
+
+
+def test_parts_go_only_into_a_folder_of_parts(tmp_path, capsys):
+    """The parts of a job array share their root: a file of the user's there is refused like
+    in a dataset's folder; a part already written is replaced with --overwrite only."""
+    src, root = _folder(tmp_path / "src", 6, seed=0), tmp_path / "p"
+    assert _make_shards(src, root, "--part", "0/2") == 0
+    (root / "README").write_text("mine")
+    before = _entries(root)
+    capsys.readouterr()
+    for overwrite in ([], ["--overwrite"]):
+        assert _make_shards(src, root, "--part", "1/2", *overwrite) == 1
+        line = _one_error(capsys)
+        assert str(root) in line and "README" in line, line
+    assert _entries(root) == before
+    (root / "README").unlink()
+    assert _make_shards(src, root, "--part", "1/2") == 0
+    part0 = root / "part-00000-of-00002"
+    written = _entries(part0)
+    assert _make_shards(src, root, "--part", "0/2") == 1
+    assert "already written" in _one_error(capsys) and _entries(part0) == written
+    assert _make_shards(src, root, "--part", "0/2", "--overwrite", "--shuffle-seed", "1") == 0
+    assert len(open_source(str(root))) == 6 and _entries(part0) != written
+    assert sorted(p.name for p in root.iterdir()) == [part0.name, "part-00001-of-00002"]
+
+
+def test_shard_writer_replaces_only_a_dataset(tmp_path):
+    """The swap replaces the whole folder, so it never goes over a file it did not write: one
+    there before is refused (make-synthetic too), one put there meanwhile fails the close and
+    the folder stays as it was."""
+    out = tmp_path / "syn"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"syn: holds notes\.txt, not .*new or empty folder"):
+        make_synthetic_shards(out, n=4, image_size=8)
+    (out / "notes.txt").unlink()
+    with pytest.raises(ValueError, match="late.txt"), ShardWriter(out, 2) as writer:
+        writer.write("k0", "png", b"x", 0)
+        (out / "late.txt").write_text("written meanwhile")
+        writer.close(label_names=["a"], source="test")
+    assert sorted(_entries(tmp_path)) == ["syn", "syn/late.txt"]  # no staging left
+    assert (out / "late.txt").read_text() == "written meanwhile"
+
+
+# --- Issue 47: run directories ------------------------------------------------------------------
+
+
+def _run_output(runs: Path, layout: str) -> tuple[Path, str]:
+    """(output, what the refusal says) for one layout of a run directory, as a fine-tune run
+    leaves it or a live one holds it."""
+    run = runs / "ft"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("output_dir: runs/ft\nfinetune:\n  epochs: 1\n")
+    if layout == "finished run":
+        (run / "results.json").write_text("{}\n")
+        (run / "model.safetensors").write_bytes(b"weights")
+        return run, "run directory"
+    if layout == "live run":
+        _LOCKS.append(lock_run_dir(run))  # held by this process as a job holds it
+        return run, "run directory"
+    (run / "checkpoints" / "step_00000004").mkdir(parents=True)
+    if layout == "in its checkpoints":
+        return run / "checkpoints" / "shards", "checkpoints"
+    assert layout == "its labelled copy"
+    make_synthetic_shards(run / "labelled", n=4, image_size=8, shard_size=2)
+    return run / "labelled", "labelled"
+
+
+_LOCKS: list = []
+
+
+@pytest.mark.parametrize(
+    "layout", ["finished run", "live run", "in its checkpoints", "its labelled copy"]
+)
+@pytest.mark.parametrize("extra", [[], ["--overwrite"], ["--part", "0/2"]])
+def test_a_run_directory_is_refused(tmp_path, capsys, layout, extra):
+    """Issue 47 #3: shards were mixed into a fine-tune's run directory (copied and swapped,
+    its .lock never looked at). Refused as predict and export refuse it, in one line naming
+    it, before any image is read; a new folder inside a run is written, as theirs are."""
+    src, runs = _folder(tmp_path / "src", 4, seed=0), tmp_path / "runs"
+    out, says = _run_output(runs, layout)
+    before = _entries(runs)
+    try:
+        assert _make_shards(src, out, *extra) == 1
+        line = _one_error(capsys)
+        assert str(out) in line and says in line and "folder of their own" in line, line
+        assert _entries(runs) == before
+    finally:
+        while _LOCKS:
+            _LOCKS.pop().release()
+    assert _make_shards(src, runs / "ft" / "shards", *extra) == 0

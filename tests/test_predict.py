@@ -5,7 +5,12 @@ any image is read."""
 
 import csv
 import json
+import multiprocessing
+import os
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +30,7 @@ from ssl_vit.train.classifier_file import (
     read_classifier_spec,
     save_classifier,
 )
+from ssl_vit.train.guard import JobError
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +212,156 @@ def test_predict_is_a_sub_command_of_the_cli(capsys):
         main(["predict", "--help"])
     out = capsys.readouterr().out
     assert e.value.code == 0 and "--checkpoint" in out and "--top-k" in out
+
+
+# --- issue 47: a stopped or killed predict leaves nothing a rerun does not remove ---------------
+
+
+def _files(out: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(out.iterdir())}
+
+
+def test_a_rerun_removes_what_a_killed_predict_left(finetuned, tmp_path):
+    out = tmp_path / "p"
+    common = ["--checkpoint", str(finetuned["run"]), "--source", str(finetuned["test"])]
+    predict(*common, "--output", str(out))
+    # SIGKILLed writers' temporary files (predictions, results.json), and a file not ours
+    left = [".predictions.jsonl.tmp-999999", ".results.json.tmp-4194000"]
+    for name in [*left, ".notes.txt.tmp-12"]:
+        (out / name).write_text("partial")
+    before = _files(out)
+    with pytest.raises(SystemExit) as e:  # predict has no --resume: nothing is rewritten
+        predict(*common, "--output", str(out), "--resume")
+    assert e.value.code == 2 and _files(out) == before
+    res = predict(*common, "--output", str(out), "--overwrite", "--format", "csv")
+    assert res["images"] == 100 and not any((out / name).exists() for name in left)
+    assert (out / ".notes.txt.tmp-12").read_text() == "partial"
+
+
+def _signalled_in_the_rounds(main, sig: int, out: Path, fmt: str):
+    """`main`'s predict_batch, which first sends this process `sig` (the partial file open)."""
+    real = main.__globals__["predict_batch"]
+
+    def signalled(*args, **kwargs):
+        assert list(out.glob(f".predictions.{fmt}.tmp-{os.getpid()}"))
+        os.kill(os.getpid(), sig)  # handled before the next bytecode
+        return real(*args, **kwargs)
+
+    return signalled
+
+
+def _not_handled(signum, _frame):
+    raise AssertionError(f"{signal.Signals(signum).name} reached the test: predict took none")
+
+
+@pytest.mark.parametrize("sig, fmt", [(signal.SIGTERM, "jsonl"), (signal.SIGINT, "csv")])
+def test_a_stop_signal_ends_predict_in_one_line_leaving_no_partial_file(
+    finetuned, tmp_path, monkeypatch, sig, fmt
+):
+    out, main = tmp_path / "p", pipeline("predict")
+    monkeypatch.setitem(main.__globals__, "predict_batch", _signalled_in_the_rounds(
+        main, sig, out, fmt))  # fmt: skip
+    sigint = signal.getsignal(signal.SIGINT)
+    previous = signal.signal(signal.SIGTERM, _not_handled)  # (the default would end pytest)
+    try:
+        with pytest.raises(BaseException) as e:
+            main(["--checkpoint", str(finetuned["run"]), "--source", str(finetuned["test"]),
+                  "--output", str(out), "--format", fmt, "--batch-size", "10"])  # fmt: skip
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert isinstance(e.value, JobError), repr(e.value)
+    name = signal.Signals(sig).name
+    assert str(e.value).startswith(f"{name} received: stopped before the predictions were")
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "config.yaml"]
+    assert signal.getsignal(signal.SIGINT) is sigint  # the handlers before are back
+    assert not multiprocessing.active_children()  # its loader workers ended with it
+
+
+HELD_IN_THE_ROUNDS = """
+import importlib.util, sys, time
+from pathlib import Path
+from ssl_vit.train.guard import run_and_exit
+spec = importlib.util.spec_from_file_location("predict", sys.argv[1])
+job = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(job)
+def held(*args, **kwargs):  # in the rounds, the partial file open: wait for the signal
+    Path(sys.argv[2]).touch()
+    time.sleep(120)
+job.predict_batch = held
+run_and_exit(job.main, sys.argv[3:])
+"""
+
+
+@pytest.mark.system
+def test_sigterm_ends_a_predict_process_with_its_error_line_and_exit_1(finetuned, tmp_path):
+    out, inside = tmp_path / "p", tmp_path / "inside"
+    argv = ["--checkpoint", str(finetuned["run"]), "--source", str(finetuned["test"]),
+            "--output", str(out)]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HELD_IN_THE_ROUNDS, str(ROOT / "pipelines/predict.py"),
+         str(inside), *argv], stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        end = time.time() + 120
+        while not inside.exists() and proc.poll() is None and time.time() < end:
+            time.sleep(0.05)
+        assert list(out.glob(".predictions.jsonl.tmp-*")), proc.poll()
+        t0 = time.time()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode == 1, err[-3000:]
+    assert last.startswith("error: SIGTERM received: stopped before the predictions"), last
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "config.yaml"]
+    print(f"SIGTERM in the rounds -> exit {proc.returncode} in {time.time() - t0:.1f}s")
+
+
+# --- issue 47, defect 5: every image of a folder is predicted or a named, counted skip ----------
+
+
+def _root_and_classes(root: Path, classes: list[str]) -> list[str]:
+    """Two class folders (the first with a deeper sub-folder), two images and a corrupt file at
+    the root. -> the readable images' relative paths, in a folder's order (class by class,
+    then the root's)."""
+    rng = np.random.default_rng(1)
+    first, second = sorted(classes)
+    paths = [f"{first}/a.png", f"{first}/deep/er/b.png", f"{second}/c.png", "x.png", "y.png"]
+    for path in paths:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(root / path)
+    (root / "z.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    return paths
+
+
+def test_ignore_labels_predicts_the_images_at_the_root_too(finetuned, tmp_path):
+    """--ignore-labels: every image under the folder (its sub-folders are not the classifier's
+    classes) is predicted, in a fixed order, or is a skip results.json names."""
+    readable = _root_and_classes(tmp_path / "imgs", ["not", "classes"])
+    out = tmp_path / "p"
+    res = predict("--checkpoint", str(finetuned["run"]), "--source", str(tmp_path / "imgs"),
+                  "--output", str(out), "--ignore-labels", "--batch-size", "2")  # fmt: skip
+    rows = read_rows(out)
+    assert [r["key"] for r in rows] == readable and "true_label" not in rows[0]
+    assert res["images"] == 5 and res["skipped"] == 1
+    assert [s["key"] for s in res["skipped_images"]] == ["z.png"]
+    assert json.loads((out / "results.json").read_text())["skipped"] == 1
+
+
+def test_a_labelled_folder_predicts_its_root_images_without_a_true_label(finetuned, tmp_path):
+    """Class folders named as the classifier's, and images beside them: those are predicted
+    too, with no true label (out of top-1: `num_labelled` counts the others); the counts of
+    results.json cover every file."""
+    names = list(read_classifier_spec(finetuned["run"]).label_names)
+    readable = _root_and_classes(tmp_path / "imgs", names[3:5])
+    out = tmp_path / "p"
+    res = predict("--checkpoint", str(finetuned["run"]), "--source", str(tmp_path / "imgs"),
+                  "--output", str(out), "--batch-size", "4", "--workers", "1")  # fmt: skip
+    rows = read_rows(out)
+    assert [r["key"] for r in rows] == readable
+    truth = [p.split("/")[0] if "/" in p else None for p in readable]
+    assert [r["true_label"] for r in rows] == truth
+    assert res["images"] == 5 and res["num_labelled"] == 3
+    assert res["skipped"] == 1 and res["skipped_images"][0]["key"] == "z.png"
+    assert sum(map(sum, res["confusion_matrix"])) == 3

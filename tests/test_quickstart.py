@@ -61,15 +61,22 @@ def test_quickstart_flow_at_a_tiny_budget(synthetic_shards, tmp_path, monkeypatc
     ]
     summary = study.main(["--config", str(CONFIG), "--quick", *overrides])
     rows = {r["variant"]: r for r in summary["rows"]}
-    assert set(rows) == {"random init", "mean_color_50", "mean_color_50 + self-trained"}
-    self_trained = rows.pop("mean_color_50 + self-trained")["finetune_by_labels"]
-    assert [len(c["top1"]) for c in self_trained.values()] == [2, 0]  # 2 seeds at 2 / class
+    v = "mean_color_50"
+    assert set(rows) == {"random init", v, f"{v} + control", f"{v} + self-trained"}
+    for method in ("control", "self-trained"):  # the method beside its equal-compute control
+        by_labels = rows.pop(f"{v} + {method}")["finetune_by_labels"]
+        assert [len(c["top1"]) for c in by_labels.values()] == [2, 0]  # 2 seeds at 2 / class
     for seed in (0, 1):
         run = json.loads(
             (tmp_path / f"qs/finetune/mean_color_50-l2-st-s{seed}/results.json").read_text()
         )
         assert run["distill"]["teacher"].endswith(f"mean_color_50-l2-s{seed}/model.safetensors")
         assert run["distill"]["unlabelled_images_seen"] == 2 * 8
+        control = json.loads(
+            (tmp_path / f"qs/finetune/mean_color_50-l2-ctl-s{seed}/results.json").read_text()
+        )  # the same steps and labels, no teacher
+        assert control["step"] == run["step"] and not control.get("distill")
+        assert control["num_labelled"] == run["num_labelled"]
     for r in rows.values():  # both inits: few-shot per shot, fine-tune per budget and seed
         assert set(r["fewshot"]) == {"1", "2"}
         by_labels = r["finetune_by_labels"]
@@ -88,7 +95,7 @@ def test_quickstart_flow_at_a_tiny_budget(synthetic_shards, tmp_path, monkeypatc
     assert "| random init |" in out and "| mean_color_50 |" in out and "2-shot (%)" in out
     assert "fine-tune 2/class (%)" in out
     ((runs, report_dir),) = reports
-    assert report_dir == tmp_path / "qs" and len(runs) == 2 + 1 + 2 * 4 + 2
+    assert report_dir == tmp_path / "qs" and len(runs) == 2 + 1 + 2 * 4 + 2 + 2  # controls
 
 
 FAKE_PYTHON = """#!/usr/bin/env bash

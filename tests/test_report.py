@@ -1,6 +1,7 @@
 """`ssl-vit report` from tiny real runs (pretrain with few-shot, few-shot, fine-tune) on the
 synthetic fixture, and the figure data checked against hand-computed values."""
 
+import math
 import re
 import shutil
 from pathlib import Path
@@ -402,6 +403,29 @@ def test_several_recipes_are_lines_of_their_own(tmp_path):
     }
 
 
+def test_a_control_is_a_line_of_its_own(tmp_path):
+    """The study's equal-compute controls (`tag: control`: the same encoder and budget, the
+    self-training's schedule, no teacher) are a line of their own, as the self-trained runs
+    are: never averaged with the encoder's plain fine-tunes of that budget."""
+    from ssl_vit.report.budget import labels_curves
+
+    root = _budget_runs(tmp_path, budgets=(10,))
+    for seed, top1 in enumerate((0.45, 0.55)):
+        _fake_finetune(root, f"ft-mpp-l10-ctl-s{seed}", CKPT, 10, seed, top1)
+        config = root / f"ft-mpp-l10-ctl-s{seed}" / "config.yaml"
+        config.write_text(config.read_text() + "tag: control\n")
+        _fake_finetune(root, f"ft-mpp-l10-st-s{seed}", CKPT, 10, seed, top1 + 0.1)
+        config = root / f"ft-mpp-l10-st-s{seed}" / "config.yaml"
+        config.write_text(config.read_text() + "distill: {teacher: t}\n")
+    curves = labels_curves(load_runs([root]))
+    assert {e: sorted(c[10]) for e, c in curves.items()} == {
+        "paper_mpp": [0.40, 0.50],
+        "paper_mpp [control]": [0.45, 0.55],
+        "paper_mpp + self-trained": [0.55, 0.65],
+        "scratch": [0.20, 0.30],
+    }
+
+
 @pytest.mark.system
 def test_report_that_fails_writing_keeps_the_earlier_one(tmp_path):
     """Issue 29 #13: a write that fails (a file-size limit: EFBIG) leaves the earlier report as
@@ -447,3 +471,177 @@ def test_a_walk_never_follows_folder_symlinks(tmp_path, caplog):
     assert all("not followed" in m for m in caplog.messages)
     again = load_runs([root / "ft-2", root, root / "a", root / "out"])  # named: taken
     assert [r.path for r in again] == [root / "ft-2", root / "a" / "ft-1", root / "out"]
+
+
+# --- Issue 47 #12: a damaged run is named (one logged line: file, what is wrong) and left out --
+
+ENTRY = {"l2_reg": {"1024.0": {"mean": 0.3, "std": 0.0, "per_seed": [0.3]}}}
+PRED_NAMES = ["cat", "dog", "fox"]
+
+
+def _fake_predict(path: Path) -> None:
+    """A labelled predict output directory as `ssl-vit predict` writes it: results.json (no
+    config.yaml) and one predictions.jsonl row per image."""
+    import json
+
+    from ssl_vit.eval.confusion import confusion_summary
+
+    results = {"job": "predict", "checkpoint": "runs/ft", "source": "data/photos", "images": 12}
+    results |= {"skipped": 0, "label_names": PRED_NAMES}
+    results |= confusion_summary(torch.tensor([[3, 1, 0], [0, 2, 0], [2, 2, 2]]), PRED_NAMES)
+    _fake_run(path, {}, None)
+    (path / "config.yaml").unlink()
+    (path / "results.json").write_text(json.dumps(results))
+    row = {"key": "a.png", "label": "cat", "score": 0.9, "top_k": [["cat", 0.9]]}
+    (path / "predictions.jsonl").write_text((json.dumps(row) + "\n") * 12)
+
+
+def _kinds_of_runs(root: Path) -> Path:
+    """A finished run of each kind: pretrain (few-shot logged), few-shot, fine-tune, predict."""
+    pre = root / "pre"
+    _fake_run(
+        pre,
+        {"objective": {"target": "mean_color", "mask_ratio": 0.5}, "output_dir": str(pre)},
+        {"step": 2, "loss": 1.0, "wall_time_s": 60.0, "fewshot": {"shots": {"1": ENTRY}}},
+        ({"step": 1, "loss": 2.0, "color_acc": 0.1}, {"step": 2, "loss": 1.0, "color_acc": 0.2}),
+    )
+    ckpt = str(pre / "checkpoints" / "step_00000002")
+    _fake_run(
+        root / "few", {"fewshot": {"shots": [1]}}, {"checkpoint": ckpt, "shots": {"1": ENTRY}}
+    )
+    _fake_finetune(root, "ft", ckpt, 10, 0, 0.5)
+    _fake_predict(root / "pred")
+    return root
+
+
+def _edit_json(fn):
+    """A damage: results.json parsed, changed by `fn`, written back as Python's json writes
+    (a NaN as a bare NaN, what the writers wrote before issue 47)."""
+    import json
+
+    return lambda text: json.dumps(fn(json.loads(text)))
+
+
+def _set(key: str, value):
+    return _edit_json(lambda r: {**r, key: value})
+
+
+def _cell(i: int, j: int, value):
+    def edit(r: dict) -> dict:
+        r["confusion_matrix"][i][j] = value
+        return r
+
+    return _edit_json(edit)
+
+
+def _pretrain_mean(value):
+    def edit(r: dict) -> dict:
+        r["fewshot"]["shots"]["1"]["l2_reg"]["1024.0"]["mean"] = value
+        return r
+
+    return _edit_json(edit)
+
+
+# {case: (run, file, damage (its text -> the damaged text), what the logged line says)}
+DAMAGES = {
+    "predict-array": ("pred", "results.json", lambda t: f"[{t}]", "a JSON array, not an object"),
+    "predict-torn": ("pred", "results.json", lambda t: t[: len(t) // 2], "unreadable ("),
+    "predict-string-count": ("pred", "results.json", _cell(0, 0, "3"), "[0][0] is '3', not a"),
+    "predict-nan-count": ("pred", "results.json", _cell(2, 2, math.nan), "[2][2] is nan, not a"),
+    "predict-negative-count": ("pred", "results.json", _cell(0, 1, -1), "[0][1] is -1, not a"),
+    "predict-string-images": ("pred", "results.json", _set("images", "12"), "images is '12', not"),
+    "predict-wrong-shape": (
+        "pred", "results.json", _set("confusion_matrix", [[1, 2], [3, 4]]),
+        "confusion_matrix has 2 rows for 3 label_names",
+    ),
+    "predict-ragged-matrix": (
+        "pred", "results.json", _set("confusion_matrix", [[1, 2, 3], [4, 5], [6, 7, 8]]),
+        "confusion_matrix row 1 has 2 columns, not 3",
+    ),
+    "predict-truncated-predictions": (
+        "pred", "predictions.jsonl", lambda t: t[:-7], "its last line is cut short"
+    ),
+    "predict-predictions-short-of-rows": (
+        "pred", "predictions.jsonl", lambda t: t.split("\n", 1)[1], "11 row(s) for the 12 images"
+    ),
+    "finetune-array": ("ft", "results.json", lambda t: "[]", "a JSON array, not an object"),
+    "finetune-nan-top1": ("ft", "results.json", _set("top1", math.nan), "top1 is nan, not a"),
+    "finetune-string-top1": ("ft", "results.json", _set("top1", "0.5"), "top1 is '0.5', not a"),
+    "finetune-negative-budget": (
+        "ft", "results.json", _set("labels_per_class", -10), "labels_per_class is -10, not a count"
+    ),
+    "finetune-metrics-array-row": (
+        "ft", "metrics.jsonl", lambda t: t + "[1, 2]\n" + t, "row 3 is a JSON array, not an object"
+    ),
+    "finetune-metrics-string-loss": (
+        "ft", "metrics.jsonl", lambda t: t.replace("2.0", '"2.0"'), "row 1: loss is '2.0', not a"
+    ),
+    "finetune-metrics-corrupt-line": (
+        "ft", "metrics.jsonl", lambda t: "{oops\n" + t, "metrics.jsonl:1: corrupt line"
+    ),
+    "pretrain-nan-step": ("pre", "results.json", _set("step", math.nan), "step is nan, not a"),
+    "pretrain-string-fewshot-mean": (
+        "pre", "results.json", _pretrain_mean("0.3"), "fewshot.shots[1].l2_reg[1024.0].mean is"
+    ),
+    "pretrain-metrics-string-acc": (
+        "pre", "metrics.jsonl", lambda t: t.replace("0.1", '"x"'), "row 1: color_acc is 'x'"
+    ),
+    "pretrain-config-list": ("pre", "config.yaml", lambda t: "- 1\n- 2\n", "a YAML list, not a"),
+    "fewshot-shots-array": ("few", "results.json", _set("shots", [1]), "shots is a JSON array"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(DAMAGES))
+def test_a_damaged_run_is_named_and_left_out(tmp_path, caplog, case):
+    """Issue 47 #12: each damaged file (a results.json that is a JSON array, a count that is a
+    string, NaN or negative, a matrix of the wrong shape, a torn predictions.jsonl or
+    metrics.jsonl, ...) of each kind of run: the run is left out with one logged line naming
+    the file and what is wrong; the other runs are read."""
+    run, file, damage, says = DAMAGES[case]
+    root = _kinds_of_runs(tmp_path / "runs")
+    path = root / run / file
+    path.write_text(damage(path.read_text()))
+    with caplog.at_level("WARNING", logger="ssl_vit.report.runs"):
+        runs = load_runs([root])
+    assert [r.name for r in runs] == [n for n in ("few", "ft", "pre", "pred") if n != run]
+    (line,) = [m for m in caplog.messages if "left out" in m]
+    assert line.startswith(f"{path}") and says in line and line.endswith("(left out of the report)")
+    assert "\n" not in line
+
+
+@pytest.mark.system
+def test_report_leaves_out_damaged_runs_and_writes_the_rest(tmp_path, capsys, caplog):
+    """Issue 47 #12: a report of runs of each kind and damaged ones of each kind (a predict
+    results.json that is a JSON array, NaN and string counts, a fine-tune's string top-1, a
+    pretraining's corrupt metrics.jsonl) is written without them, one logged line each; a
+    report of damaged runs only is one error line."""
+    root = _kinds_of_runs(tmp_path / "runs")
+    damaged = _kinds_of_runs(tmp_path / "runs" / "damaged")
+    for case in ("predict-array", "finetune-string-top1", "pretrain-metrics-string-acc"):
+        run, file, damage, _ = DAMAGES[case]
+        (damaged / run / file).write_text(damage((damaged / run / file).read_text()))
+    for name, damage in (("pred-nan", _cell(2, 2, math.nan)), ("pred-str", _cell(0, 0, "3"))):
+        _fake_predict(damaged / name)
+        (damaged / name / "results.json").write_text(
+            damage((root / "pred" / "results.json").read_text())
+        )
+    shutil.rmtree(damaged / "few")
+    with caplog.at_level("WARNING", logger="ssl_vit.report.runs"):
+        assert cli_main(["report", str(root), "--output", str(tmp_path / "out")]) == 0
+    left_out = sorted(m.split(":")[0] for m in caplog.messages if "left out" in m)
+    assert left_out == [
+        str(damaged / p) for p in ("ft/results.json", "pre/metrics.jsonl", "pred-nan/results.json",
+                                   "pred-str/results.json", "pred/results.json")
+    ]  # fmt: skip
+    md = (tmp_path / "out" / "report.md").read_text()
+    runs_table = md.split("## Runs")[1]
+    assert [row.split(" | ")[6] for row in runs_table.splitlines()[4:]] == [
+        f"{root / n} |" for n in ("few", "ft", "pre", "pred")
+    ]
+    assert "confusion_pred.png" in md and "## Per-class accuracy" in md
+    capsys.readouterr()
+    assert cli_main(["report", str(damaged / "pred"), "--output", str(tmp_path / "o2")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "ssl-vit report: error: no run to report: the 1 found are damaged (logged above)"
+    ]

@@ -3,6 +3,7 @@ predict output directories, and the fine-tuning figure grouped by encoder and la
 from run directories written by hand."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -19,10 +20,13 @@ from ssl_vit.report.budget import finetune_groups  # noqa: E402
 from ssl_vit.report.classifier import (  # noqa: E402
     chosen_runs,
     confusion_of,
+    most_confused,
     per_class_accuracy,
     row_normalised,
     top1_of,
+    worst_classes,
 )
+from ssl_vit.report.classifier_section import MAP_UP_TO, TOP_N, classifier_section  # noqa: E402
 from ssl_vit.report.runs import link_runs, load_runs  # noqa: E402
 
 CKPT = "runs/s/pretrain/paper_mpp/checkpoints/step_00001200"
@@ -106,7 +110,9 @@ def _predict(path: Path, labelled: bool = True, config: bool = False) -> Path:
         results |= confusion_summary(torch.tensor(PRED_M), ["cat", "dog", "fox"])
     cfg = {"checkpoint": results["checkpoint"], "source": "data/photos", "top_k": 5}
     _write(path, cfg if config else None, results)
-    (path / "predictions.jsonl").write_text('{"key": "a.png", "top1": "cat"}\n')
+    # One row per image predicted (PredictionWriter's), as results.json's "images" says.
+    row = {"key": "a.png", "label": "cat", "score": 0.9, "top_k": [["cat", 0.9]]}
+    (path / "predictions.jsonl").write_text((json.dumps(row) + "\n") * results["images"])
     return path
 
 
@@ -128,12 +134,17 @@ def test_row_normalised_and_per_class_accuracy_hand_computed(tmp_path):
     assert run.results["top1"] == top1_of(conf.counts)
 
 
-def test_bad_matrix_is_not_drawn(tmp_path):
+def test_a_bad_matrix_leaves_the_run_out(tmp_path, caplog):
+    """A matrix that does not match its label names: the run is left out when read, with one
+    line naming its results.json (issue 47 #12), never drawn."""
     path = _predict(tmp_path / "pred")
     results = json.loads((path / "results.json").read_text())
     results["confusion_matrix"] = [[1, 2], [3, 4]]  # 2 x 2 for 3 names
     (path / "results.json").write_text(json.dumps(results))
-    assert confusion_of(load_runs([path])[0]) is None
+    _predict(tmp_path / "good")
+    with caplog.at_level("WARNING", logger="ssl_vit.report.runs"):
+        assert [r.name for r in load_runs([tmp_path])] == ["good"]
+    assert [m.split(":")[0] for m in caplog.messages] == [str(path / "results.json")]
 
 
 def test_predict_dirs_are_runs_of_their_own(tmp_path):
@@ -280,3 +291,100 @@ def test_report_of_the_quickstart_and_a_predict_dir(tmp_path):
     ]
     assert "ft-mpp-l100-s0: fine-tune of paper_mpp, 100 labels / class, seed 0" in page
     assert "Fine-tunes shown: the best seed (top-1) of each encoder and label budget" in page
+
+
+# --- Issue 47 #8: many classes (ImageNet's 1,000) are listed, not drawn, in bounded memory ---
+
+
+def test_most_confused_pairs_and_worst_classes_hand_computed():
+    m = [
+        [5, 3, 0, 2],  # class 0: 5 / 10 right; 3 taken for 1, 2 for 3
+        [0, 9, 1, 0],  # class 1: 9 / 10
+        [0, 3, 1, 0],  # class 2: 1 / 4, 3 taken for 1
+        [0, 0, 0, 0],  # class 3: no images, in no list
+    ]
+    # (0 -> 1) and (2 -> 1) have 3 images each: 2 -> 1 is 3/4 of class 2, 0 -> 1 3/10 of 0.
+    assert most_confused(m, 3) == [(2, 1, 3), (0, 1, 3), (0, 3, 2)]
+    assert most_confused(m, 10) == [(2, 1, 3), (0, 1, 3), (0, 3, 2), (1, 2, 1)]
+    assert worst_classes(m, 2) == [(2, 0.25, 1), (0, 0.5, 1)]
+    assert worst_classes([[4, 0], [0, 0]], 5) == [(0, 1.0, None)]  # never wrong: taken for none
+
+
+def _many_classes(
+    path: Path, K: int, per_class: int, finetune: bool = False, planted: tuple = (421, 7)
+) -> Path:
+    """A K-class predict output directory (or fine-tune) as the jobs write them: results.json
+    with the K x K matrix (indent=2, as MetricsWriter writes it), one predictions.jsonl row
+    per image. Class i is right per_class - 2 times, taken for i + 1 twice, but for the
+    planted most confused pair (i, j): class i right once, taken for j 7 times of 10."""
+    names = [f"class_{i:04d}" for i in range(K)]
+    m = torch.zeros(K, K, dtype=torch.int64)
+    m[torch.arange(K), torch.arange(K)] = per_class - 2
+    m[torch.arange(K), (torch.arange(K) + 1) % K] = 2
+    i, j = planted
+    m[i] = 0
+    m[i, i], m[i, j], m[i, (i + 1) % K] = 1, 7, 2
+    summary = confusion_summary(m, names)
+    images = summary["num_labelled"]
+    path.mkdir(parents=True)
+    if finetune:
+        results = {"step": 10, "labels_per_class": 0, "num_classes": K, "label_names": names}
+        config = {"init": {"checkpoint": "none"}, "data": {"labels_per_class": 0}}
+        (path / "config.yaml").write_text(yaml.safe_dump(config))
+    else:
+        results = {"job": "predict", "checkpoint": "runs/ft", "source": "data/val"}
+        results |= {"images": images, "skipped": 0, "label_names": names}
+        row = {"key": "a.png", "label": names[0], "score": 0.5, "top_k": [[names[0], 0.5]]}
+        (path / "predictions.jsonl").write_text((json.dumps(row) + "\n") * images)
+    (path / "results.json").write_text(json.dumps(results | summary, indent=2) + "\n")
+    return path
+
+
+def test_many_classes_are_listed_not_drawn(tmp_path, monkeypatch):
+    """Over MAP_UP_TO classes, a fine-tune (like a predict run) is two tables: its TOP_N most
+    confused pairs, the planted one first, and its TOP_N worst classes; no heat map. A run of
+    MAP_UP_TO classes is still drawn (test_report_of_one_predict_dir draws one)."""
+    from ssl_vit.report import classifier_section as section
+
+    drawn = []
+    monkeypatch.setattr(section, "_draw", lambda s, runs, x_all: drawn.extend(runs))
+    ft = _many_classes(tmp_path / "ft-many", MAP_UP_TO + 10, 10, finetune=True, planted=(21, 7))
+    pred = _many_classes(tmp_path / "pred-50", MAP_UP_TO, 10, planted=(21, 7))
+    s = classifier_section(load_runs([ft, pred]))
+    assert [(run.name, len(conf.names)) for run, conf in drawn] == [("pred-50", MAP_UP_TO)]
+    pairs, worst = s.tables
+    assert pairs.header == ["true class", "predicted as", "images", "% of the true class"]
+    assert len(pairs.rows) == len(worst.rows) == TOP_N
+    assert pairs.rows[0] == ["class_0021", "class_0007", "7", "70%"]
+    assert pairs.rows[1] == ["class_0000", "class_0001", "2", "20%"]  # then 2 of 10, by class
+    assert worst.rows[0] == ["class_0021", "10.0", "1 / 10", "class_0007 (70%)"]
+    assert worst.rows[1] == ["class_0000", "80.0", "8 / 10", "class_0001 (20%)"]
+    assert pairs.caption.startswith("ft-many (scratch, all (10) labels / class, seed ?), top-1")
+    assert "60 classes" in pairs.caption
+    assert any(n.startswith(f"A classifier of more than {MAP_UP_TO} classes") for n in s.notes)
+
+
+@pytest.mark.system
+def test_report_of_1000_classes_in_bounded_memory(tmp_path):
+    """Issue 47 #8: `ssl-vit report` of a 1,000-class predict directory (ImageNet's) in a
+    process limited to 1 GiB of address space (it took 3.9 GB and 55 s before: the heat map
+    grew with K^2) names the planted most confused pair and draws no K x K figure."""
+    import resource
+    import subprocess
+    import sys
+
+    pred, out = _many_classes(tmp_path / "imagenet-val", 1000, 10), tmp_path / "out"
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    cmd = [sys.executable, "-m", "ssl_vit.cli", "report", str(pred), "--output", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, preexec_fn=limited, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    md = (out / "report.md").read_text()
+    assert "| class_0421 | class_0007 | 7 | 70% |" in md
+    assert "| class_0421 | 10.0 | 1 / 10 | class_0007 (70%) |" in md
+    assert not list((out / "figures").glob("*.png"))

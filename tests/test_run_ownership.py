@@ -17,7 +17,7 @@ import yaml
 from conftest import pipeline
 from test_distributed import LAUNCH, _free_port
 from test_guard import _alive, _exit_within, _launch, _log, _pipeline, _wait_until
-from test_pipelines import ROOT, pretrain_args
+from test_pipelines import ROOT, finetune_args, pretrain_args
 
 from ssl_vit.cli import main as cli
 from ssl_vit.train.run_lock import LOCK_NAME
@@ -310,3 +310,79 @@ def test_import_never_writes_into_a_checkpoint_or_run(pre_run, tmp_path, capsys)
     assert cli(["import", str(weights), "--from", "timm", str(out), "--overwrite"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["encoder.safetensors", "source.json"]
     assert not list(tmp_path.glob(".imported.*"))
+
+
+# --- issue 47: --resume of a finished run (a requeued job that had ended) changes nothing ------
+
+
+def _stamped(folder: Path) -> dict[str, tuple[str, int]]:
+    """{relative path: (sha256, mtime in ns)} of every file and folder below `folder`."""
+    return {
+        str(p.relative_to(folder)): (
+            hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "folder",
+            p.stat().st_mtime_ns,
+        )
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def _resume_finished(main, argv: list[str], run: Path, capsys) -> dict:
+    """--resume of the finished run in `run`: its saved results, every file byte-identical and
+    untouched, one line saying so."""
+    before = _stamped(run)
+    capsys.readouterr()
+    res = main([*argv, "--resume"])
+    assert res == json.loads((run / "results.json").read_text())
+    assert _stamped(run) == before
+    n = res["step"]
+    line = f"{run}: finished at step {n}/{n}; nothing to resume (results.json kept)"
+    assert capsys.readouterr().err.count(line) == 1
+    return res
+
+
+def test_resume_of_a_finished_pretraining_changes_nothing(
+    pre_run, synthetic_shards, tmp_path, capsys
+):
+    run = _copy_run(pre_run, tmp_path / "run")
+    argv = pretrain_args(synthetic_shards, run, "train.steps=2")
+    res = _resume_finished(pipeline("pretrain"), argv, run, capsys)
+    assert res["loss"] is not None and res["color_acc"] is not None
+
+
+@pytest.mark.system
+def test_every_rank_ends_a_resume_of_a_finished_run_alike(pre_run, synthetic_shards, tmp_path):
+    """2 processes (a requeued `slurm_pretrain.sh`): each reads results.json before any
+    collective, all exit 0 at once, one line, nothing written."""
+    run = _copy_run(pre_run, tmp_path / "run")
+    before = _stamped(run)
+    job = [str(ROOT / "pipelines/pretrain.py"), *pretrain_args(synthetic_shards, run), "--resume"]
+    argv = [*LAUNCH, "--main_process_port", str(_free_port()), *job, "train.steps=2"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("finished at step 2/2; nothing to resume") == 1, proc.stderr[-3000:]
+    assert _stamped(run) == before
+
+
+@pytest.fixture(scope="module")
+def ft_runs(pre_run, synthetic_shards, tmp_path_factory) -> dict[str, tuple[Path, list[str]]]:
+    """Finished 2-step smoke fine-tunes, {name: (run directory, its arguments)}: one of the
+    pretrained encoder with an evaluation split ("ft", its shape left to the checkpoint), a
+    self-training one taught by it ("st")."""
+    root, shards = tmp_path_factory.mktemp("ft"), synthetic_shards
+    short = ("train.steps=2", "train.log_every=1", "eval_every=0")
+    ft = (f"init.checkpoint={pre_run}", f"data.eval={shards}")
+    taught = (f"distill.teacher={root / 'ft'}", f"distill.unlabelled={shards}")
+    runs = {}
+    for name, more in (("ft", ft), ("st", taught)):
+        runs[name] = root / name, finetune_args(shards, root / name, *short, *more)
+        pipeline("finetune")(runs[name][1])
+    return runs
+
+
+@pytest.mark.parametrize("name", ["ft", "st"])
+def test_resume_of_a_finished_fine_tune_changes_nothing(ft_runs, name, tmp_path, capsys):
+    src, argv = ft_runs[name]
+    run = _copy_run(src, tmp_path / name)
+    argv = [*argv, f"output_dir={run}"]  # (the last value of a key wins)
+    res = _resume_finished(pipeline("finetune"), argv, run, capsys)
+    assert res["train_loss"] is not None and ("distill" in res) == (name == "st")

@@ -10,12 +10,15 @@ import signal
 import time
 
 import pytest
+from test_atomic_writes import _catches_sigterm, _stalled_source
 from test_distributed import LAUNCH
-from test_guard import _alive, _free_port, _launch, _log, _wait_until
+from test_guard import _alive, _exit_within, _free_port, _launch, _log, _pipeline, _wait_until
 from test_pipelines import ROOT, pretrain_args
 
+from ssl_vit.train import guard
 from ssl_vit.train.checkpoint import checkpoint_dirs, verify_checkpoint
 from ssl_vit.train.guard import REPEAT_WINDOW_S, Preempted, StopRequest
+from ssl_vit.watchdog import waiting_for
 
 
 def test_repeated_stop_signals_are_one_request():
@@ -48,6 +51,67 @@ def test_final_evaluation_ends_on_the_first_signal_only():
         with pytest.raises(Preempted, match="SIGTERM received during the final evaluation"):
             stop._handle(signal.SIGTERM, None)
         stop._handle(signal.SIGTERM, None)  # the relayed copy: no second exception
+
+
+def test_a_stop_waiting_for_a_batch_ends_the_job_after_a_grace(monkeypatch, capsys):
+    """Issue 47: a stop that came while the step waited for its unlabelled micro-batch (800,000
+    images being assembled) was logged and never acted on. Without a wait for data the stop
+    waits for its step; a wait for a batch gets `STOP_DATA_GRACE_S` (1 s here) from the signal,
+    or from its own start if later, then one error line and exit 1 (`hard_exit`, here
+    recorded; it ends the stop's thread as the process would)."""
+    exits = []
+
+    def ended(code: int) -> None:
+        exits.append(code)
+        stop.closed.set()
+
+    monkeypatch.setattr(guard, "STOP_DATA_GRACE_S", 1.0)
+    monkeypatch.setattr(guard, "hard_exit", ended)
+    with StopRequest(world_size=1, timeout_s=600) as stop:
+        stop._handle(signal.SIGTERM, None)
+        time.sleep(1.5)  # the step computes: the stop waits for its end
+        assert exits == [] and stop.watchdog.is_alive()
+        with waiting_for("the unlabelled data"):
+            t0 = time.monotonic()
+            stop.watchdog.join(5)
+            seconds = time.monotonic() - t0
+    assert exits == [1] and 1.0 < seconds < 2.0, (exits, seconds)
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith(
+        "error: no batch from the unlabelled data 1s after SIGTERM (a stalled source, or a batch "
+        "too large to assemble?): no step to checkpoint; exiting"
+    ), last
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stop_while_the_stream_is_stuck_ends_the_job_in_seconds(
+    synthetic_shards, tmp_path, workers
+):
+    """The reported hang made cheap: the training stream's source never answers (a FIFO nobody
+    writes), the timeouts at their defaults (stop_s 300 s, data_s 600 s). The stop was logged,
+    then nothing until stop_s; now one line `STOP_DATA_GRACE_S` (10 s) after SIGTERM naming the
+    stream and the last good checkpoint, exit 1, nothing left running. 0 workers: the main
+    thread is in the read itself; 2 (1 started, for the one lane): it waits on the worker."""
+    out, opened, fifo = tmp_path / "run", tmp_path / "source_opened", tmp_path / "stalled.fifo"
+    os.mkfifo(fifo)
+    args = pretrain_args(synthetic_shards, out, f"data.num_workers={workers}")
+    proc = _launch(_pipeline("pretrain", *_stalled_source(args, fifo, opened)), out)
+    try:
+        _wait_until(opened.exists, proc, out)  # the stream is reading, inside the loop's block
+        assert _catches_sigterm(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        rc, seconds = _exit_within(proc, out, 40)
+    finally:
+        os.close(os.open(fifo, os.O_RDWR | os.O_NONBLOCK))  # lets a reader left on it go
+    log = _log(out)
+    assert rc == 1 and seconds < 30, log[-3000:]
+    assert log.rstrip().splitlines()[-1] == (
+        "error: no batch from the training data 10s after SIGTERM (a stalled source, or a batch "
+        "too large to assemble?): no step to checkpoint; exiting (last good checkpoint: none)"
+    ), log[-3000:]
+    assert not _alive(str(out))
+    print(f"stuck stream, {workers} workers: exit {rc} {seconds:.1f}s after SIGTERM")
 
 
 @pytest.mark.system

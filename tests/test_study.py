@@ -352,7 +352,9 @@ def test_the_running_job_shows_its_own_progress(tmp_path, monkeypatch):
 def test_self_training_follows_its_teacher_and_gets_a_row(tmp_path, capsys):
     """`self_train:` on a budget plans, after each pretrained encoder's fine-tunes, one
     fine-tune per seed with that seed's fine-tune as distill.teacher and data.train as
-    distill.unlabelled; the summary's row "<encoder> + self-trained" fills that budget only."""
+    distill.unlabelled, each after its equal-compute control (the same overrides, no
+    teacher); the summary's rows "<encoder> + control" and "+ self-trained" fill that budget
+    only, and the method's row names its control."""
     study = load_study()
     base = ["--config", str(REPO / "configs/study/quickstart.yaml"), "--dry-run"]
     over = [f"full.output_dir={tmp_path}"]
@@ -360,29 +362,52 @@ def test_self_training_follows_its_teacher_and_gets_a_row(tmp_path, capsys):
     plan = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[plan]")]
     names = [line.split(":")[0].removeprefix("[plan] ") for line in plan]
     v = "mean_color_50"
-    assert names[-2:] == [f"finetune/{v}-l10-st-s0", f"finetune/{v}-l10-st-s1"]
+    assert names[-4:] == [f"finetune/{v}-l10-{m}-s{s}" for s in (0, 1) for m in ("ctl", "st")]
     assert names.index(f"finetune/{v}-l10-s1") < names.index(f"finetune/{v}-l10-st-s0")
-    assert not any("scratch-l10-st" in n for n in names)  # a pretrained encoder's only
-    last = plan[-1]
+    assert not any("scratch-l10-st" in n or "scratch-l10-ctl" in n for n in names)
+    last, control = plan[-1], plan[-2]
     assert f"distill.teacher={tmp_path}/finetune/{v}-l10-s1" in last
     assert "distill.unlabelled=data/shapes" in last and "init.checkpoint=" in last
-    assert last.endswith(
-        "data.labels_per_class=10 train.steps=60 seed=1 "  # the teacher's, then self_train's
-        "train.steps=150 train.lr=0.04 distill.temperature=2"
+    own = "data.labels_per_class=10 train.steps=60 seed=1 train.steps=150 train.lr=0.04"
+    assert last.endswith(f"{own} distill.temperature=2")  # the teacher's, then self_train's
+    # The control: the same job line without the teacher and its unlabelled images.
+    assert control.endswith(f"{own} tag=control") and "distill." not in control
+    assert control.split(" --resume ")[1].split(" data.labels")[0].replace("-ctl-", "-st-") == (
+        last.split(" --resume ")[1].split(" distill.teacher")[0]
     )
 
     cfg = study.load_config(StudyConfig, REPO / "configs/study/quickstart.yaml", over)
-    for name, top1 in [("l10-s0", 0.25), ("l10-s1", 0.27), ("l10-st-s0", 0.3), ("l10-st-s1", 0.32)]:
+    made = [("l10-s0", 0.25), ("l10-s1", 0.27), ("l10-st-s0", 0.3), ("l10-st-s1", 0.32),
+            ("l10-ctl-s0", 0.29), ("l10-ctl-s1", 0.28)]  # fmt: skip
+    for name, top1 in made:
         run = tmp_path / "finetune" / f"{v}-{name}"
         run.mkdir(parents=True)
         (run / "results.json").write_text(json.dumps({"top1": top1, "num_labelled": 100}))
     rows = study.summarize(cfg, cfg.full, tmp_path, "full")["rows"]
-    assert [r["variant"] for r in rows] == ["random init", v, f"{v} + self-trained"]
+    names = ["random init", v, f"{v} + control", f"{v} + self-trained"]
+    assert [r["variant"] for r in rows] == names
     assert rows[1]["finetune_by_labels"]["10/class"]["top1"] == [0.25, 0.27]
-    assert rows[2]["finetune_by_labels"]["10/class"]["top1"] == [0.3, 0.32]
-    assert rows[2]["finetune_by_labels"]["50/class"]["top1"] == []
+    assert rows[2]["finetune_by_labels"]["10/class"]["top1"] == [0.29, 0.28]
+    assert rows[3]["finetune_by_labels"]["10/class"]["top1"] == [0.3, 0.32]
+    assert rows[3]["finetune_by_labels"]["50/class"]["top1"] == []
+    assert rows[3]["control"] == f"{v} + control" and "control" not in rows[1]
     table = (tmp_path / "summary.md").read_text().splitlines()
     assert table[-1].startswith(f"| {v} + self-trained |") and "| 31.0 (30.0 / 32.0) |" in table[-1]
+    assert table[-2].startswith(f"| {v} + control |") and "| 28.5 (29.0 / 28.0) |" in table[-2]
+
+
+def test_every_method_row_stands_beside_a_control_that_exists():
+    """A row of a method beyond the paper that names no existing control is refused: the
+    study never reports a gain without its equal-compute control (issue 49)."""
+    from ssl_vit.study.summary import check_controls
+
+    method = {"variant": "v + st", "control": "v + control"}
+    rows = [{"variant": "v"}, {"variant": "v + control"}, method]
+    check_controls(rows)
+    with pytest.raises(ConfigError, match="'v \\+ st' names control 'v \\+ ctl'"):
+        check_controls([*rows[:2], {"variant": "v + st", "control": "v + ctl"}])
+    with pytest.raises(ConfigError, match="control"):
+        check_controls([rows[0], rows[2]])  # the control row left out
 
 
 def test_a_variant_fine_tunes_its_own_way_and_only_the_chosen_one_self_trains(tmp_path, capsys):
@@ -406,7 +431,8 @@ def test_a_variant_fine_tunes_its_own_way_and_only_the_chosen_one_self_trains(tm
 
     cfg = study.load_config(StudyConfig, config, over)
     rows = study.summarize(cfg, cfg.quick, tmp_path, "quick")["rows"]
-    names = ["random init", "visible_75", "visible_75 + self-trained", "paper_mpp"]
+    names = ["random init", "visible_75", "visible_75 + control", "visible_75 + self-trained",
+             "paper_mpp"]  # fmt: skip
     assert [r["variant"] for r in rows] == names
     with pytest.raises(ConfigError, match="variants: v: finetune: .*'train.lr'"):
         from_dict(StudyConfig, {"data": {"train": "a", "eval": "b"},
@@ -425,6 +451,7 @@ def test_jobs_weigh_the_images_they_train_on():
     assert weights["finetune/scratch-l10-s0"] == 60 * 32
     assert weights["finetune/mean_color_50-lall-s1"] == 150 * 32
     assert weights["finetune/mean_color_50-l10-st-s0"] == 150 * 32 * 2
+    assert weights["finetune/mean_color_50-l10-ctl-s0"] == 150 * 32  # no unlabelled images
     assert weights["fewshot/random"] == FEWSHOT_WEIGHT
     assert images_trained("configs/finetune/smoke.yaml", ["distill.ratio=3"]) == 20 * 32
     st = ["distill.teacher=t", "distill.ratio=3"]

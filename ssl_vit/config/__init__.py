@@ -25,6 +25,7 @@ from ssl_vit.config.schema import (
     PretrainDataConfig,
     TimeoutConfig,
 )
+from ssl_vit.config.select import SelectConfig
 from ssl_vit.config.study import (
     StudyBudget,
     StudyConfig,
@@ -54,6 +55,7 @@ __all__ = [
     "OptimConfig",
     "PretrainConfig",
     "PretrainDataConfig",
+    "SelectConfig",
     "TimeoutConfig",
     "StudyBudget",
     "StudyConfig",

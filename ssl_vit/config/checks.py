@@ -11,6 +11,7 @@ __all__ = [
     "MAX_AUTO_WORKERS",
     "auto_num_workers",
     "available_cpus",
+    "check_batch_memory",
     "check_data_loading",
     "check_fraction",
     "check_min",
@@ -20,6 +21,9 @@ __all__ = [
 ]
 
 MAX_AUTO_WORKERS = 8
+# A micro-batch's decoded float form may take at most this share of a process's part of the
+# host's memory (`check_batch_memory`).
+BATCH_MEMORY_SHARE = 0.25
 
 
 def available_cpus() -> int:
@@ -37,8 +41,49 @@ def auto_num_workers(requested: int) -> int:
     and torchrun) says how many share the node's CPUs."""
     if requested >= 0:
         return requested
-    local = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), 1)
-    return max(min(MAX_AUTO_WORKERS, available_cpus() // local), 1)
+    return max(min(MAX_AUTO_WORKERS, available_cpus() // _local_processes()), 1)
+
+
+def _local_processes() -> int:
+    """The job's processes on this node: LOCAL_WORLD_SIZE (set by accelerate launch and
+    torchrun), 1 without a launcher."""
+    return max(int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), 1)
+
+
+def _host_memory() -> int | None:
+    """The host's physical memory in bytes (None where the platform does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_batch_memory(key: str, value: int, per_unit: int, image_size: int) -> None:
+    """A process's micro-batch of `value` x `per_unit` RGB images at `image_size` px (`value`:
+    the config key `key`'s) fits in memory: its decoded float batch (images x 3 x H x W x 4
+    bytes) takes at most `BATCH_MEMORY_SHARE` of this process's part of the host's memory.
+
+    Why a quarter: the host holds each micro-batch as uint8 about 4 times over (each loader
+    worker's 2 prefetched messages, the assembled batch, its pinned copy), as much as the float
+    batch, and a CPU job the float batch and its activations (many times larger) besides. The
+    bound refuses the absurd (a batch that takes the machine down before step 1), not the
+    merely large: one within it may still be too large for the device (out of memory at step
+    1)."""
+    memory = _host_memory()
+    if memory is None:
+        return
+    share = memory / _local_processes()
+    per_image = 3 * image_size * image_size * 4
+    images = value * per_unit
+    if images * per_image <= share * BATCH_MEMORY_SHARE:
+        return
+    most = int(share * BATCH_MEMORY_SHARE // (per_image * per_unit))  # the largest that fits
+    raise ConfigError(
+        f"{key}={value}: {images:,} images of 3 x {image_size} x {image_size} px in a process's "
+        f"micro-batch are {images * per_image / 2**30:,.1f} GiB as floats, over "
+        f"{BATCH_MEMORY_SHARE:.0%} of this process's part of the host's memory "
+        f"({share / 2**30:,.1f} GiB); lower {key}" + (f" (at most {most})" if most else "")
+    )
 
 
 def check_data_loading(num_workers: int, load_size: int) -> None:

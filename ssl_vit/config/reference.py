@@ -33,6 +33,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from ssl_vit.config.predict import PredictConfig
 from ssl_vit.config.schema import FewshotConfig, FinetuneConfig, PretrainConfig
+from ssl_vit.config.select import SelectConfig
 from ssl_vit.config.study import StudyConfig
 
 __all__ = ["JOB_SCHEMAS", "Row", "field_comments", "main", "render", "rows", "type_name"]
@@ -43,6 +44,7 @@ JOB_SCHEMAS: dict[str, tuple[type, str]] = {
     "finetune": (FinetuneConfig, "`pipelines/finetune.py`, `ssl-vit finetune`"),
     "fewshot": (FewshotConfig, "`pipelines/fewshot.py`, `ssl-vit fewshot`"),
     "predict": (PredictConfig, "`pipelines/predict.py`, `ssl-vit predict` (or its flags)"),
+    "select": (SelectConfig, "`pipelines/selection.py`, `ssl-vit select` (or its flags)"),
     "study": (StudyConfig, "`scripts/study.py`, `scripts/quickstart.sh`"),
 }
 

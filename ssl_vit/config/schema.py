@@ -302,6 +302,9 @@ class FinetuneConfig(Frozen):
     """Fine-tuning of an encoder as a classifier (zero-initialized linear head)."""
 
     output_dir: str = "runs/finetune"  # the run directory
+    # A label the report shows beside the encoder's name, keeping these runs apart from the
+    # encoder's other fine-tunes (the study tags its equal-compute controls `control`).
+    tag: str = ""
     seed: int = 0
     pool: Literal["cls", "gap"] = "cls"  # the head reads the [class] token or the patch mean
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -6,6 +6,10 @@ Whatever the file stores, the model sees 8-bit RGB: 16-bit samples are scaled to
 converted and alpha is dropped. An image with more than `MAX_PIXELS` pixels, or longer than
 `MAX_ASPECT` times its width (or wider than that times its height), is refused before its pixels
 are decoded (the caller skips and counts it).
+
+Every image comes out upright, as people see it: an EXIF orientation (a phone photo stored on
+its side) is applied as `PIL.ImageOps.exif_transpose` applies it (`exif_orientation`), so
+training, evaluation, few-shot and predict see what the transformers export's `pipeline` sees.
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ import os
 import stat
 import struct
 import warnings
+from collections.abc import Iterator
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import ExifTags, Image
 from torchvision.io import ImageReadMode
 from torchvision.io import decode_image as _tv_decode_image
 
@@ -28,10 +33,15 @@ __all__ = [
     "MAX_PIXELS",
     "check_pixels",
     "decode_image",
+    "exif_orientation",
     "jpeg_size",
     "open_jpeg_reduced",
+    "pil_orientation",
     "pil_to_rgb8",
     "read_image_file",
+    "stored_box",
+    "upright",
+    "upright_pil",
 ]
 
 # PIL's decompression-bomb threshold (Image.open raises above twice MAX_IMAGE_PIXELS, 179 M
@@ -47,6 +57,35 @@ MAX_ASPECT = 100
 MAX_FILE_BYTES = 1 << 30
 
 _SOF = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # JPEG start-of-frame markers (not DHT etc.)
+_NO_LENGTH = frozenset((0x01, *range(0xD0, 0xD8)))  # JPEG markers without a length
+_APP1, _SOS = 0xE1, 0xDA  # the segment of EXIF and XMP metadata; start of scan (pixels follow)
+_PNG = b"\x89PNG\r\n\x1a\n"
+# PNG chunks PIL reads an orientation from: eXIf, and text chunks under these keywords.
+_PNG_TEXT = (b"tEXt", b"zTXt", b"iTXt")
+_PNG_EXIF_KEYS = (b"exif", b"Raw profile type exif", b"XML:com.adobe.xmp")
+
+# EXIF orientation -> how the stored pixels become the upright image: (transpose, flip rows,
+# flip columns), the transpose first. The table of `ImageOps.exif_transpose` (2 FLIP_LEFT_RIGHT,
+# 3 ROTATE_180, 4 FLIP_TOP_BOTTOM, 5 TRANSPOSE, 6 ROTATE_270, 7 TRANSVERSE, 8 ROTATE_90) in
+# array terms; 5-8 swap width and height. 1 (or none, or any other value): as stored.
+_ORIENT = {
+    2: (False, False, True),
+    3: (False, True, True),
+    4: (False, True, False),
+    5: (True, False, False),
+    6: (True, False, True),
+    7: (True, True, True),
+    8: (True, True, False),
+}
+_PIL_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 
 
 def check_pixels(size: tuple[int, int]) -> None:
@@ -95,32 +134,130 @@ def read_image_file(path: str | os.PathLike) -> bytes:
     return data
 
 
+def _jpeg_segments(data: bytes) -> Iterator[tuple[int, int]]:
+    """(marker, position) of each marker segment of JPEG bytes up to the start of scan (SOS,
+    the last one yielded); stops early at bytes that are not a marker."""
+    pos = 2
+    while pos + 4 <= len(data):
+        if data[pos] != 0xFF:
+            return
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in _NO_LENGTH:
+            pos += 2
+            continue
+        yield marker, pos
+        if marker == _SOS:
+            return
+        (length,) = struct.unpack(">H", data[pos + 2 : pos + 4])
+        pos += 2 + length
+
+
 def _header_size(data: bytes) -> tuple[int, int] | None:
     """(width, height) of a PNG or baseline/progressive JPEG from its header, else None.
 
     Reading 8 to a few hundred bytes costs ~1 us, where `PIL.Image.open` costs 30-60 us (as
     much as decoding a 32 px image), so the fast path checks the size without PIL."""
-    if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR":
+    if data[:8] == _PNG and data[12:16] == b"IHDR":
         return struct.unpack(">II", data[16:24])
     if data[:2] != b"\xff\xd8":
         return None
-    pos = 2
-    while pos + 4 <= len(data):
-        if data[pos] != 0xFF:
-            return None
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker in (0x01, *range(0xD0, 0xD8)):  # markers without a length
-            pos += 2
-            continue
-        (length,) = struct.unpack(">H", data[pos + 2 : pos + 4])
+    for marker, pos in _jpeg_segments(data):
         if marker in _SOF and pos + 9 <= len(data):
             height, width = struct.unpack(">HH", data[pos + 5 : pos + 9])
             return width, height
-        pos += 2 + length
     return None
+
+
+def _may_be_oriented(data: bytes) -> bool:
+    """False only where the bytes hold no orientation PIL would read: a JPEG without an APP1
+    segment (EXIF, XMP) before its pixels, a PNG without an eXIf chunk nor EXIF / XMP text.
+    A scan of the headers (~1-5 us, a chunk walk for a PNG), so that most images never pay for
+    `Image.open`; anything else (another format, malformed bytes) is left to PIL."""
+    if data[:2] == b"\xff\xd8":
+        for marker, _ in _jpeg_segments(data):
+            if marker == _APP1:
+                return True
+            if marker == _SOS:
+                return False
+        return True  # no scan found: PIL says what it reads
+    if data[:8] != _PNG:
+        return True
+    pos = 8
+    while pos + 8 <= len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind = data[pos + 4 : pos + 8]
+        if kind == b"eXIf":
+            return True
+        if kind in _PNG_TEXT:  # a keyword of at most 79 bytes, then a NUL
+            if data[pos + 8 : pos + 8 + min(length, 80)].split(b"\0", 1)[0] in _PNG_EXIF_KEYS:
+                return True
+        if kind == b"IEND":
+            return False
+        pos += 12 + length
+    return True  # truncated: PIL says what it reads
+
+
+def pil_orientation(im: Image.Image) -> int:
+    """The EXIF orientation `ImageOps.exif_transpose` applies to the opened image `im`: 2-8, or
+    1 for none (no tag, another value, or metadata PIL cannot parse). A JPEG's is read from
+    its header; any other image is decoded first, as exif_transpose does (a PNG's eXIf chunk
+    may follow its pixels)."""
+    try:
+        if im.format not in ("JPEG", "MPO"):
+            im.load()
+        orientation = im.getexif().get(ExifTags.Base.Orientation, 1)
+        return orientation if orientation in _ORIENT else 1
+    except Exception:  # noqa: BLE001 - broken metadata: the pixels as stored
+        return 1
+
+
+def exif_orientation(data: bytes) -> int:
+    """`pil_orientation` of encoded image bytes (1 for bytes PIL cannot open: the decode says
+    why). Most images cost a header scan, not `Image.open` (`_may_be_oriented`)."""
+    if not _may_be_oriented(data):
+        return 1
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            return pil_orientation(im)
+    except Exception:  # noqa: BLE001 - unreadable: decoding it raises the reason
+        return 1
+
+
+def upright(image: torch.Tensor, orientation: int) -> torch.Tensor:
+    """uint8 [..., H, W] pixels as stored -> the image as people see it under an EXIF
+    `orientation` ([..., W, H] for 5-8), as `ImageOps.exif_transpose` turns it."""
+    if orientation not in _ORIENT:
+        return image
+    transpose, flip_rows, flip_cols = _ORIENT[orientation]
+    if transpose:
+        image = image.transpose(-2, -1)
+    dims = [d for d, flip in ((-2, flip_rows), (-1, flip_cols)) if flip]
+    return image.flip(dims) if dims else image.contiguous()
+
+
+def upright_pil(im: Image.Image, orientation: int) -> Image.Image:
+    """`upright` of a PIL image (a new image; `im` itself for orientation 1)."""
+    return im.transpose(_PIL_TRANSPOSE[orientation]) if orientation in _ORIENT else im
+
+
+def stored_box(
+    box: tuple[float, float, float, float], size: tuple[int, int], orientation: int
+) -> tuple[float, float, float, float]:
+    """A box (left, top, right, bottom) of the upright image of (width, height) `size` -> the
+    same pixels' box in the image as stored (its sides swapped for orientations 5-8), so a
+    crop can be cut from pixels as stored and turned upright after (`upright`)."""
+    if orientation not in _ORIENT:
+        return box
+    transpose, flip_rows, flip_cols = _ORIENT[orientation]
+    (x0, y0, x1, y1), (width, height) = box, size
+    if flip_cols:
+        x0, x1 = width - x1, width - x0
+    if flip_rows:
+        y0, y1 = height - y1, height - y0
+    return (y0, x0, y1, x1) if transpose else (x0, y0, x1, y1)
 
 
 def pil_to_rgb8(im: Image.Image) -> np.ndarray:
@@ -147,8 +284,9 @@ def _rgb8(image: torch.Tensor) -> torch.Tensor:
 
 
 def decode_image(data: bytes) -> torch.Tensor:
-    """Encoded image bytes -> uint8 [3,H,W] RGB. Raises on empty, corrupt, non-image or
-    too large (`MAX_PIXELS`) data."""
+    """Encoded image bytes -> uint8 [3,H,W] RGB, upright (its EXIF orientation applied: H and
+    W are those people see). Raises on empty, corrupt, non-image or too large (`MAX_PIXELS`)
+    data."""
     if not data:
         raise ValueError("empty image data")
     size = _header_size(data)
@@ -159,28 +297,32 @@ def decode_image(data: bytes) -> torch.Tensor:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
                 buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-                return _rgb8(_tv_decode_image(buf, mode=ImageReadMode.RGB))
+                image = _rgb8(_tv_decode_image(buf, mode=ImageReadMode.RGB))
         except RuntimeError:
             pass  # e.g. a PNG variant libpng rejects: PIL decides (and rejects corrupt data)
+        else:  # (torchvision's own EXIF option is off: one reading of the tag, PIL's)
+            return upright(image, exif_orientation(data))
     # Other formats (BMP, TIFF, GIF, WebP, ...): PIL, which raises DecompressionBombError
     # above MAX_PIXELS when it opens the file.
     with Image.open(io.BytesIO(data)) as im:
         check_pixels(im.size)
-        pixels = pil_to_rgb8(im)
+        pixels = pil_to_rgb8(upright_pil(im, pil_orientation(im)))
     return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
 
 
 def jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) of JPEG bytes from the header (no decoding), None if not a JPEG."""
+    """(width, height) of JPEG bytes from the header (no decoding), None if not a JPEG: the
+    pixels as stored (before the EXIF orientation, which swaps them for 5-8)."""
     return _header_size(data) if data[:2] == b"\xff\xd8" else None
 
 
 def open_jpeg_reduced(data: bytes, scale: int) -> Image.Image | None:
     """JPEG bytes opened to decode at 1/`scale` (2, 4 or 8) of each side by libjpeg's scaled
     IDCT (PIL `draft`): pixel j of the result covers pixels [j*scale, (j+1)*scale) of the full
-    image. Nothing is decoded yet (the caller's first pixel op does it). None if this JPEG
-    cannot be read so (CMYK, whose colours torchvision converts otherwise; a size unlike its
-    header's; a scale libjpeg would not give): the caller decodes it in full, still once."""
+    image as stored (before its EXIF orientation: `stored_box`, then `upright`). Nothing is
+    decoded yet (the caller's first pixel op does it). None if this JPEG cannot be read so
+    (CMYK, whose colours torchvision converts otherwise; a size unlike its header's; a scale
+    libjpeg would not give): the caller decodes it in full, still once."""
     im = Image.open(io.BytesIO(data))
     width, height = im.size
     if im.format != "JPEG" or im.mode not in ("RGB", "L") or im.size != jpeg_size(data):

@@ -89,6 +89,9 @@ def load_index(path: str | os.PathLike) -> dict[str, Any]:
             f"{path}: a damaged shard index (need shards: [{{name, num_samples}}], "
             "label_names: [names])"
         )
+    if len(set(names)) != len(names):  # a classifier trained on it would name two classes alike
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"{path}: label_names holds {twice} more than once: one name a class")
     return index
 
 

@@ -14,7 +14,15 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from ssl_vit.config.pixels import PIXEL_NORM
-from ssl_vit.data.decode import check_pixels, decode_image, jpeg_size, open_jpeg_reduced
+from ssl_vit.data.decode import (
+    check_pixels,
+    decode_image,
+    exif_orientation,
+    jpeg_size,
+    open_jpeg_reduced,
+    stored_box,
+    upright,
+)
 
 __all__ = [
     "RandAugment",
@@ -77,22 +85,29 @@ class RandomResizedCropFlip:
         and the same crop box, decoding only what the crop needs. A JPEG crop at least 2S on its
         shorter side is decoded at 1/2, 1/4 or 1/8 scale (the largest that leaves the crop >= S
         a side, so the resize to S still only shrinks: nothing is lost), then cropped and
-        resized in one antialiased op; any other image is decoded in full, once, as before."""
+        resized in one antialiased op; any other image is decoded in full, once, as before.
+        The box is drawn on the upright image, as `decode_image` gives it; a JPEG with an EXIF
+        orientation is cut and resized as stored (`stored_box`), then turned upright."""
         size = jpeg_size(data)
         if size is None:
             return self(decode_image(data))
         check_pixels(size)  # before any draw, as decode_image would raise
-        top, left, h, w = self.crop_box(size[1], size[0])
+        orientation = exif_orientation(data)
+        width, height = size[::-1] if orientation >= 5 else size  # upright (5-8: a quarter turn)
+        top, left, h, w = self.crop_box(height, width)
         scale = next((s for s in (8, 4, 2) if min(h, w) >= s * self.size[0]), 1)
         reduced = open_jpeg_reduced(data, scale) if scale > 1 else None
         if reduced is not None:
-            box = (left / scale, top / scale, (left + w) / scale, (top + h) / scale)
-            out_wh = (self.size[1], self.size[0])  # PIL's (width, height)
+            box = stored_box((left, top, left + w, top + h), (width, height), orientation)
+            box = tuple(v / scale for v in box)
+            out_wh = (self.size[1], self.size[0])  # PIL's (width, height), upright
+            out_wh = out_wh[::-1] if orientation >= 5 else out_wh
             out = reduced.resize(out_wh, Image.Resampling.BILINEAR, box, reducing_gap=None)
             pixels = np.array(out.convert("RGB") if out.mode != "RGB" else out)
-            return self._flip(torch.from_numpy(pixels).permute(2, 0, 1).contiguous())
+            image = upright(torch.from_numpy(pixels).permute(2, 0, 1), orientation)
+            return self._flip(image.contiguous())
         image = decode_image(data)
-        if tuple(image.shape[-2:]) != (size[1], size[0]):
+        if tuple(image.shape[-2:]) != (height, width):
             raise ValueError(f"JPEG header says {size[0]}x{size[1]}, decoded {image.shape}")
         out = TF.resized_crop_image(image, top, left, h, w, self.size, antialias=True)
         return self._flip(out)

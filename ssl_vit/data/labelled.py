@@ -30,11 +30,7 @@ import hashlib
 import logging
 import math
 import shutil
-import signal
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +52,7 @@ from ssl_vit.data.labelled_record import (
 )
 from ssl_vit.data.sources import open_source
 from ssl_vit.data.write.writer import ShardWriter
+from ssl_vit.watchdog import Stopped, stops_raise
 
 __all__ = [
     "LABELLED_DIR",
@@ -75,11 +72,6 @@ _MAX_SHARD = 2000
 
 class CopyInterruptedError(ValueError):
     """SIGTERM / SIGINT while the subset was being copied: the partial copy is gone; one line."""
-
-
-class _Stopped(BaseException):
-    """Raised by the copy's signal handler with the signal's name (a BaseException: no `except
-    Exception` holds it)."""
 
 
 @dataclass
@@ -183,12 +175,12 @@ def _build(subset: LabelledSubset, run_dir: Path, content: dict[str, str] | None
     out, record = run_dir / LABELLED_DIR, run_dir / LABELLED_RECORD
     published = done = False
     try:
-        with _signals_raise():
+        with stops_raise():
             written = _write_shards(subset, out, content)
             published = True
             write_json(record, {**subset.record(), **written})
             done = True
-    except _Stopped as e:
+    except Stopped as e:
         raise CopyInterruptedError(
             f"{e} while copying the labelled subset into {out}: stopped before training, "
             "nothing of the copy kept; run the same command again"
@@ -196,33 +188,6 @@ def _build(subset: LabelledSubset, run_dir: Path, content: dict[str, str] | None
     finally:
         if published and not done:
             shutil.rmtree(out, ignore_errors=True)
-
-
-@contextmanager
-def _signals_raise() -> Iterator[None]:
-    """Inside the block SIGTERM / SIGINT raise `_Stopped` (the first one: a repeat while it
-    unwinds is the same request); the handlers before are back after it. A signal ignored
-    before stays ignored; outside the main thread (no handlers there) nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    stopped: list[int] = []
-
-    def handle(signum: int, _frame: Any) -> None:
-        if not stopped:
-            stopped.append(signum)
-            raise _Stopped(signal.Signals(signum).name)
-
-    previous = {
-        sig: signal.signal(sig, handle)
-        for sig in (signal.SIGTERM, signal.SIGINT)
-        if signal.getsignal(sig) is not signal.SIG_IGN
-    }
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def _write_shards(

@@ -25,10 +25,10 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ssl_vit.data.decode import decode_image
 from ssl_vit.data.image_source import ImageSource
 from ssl_vit.data.images import eval_transform
-from ssl_vit.data.sources import open_source
+from ssl_vit.data.sources import FolderSource, open_source
 from ssl_vit.data.stages import collate, make_loader, rate_limited
 
-__all__ = ["PredictBatch", "num_batches", "predict_loader"]
+__all__ = ["PredictBatch", "num_batches", "open_predict_source", "predict_loader"]
 
 log = logging.getLogger(__name__)
 _CHUNK = 256  # batches whose indices a worker asks its source for at once (memory stays flat)
@@ -63,7 +63,12 @@ class _PredictDataset(IterableDataset):
     skipped: int = 0  # this worker's, for rate-limited logging
 
     def __iter__(self) -> Iterator[PredictBatch]:
-        source = open_source(self.spec)  # opened per worker: the dataset pickles as a path
+        source = open_predict_source(self.spec, self.label_map is None)  # per worker: a path
+        if isinstance(source, FolderSource) and len(source) != self.num_images:
+            raise RuntimeError(
+                f"{self.spec}: {len(source)} images, {self.num_images} when the job started "
+                "(files added or removed meanwhile)"
+            )
         transform = eval_transform(self.image_size)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -95,6 +100,13 @@ class _PredictDataset(IterableDataset):
             yield PredictBatch(g, batch.images, batch.keys, batch.labels, skipped)
 
 
+def open_predict_source(spec: str, ignore_labels: bool) -> ImageSource:
+    """The source predict reads: every image in it. A folder's images outside its class
+    folders are predicted without a true label (label -1); with `ignore_labels`, every image
+    under the folder, none labelled (`FolderSource`'s "optional" and "ignored")."""
+    return open_source(spec, labels="ignored" if ignore_labels else "optional")
+
+
 def predict_loader(
     spec: str,
     num_images: int,
@@ -108,6 +120,8 @@ def predict_loader(
 ) -> DataLoader:
     """This process's batches of `spec` (global batches g = rank, rank + R, ...), in order,
     each image resized and centre-cropped by the evaluation transform (`eval_transform`).
-    `label_map`: the source's label i is class label_map[i] (None: every label is -1)."""
+    `label_map`: the source's label i is class label_map[i] (None: the source is read as
+    unlabelled, `open_predict_source(spec, ignore_labels=True)`, every label -1).
+    `num_images`: `len(open_predict_source(...))` of the same reading."""
     dataset = _PredictDataset(spec, num_images, batch_size, image_size, rank, world_size, label_map)
     return make_loader(dataset, num_workers, persistent=False, prefetch=2)

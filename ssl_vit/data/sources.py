@@ -73,26 +73,52 @@ def _images_under(folder: Path) -> list[str]:
     return sorted(Path(p).as_posix() for p in found)
 
 
-class FolderSource(ImageSource):
-    """Images in `root/<class>/**` (labels = sorted class names) or directly in `root` (none)."""
+def _listed(names: list[str], most: int = 5) -> str:
+    more = f", ... ({len(names) - most} more)" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
 
-    def __init__(self, root: str | os.PathLike) -> None:
+
+LABELS = ("required", "optional", "ignored")  # FolderSource's `labels`
+
+
+class FolderSource(ImageSource):
+    """Images in `root/<class>/**` (labels = sorted class names, a class folder any sub-folder
+    with images) and directly in `root`. `labels` says what a labelled folder (one with class
+    folders) gives of the images directly in `root`, which have no class:
+
+    - "required" (training, evaluation, few-shot): every sample has a label; they are left out,
+      named in one warning.
+    - "optional" (predict, make-shards): they follow the class images, label -1; the job says
+      what it does with them (predict predicts them, make-shards counts them as skipped).
+    - "ignored" (predict --ignore-labels): no labels at all; every image under `root`.
+
+    Either way the order is the class folders' images, class by class (paths sorted), then the
+    images directly in `root` (sorted). A folder without class folders is unlabelled: its
+    images, label -1, whatever `labels`."""
+
+    def __init__(self, root: str | os.PathLike, labels: str = "required") -> None:
+        if labels not in LABELS:
+            raise ValueError(f"labels must be one of {LABELS}, got {labels!r}")
         self.root = Path(root)
         if not self.root.is_dir():
             raise FileNotFoundError(f"image folder not found: {root}")
         classes = sorted(d.name for d in os.scandir(root) if d.is_dir() and d.name[0] != ".")
         per_class = {c: _images_under(self.root / c) for c in classes}
-        self.label_names = [c for c in classes if per_class[c]]
+        classes = [c for c in classes if per_class[c]]
         top = sorted(e.name for e in os.scandir(root) if e.is_file() and _is_image(e.name))
-        if self.label_names:
-            if top:
-                log.warning("%s: ignoring %d images outside class folders", root, len(top))
-            self.files = [f"{c}/{p}" for c in self.label_names for p in per_class[c]]
-            counts = [len(per_class[c]) for c in self.label_names]
-            self._labels = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-        else:
-            self.files = top
-            self._labels = np.full(len(top), -1, dtype=np.int64)
+        if classes and top and labels == "required":
+            log.warning(
+                "%s: leaving out %d images outside its class folders (no class: %s)",
+                root, len(top), _listed(top),
+            )  # fmt: skip
+            top = []
+        elif classes and top and labels == "optional":
+            log.info("%s: %d images outside its class folders have no label", root, len(top))
+        self.label_names = classes if labels != "ignored" else []
+        self.files = [f"{c}/{p}" for c in classes for p in per_class[c]] + top
+        counts = [len(per_class[c]) for c in self.label_names]
+        self._labels = np.full(len(self.files), -1, dtype=np.int64)  # -1: no label
+        self._labels[: sum(counts)] = np.repeat(np.arange(len(counts)), counts)
         if not self.files:
             raise ValueError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found in {root}")
         self.keys = _unique_keys([f.rsplit(".", 1)[0] for f in self.files])
@@ -328,9 +354,11 @@ def _records(
 
 
 def open_raw_source(
-    spec: str, split: str | None = None, source_format: str = "auto"
+    spec: str, split: str | None = None, source_format: str = "auto", labels: str = "optional"
 ) -> ImageSource:
-    """An image folder or HF dataset directory (what `make_shards` reads); see `open_source`."""
+    """An image folder or HF dataset directory (what `make_shards` reads); see `open_source`.
+    `labels`: a folder's (`FolderSource`); by default its images outside the class folders are
+    samples with label -1, so that make-shards meets, and counts, every image."""
     if source_format not in ("auto", "folder", "hf", "hf-imagefolder"):
         raise ValueError(f"unknown source format {source_format!r}")
     if not os.path.isdir(spec):
@@ -340,13 +368,15 @@ def open_raw_source(
     is_hf = any(os.path.isfile(os.path.join(spec, m)) for m in _HF_MARKERS)
     if source_format == "hf" or (source_format == "auto" and is_hf):
         return HFSource(spec, split)
-    return FolderSource(spec)
+    return FolderSource(spec, labels)
 
 
-def open_source(spec: str, split: str | None = None) -> ImageSource:
+def open_source(spec: str, split: str | None = None, labels: str = "required") -> ImageSource:
     """Open a labelled image source: shards (directory with index.json or *.tar, index JSON,
     brace pattern, tar), an HF saved dataset or `imagefolder` directory, an image folder, or
     a Hugging Face Hub dataset as `hf://NAME[:SPLIT]` (e.g. `hf://uoft-cs/cifar10:test`).
+    `labels`: what an image folder's class folders and the images beside them give
+    (`FolderSource`); other sources store their labels.
 
     FileNotFoundError with a one-line message if it does not exist.
     """
@@ -358,4 +388,4 @@ def open_source(spec: str, split: str | None = None) -> ImageSource:
         return ShardSource(spec)
     if not os.path.exists(os.path.expanduser(spec)):
         raise FileNotFoundError(f"image source not found: {spec}")
-    return open_raw_source(os.path.expanduser(spec), split)
+    return open_raw_source(os.path.expanduser(spec), split, labels=labels)

@@ -175,9 +175,10 @@ class _IndexedTrainStream(_LaneStream):
     seeded by (seed, v) split over lanes."""
 
     spec: str = ""
+    labels: str = "required"  # an image folder's class folders (`FolderSource`)
 
     def _visit(self, lane: int, v: int, stats: Stats) -> Iterator[tuple[Sample, SampleId]]:
-        source = open_source(self.spec)  # opened per worker: pickles as a path
+        source = open_source(self.spec, labels=self.labels)  # per worker: pickles as a path
         perm = np.random.default_rng(seeds.derive(self.seed, seeds.EPOCH, v)).permutation
         for i in perm(len(source))[lane :: self.lanes].tolist():  # (not iter_records: sorted)
             yield stages.record_sample(source, source[i], self.require_labels), (v, i)
@@ -300,10 +301,12 @@ def train_loader(
     )
     if is_shard_spec(source):
         return _shard_loader(resolve_shards(source), data, stream, key, **fields)
-    source_obj = open_source(source)
+    # Unlabelled images: every image of a folder, those beside its class folders too.
+    folder_labels = "required" if labelled else "ignored"
+    source_obj = open_source(source, labels=folder_labels)
     identity = {
         "source": f"{len(source_obj)} records/{source_id([source])}",
         "shuffle_buffer": data.shuffle_buffer,
     }
-    fields.update(spec=source, records=len(source_obj))
+    fields.update(spec=source, records=len(source_obj), labels=folder_labels)
     return _build(_IndexedTrainStream, data, stream, identity, key, **fields)

@@ -1,11 +1,12 @@
 """What `ssl-vit predict` does per batch and per row: the classifier's top-k on the device, the
 rows gathered to the main process, and one writer for predictions.jsonl / predictions.csv
-(streamed to a hidden sibling, renamed into place when complete)."""
+(streamed to a hidden sibling, renamed into place when complete). Rows are strict JSON: a
+non-finite score (a classifier whose output overflowed) stops the writer with one line naming
+the image, never a bare `NaN` in the file."""
 
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -13,6 +14,7 @@ import torch
 
 from ssl_vit.atomic import replacing, writing
 from ssl_vit.data.predict_stream import PredictBatch
+from ssl_vit.jsonfile import dump_json
 
 __all__ = ["Predicted", "PredictionWriter", "gather_on_main", "predict_batch"]
 
@@ -81,11 +83,12 @@ class PredictionWriter:
                 self._write_row(row)
 
     def _write_row(self, row: dict[str, Any]) -> None:
+        line = dump_json(row, f"{self.path}: image {row['key']!r}")  # NaN: one line, no row
         if self.csv is None:
-            self.file.write(json.dumps(row) + "\n")
+            self.file.write(line + "\n")
         else:
-            cells = [row["key"], row["label"], row["score"], json.dumps(row["top_k"])]
-            self.csv.writerow(cells + [row["true_label"]] * self.labelled)
+            cells = [row["key"], row["label"], row["score"], dump_json(row["top_k"], "")]
+            self.csv.writerow(cells + ([row["true_label"]] if self.labelled else []))
 
     def close(self) -> Path:
         with writing(self.path):

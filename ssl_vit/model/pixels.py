@@ -2,16 +2,38 @@
 
 `PixelNorm` is the one place it happens: the first stage of the pretraining objective, of the
 fine-tuning classifier and of frozen feature extraction (`eval.readouts.frozen_forward`).
+`pixel_norm_problem` is the one check of statistics read from a file: a std of 0 or a NaN mean
+would make every input NaN, and every prediction the same.
 """
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 import torch
 from torch import nn
 
 from ssl_vit.config.pixels import PIXEL_NORM
 
-__all__ = ["PixelNorm", "normalize_pixels"]
+__all__ = ["PixelNorm", "normalize_pixels", "pixel_norm_problem"]
+
+
+def pixel_norm_problem(mean: Any, std: Any) -> str | None:
+    """What makes (`mean`, `std`), read from an untrusted file, unusable as a pixel
+    normalisation (3 finite numbers each, every std > 0), or None."""
+    for key, value in (("mean", mean), ("std", std)):
+        if not isinstance(value, list | tuple) or len(value) != 3 or not all(map(_number, value)):
+            return f"{key} must be 3 numbers, got {value!r}"
+        if not all(map(math.isfinite, value)):
+            return f"{key} must be finite, got {list(value)}"
+    if min(std) <= 0:
+        return f"std must be > 0 (it divides), got {list(std)}"
+    return None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def normalize_pixels(

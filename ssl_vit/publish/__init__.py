@@ -3,11 +3,12 @@ classifier as timm / transformers weights with a model card, import timm / trans
 as an ssl-vit encoder."""
 
 from ssl_vit.publish.export import export_checkpoint, import_weights
-from ssl_vit.publish.export_classifier import export_classifier, is_classifier
+from ssl_vit.publish.export_classifier import export_classifier, export_model, export_source
 
 __all__ = [
     "export_checkpoint",
     "export_classifier",
+    "export_model",
+    "export_source",
     "import_weights",
-    "is_classifier",
 ]

@@ -11,6 +11,9 @@ and head, `ssl_vit.train.classifier_file`) as a whole timm or transformers class
 Written at the fine-tuning resolution, staged and renamed into place like an encoder export
 (`export.write_export`), with a model card naming the classes, the label budget and the
 fine-tune's top-1 (`model_card.classifier_card`).
+
+`export_model` is `ssl-vit export`: whether its source is a classifier or an encoder is decided
+from the contents of the weights file it names (`export_source`), never from the file's name.
 """
 
 from __future__ import annotations
@@ -20,27 +23,80 @@ from pathlib import Path
 from typing import Any
 
 from ssl_vit import interop
+from ssl_vit.config.loader import read_yaml_file, run_kind
 from ssl_vit.interop import InteropError
-from ssl_vit.publish.export import check_output, check_target, write_export
+from ssl_vit.publish.export import check_output, check_target, export_checkpoint, write_export
 from ssl_vit.publish.model_card import classifier_card
 from ssl_vit.train import classifier_file
-from ssl_vit.train.classifier_file import CLASSIFIER_FILE, ClassifierSpec, read_classifier_spec
+from ssl_vit.train.checkpoint import resolve_checkpoint
+from ssl_vit.train.classifier_file import (
+    CLASSIFIER_FILE,
+    ClassifierError,
+    ClassifierSpec,
+    file_kind,
+    read_classifier_spec,
+)
 
-__all__ = ["export_classifier", "is_classifier"]
+__all__ = ["export_classifier", "export_model", "export_source"]
 
 log = logging.getLogger(__name__)
+ENCODER_MODEL = {"hf": "transformers ViTModel", "timm": "timm VisionTransformer with no head"}
 
 
-def is_classifier(path: str | Path) -> bool:
-    """Whether `path` names a fine-tuned classifier (a fine-tuning run directory holding
-    model.safetensors, or that file) rather than an encoder checkpoint. A model.safetensors
-    that is readable and has no class names (e.g. an export directory's) is not one; an
-    unreadable one is, so that exporting it fails with the classifier's own error."""
-    p = Path(path).expanduser()
-    file = p / CLASSIFIER_FILE if p.is_dir() else p
-    if file.name != CLASSIFIER_FILE or not file.is_file():
-        return False
-    return classifier_file.names_labels(file) is not False
+def export_model(
+    source: str | Path,
+    to: str,
+    outdir: str | Path,
+    keep_head: bool = False,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """`ssl-vit export`: the fine-tuned classifier or the encoder at `source` (`export_source`)
+    as a timm or transformers directory. An encoder found where a classifier could be (a
+    directory's model.safetensors, a file named on the command line) is said in one log line.
+    Returns `export_classifier`'s summary (with num_classes) or `export_checkpoint`'s."""
+    check_target(to)
+    kind, path = export_source(source)
+    if kind == "classifier":
+        if keep_head:
+            raise ValueError("--keep-head: a fine-tuned classifier has no masked-prediction head")
+        return export_classifier(path, to, outdir, overwrite=overwrite)
+    if kind == "encoder":
+        log.info(
+            "%s is an encoder (no classifier head, no labels): exporting a %s",
+            path,
+            ENCODER_MODEL[to],
+        )
+    else:
+        path = resolve_checkpoint(path)  # a run directory: its newest valid checkpoint (logged)
+    return export_checkpoint(path, to, outdir, keep_head=keep_head, overwrite=overwrite)
+
+
+def export_source(source: str | Path) -> tuple[str, Path]:
+    """What `ssl-vit export SOURCE` exports, from the contents of the weights file SOURCE names
+    (itself, or a directory's model.safetensors: `classifier_file.file_kind`):
+    - ('classifier', file): its metadata names labels, whatever the file is called; or a
+      directory's model.safetensors that cannot be read (the classifier reader says why);
+    - ('encoder', file): an ssl-vit encoder, unless it lies in a fine-tuning run directory,
+      whose model.safetensors is its classifier: then one ClassifierError line;
+    - ('checkpoint', SOURCE): anything else (a checkpoint or run directory without
+      model.safetensors, foreign weights), for `resolve_checkpoint` and the encoder reader."""
+    path = Path(source).expanduser()
+    file = path / CLASSIFIER_FILE if path.is_dir() else path
+    kind = file_kind(file)
+    if kind == "classifier" or (kind == "unreadable" and path.is_dir()):
+        return "classifier", file
+    if kind != "encoder":
+        return "checkpoint", path
+    run = file.parent
+    config = run / "config.yaml"
+    saved = read_yaml_file(config) if config.is_file() else None
+    if isinstance(saved, dict) and run_kind(saved) == "fine-tuning":
+        raise ClassifierError(
+            f"{file}: an encoder (no classifier head, no labels) in the fine-tuning run {run}, "
+            f"whose {CLASSIFIER_FILE} is the classifier it trained: replaced or mismatched; to "
+            f"export an encoder, name a checkpoint ({run}/checkpoints/step_N)"
+        )
+    return "encoder", file
 
 
 def export_classifier(

@@ -63,9 +63,10 @@ def _results(checkpoint: Path, run: Path | None) -> str:
         return "No run directory found next to the checkpoint: no results recorded.\n"
     res = read_results(run)
     lines = ["| evaluation | setting | result |", "|---|---|---|"]
-    if "loss" in res:
+    if "loss" in res:  # null: a run that ended diverged (results.json holds no NaN)
+        loss = f"{res['loss']:.3f}" if isinstance(res["loss"], (int, float)) else "n/a"
         lines.append(
-            f"| pretraining (final) | step {res.get('step')} | loss {res['loss']:.3f}, "
+            f"| pretraining (final) | step {res.get('step')} | loss {loss}, "
             f"colour accuracy {_pct(res.get('color_acc'))} on corrupted patches |"
         )
     if "top1" in res:  # the checkpoint of a fine-tuning run: its own final accuracy

@@ -52,8 +52,12 @@ def encoder_name(run: Run) -> str:
     if run_dir is None and (Path(ckpt) / "checkpoints").is_dir():  # init: a run directory
         run_dir = Path(ckpt)
     name = run_dir.name if run_dir is not None else ckpt
-    # Self-training (distill.teacher) from the same encoder is another line of its own.
-    return name + SELF_TRAINED if (run.config.get("distill") or {}).get("teacher") else name
+    # Self-training (distill.teacher) from the same encoder is another line of its own, and
+    # so is a tagged run (the study's equal-compute controls): never averaged with the rest.
+    if (run.config.get("distill") or {}).get("teacher"):
+        name += SELF_TRAINED
+    tag = run.config.get("tag")
+    return f"{name} [{tag}]" if tag else name
 
 
 def budget_of(run: Run) -> int:

@@ -86,14 +86,15 @@ def fewshot_section(runs: list[Run], groups: dict) -> Section:
 
 def _sections(runs: list[Run], num_examples: int, seed: int) -> list[Section]:
     from ssl_vit.report.classifier_section import classifier_section
-    from ssl_vit.report.finetune_section import budget_section, finetune_section
-    from ssl_vit.report.learned_section import learned_section
     from ssl_vit.report.tables import runs_section, summary_section
 
     groups = link_runs(runs)
     classifier = classifier_section(runs)
     if all(r.kind == "predict" for r in runs):  # nothing trained: no empty sections
         return [s for s in (classifier, runs_section(runs, groups)) if s is not None]
+    from ssl_vit.report.finetune_section import budget_section, finetune_section
+    from ssl_vit.report.learned_section import learned_section  # imports torch: ~0.7 GB RSS
+
     sections = [summary_section(runs, groups), pretrain_section(runs)]
     sections += [fewshot_section(runs, groups), finetune_section(runs)]
     sections += [s for s in (budget_section(runs), classifier) if s is not None]

@@ -8,7 +8,7 @@ of `label_names`. matplotlib is not imported here (classifier_figures.py draws).
 
 from __future__ import annotations
 
-import logging
+import heapq
 from typing import NamedTuple
 
 from ssl_vit.report.budget import finetune_groups, scored
@@ -18,12 +18,13 @@ __all__ = [
     "Confusion",
     "chosen_runs",
     "confusion_of",
+    "most_confused",
     "per_class_accuracy",
     "row_normalised",
     "top1_of",
+    "worst_classes",
 ]
 
-log = logging.getLogger(__name__)
 ALL_UP_TO = 4  # fine-tunes with a matrix: every one drawn up to this many,
 GROUPS_UP_TO = 8  # else the best of each (encoder, label budget) group up to this many groups,
 # else the best of each encoder.
@@ -35,18 +36,13 @@ class Confusion(NamedTuple):
 
 
 def confusion_of(run: Run) -> Confusion | None:
-    """The confusion matrix in a run's results.json; None when it has none, or (logged) when
-    its shape does not match its label names."""
+    """The confusion matrix in a run's results.json; None when it has none. Its shape and
+    counts were checked where the run was read (`checks.results_problem`)."""
     counts = run.results.get("confusion_matrix")
     if not counts:
         return None
-    K = len(counts)
     names = run.results.get("label_names") or list(run.results.get("per_class_top1") or [])
-    names = names or [str(i) for i in range(K)]
-    if len(names) != K or any(len(row) != K for row in counts):
-        log.warning("%s: confusion_matrix is not %d x %d (label_names), not drawn", run.name, K, K)
-        return None
-    return Confusion([str(n) for n in names], [[int(c) for c in row] for row in counts])
+    return Confusion(names or [str(i) for i in range(len(counts))], counts)
 
 
 def row_normalised(counts: list[list[int]]) -> list[list[float | None]]:
@@ -65,6 +61,28 @@ def top1_of(counts: list[list[int]]) -> float | None:
     """Accuracy over all images: the trace over the total; None without images."""
     total = sum(map(sum, counts))
     return sum(row[i] for i, row in enumerate(counts)) / total if total else None
+
+
+def most_confused(counts: list[list[int]], n: int) -> list[tuple[int, int, int]]:
+    """The `n` most frequent errors (true class i, predicted class j != i, images), most images
+    first (ties: the larger share of class i, then i, j), in O(n) memory: one pass over the
+    cells, never a K x K copy."""
+    totals = [sum(row) for row in counts]
+    cells = ((i, j, c) for i, row in enumerate(counts) for j, c in enumerate(row) if c and i != j)
+    return heapq.nlargest(n, cells, key=lambda t: (t[2], t[2] / totals[t[0]], -t[0], -t[1]))
+
+
+def worst_classes(counts: list[list[int]], n: int) -> list[tuple[int, float, int | None]]:
+    """The `n` classes with images of the lowest accuracy, lowest first (ties: by index), as
+    (class, accuracy, the class it is most often taken for, None when never wrong)."""
+    acc = per_class_accuracy(counts)
+    worst = heapq.nsmallest(n, (i for i, a in enumerate(acc) if a is not None), key=acc.__getitem__)
+
+    def taken_for(i: int) -> int | None:
+        j = max((j for j in range(len(counts)) if j != i), key=counts[i].__getitem__, default=None)
+        return j if j is not None and counts[i][j] else None
+
+    return [(i, acc[i], taken_for(i)) for i in worst]
 
 
 def _best(runs: list[Run]) -> Run:

@@ -7,16 +7,37 @@ from __future__ import annotations
 from pathlib import Path
 
 from ssl_vit.report.budget import all_labels_per_class, budget_label, budget_of, encoder_name
-from ssl_vit.report.classifier import chosen_runs, confusion_of
-from ssl_vit.report.render import Section
+from ssl_vit.report.classifier import (
+    Confusion,
+    chosen_runs,
+    confusion_of,
+    most_confused,
+    worst_classes,
+)
+from ssl_vit.report.render import Section, Table
 from ssl_vit.report.runs import Run
 
-__all__ = ["classifier_section"]
+__all__ = ["MAP_UP_TO", "TOP_N", "classifier_section"]
+
+# Classes drawn as a heat map: up to 50 the map stays within its 8-in side with cells of at
+# least 0.16 in (17 px at the report's 110 dpi) and at least every second name on its axes.
+# Above, a cell shrinks to a few pixels and most names go unlabelled, and from 100 classes on
+# the figure's pixels grow with K^2 (1,000 classes: an 80-inch map took 3.9 GB and 55 s; 3,000
+# tried to allocate a 4.8 GiB array for one resampling step, issue 47 #8): the most confused
+# pairs and the worst classes say which classes are confused, in tables of a fixed size.
+MAP_UP_TO = 50
+TOP_N = 20  # rows of each of those tables
 
 READING = (
     "Each figure, left: rows are the true classes, each normalised to 100 % (a cell: the % of "
     "that class's images predicted as the column's class; blank: none; grey: no images of the "
     "class). Right: accuracy on each class (the diagonal), correct / images; dashed: top-1."
+)
+MANY = (
+    f"A classifier of more than {MAP_UP_TO} classes is listed, not drawn: its {TOP_N} most "
+    "confused pairs (images of the true class predicted as the other; %: of the true class's "
+    f"images) and its {TOP_N} classes of lowest accuracy, with the class each is most often "
+    "taken for."
 )
 
 
@@ -48,25 +69,71 @@ def _unlabelled(runs: list[Run]) -> list[str]:
     ]
 
 
-def classifier_section(runs: list[Run]) -> Section | None:
-    """The "Per-class accuracy" section: a figure per chosen run, notes for the rest; None
-    when no run has a confusion matrix and none is a predict run (the report is as before)."""
-    chosen, how = chosen_runs(runs)
-    unlabelled = _unlabelled(runs)
-    if not chosen and not unlabelled:
-        return None
-    s = Section("Per-class accuracy", notes=[n for n in [READING, how, *unlabelled] if n])
+def _listed(conf: Confusion, title: str, caption: str) -> list[Table]:
+    """A classifier of many classes as two tables: its TOP_N most confused pairs (true class,
+    predicted class, images, % of the true class's images), its TOP_N worst classes."""
+    totals = [sum(row) for row in conf.counts]
+    pairs = [
+        [conf.names[i], conf.names[j], str(c), f"{100 * c / totals[i]:.0f}%"]
+        for i, j, c in most_confused(conf.counts, TOP_N)
+    ]
+    worst = [
+        [
+            conf.names[i],
+            f"{100 * acc:.1f}",
+            f"{conf.counts[i][i]} / {totals[i]}",
+            "-" if j is None else f"{conf.names[j]} ({100 * conf.counts[i][j] / totals[i]:.0f}%)",
+        ]
+        for i, acc, j in worst_classes(conf.counts, TOP_N)
+    ]
+    K = len(conf.names)
+    return [
+        Table(
+            ["true class", "predicted as", "images", "% of the true class"],
+            pairs,
+            f"{title}. {caption} The {len(pairs)} most confused pairs of its {K} classes:",
+        ),
+        Table(
+            ["class", "accuracy (%)", "correct / images", "most often taken for"],
+            worst,
+            f"{title}: the {len(worst)} classes of lowest accuracy of its {K}:",
+        ),
+    ]
+
+
+def _draw(s: Section, drawn: list[tuple[Run, Confusion]], x_all: float | None) -> None:
+    """A confusion figure per run (heat map and accuracy bars) into `s`."""
     try:
         from ssl_vit.report.classifier_figures import confusion_figure
     except ImportError as e:  # matplotlib is the `report` extra
         s.notes.append(f"figures skipped: {e}; install it with: pip install 'ssl-vit[report]'")
-        return s
-    x_all, names = all_labels_per_class(runs), set()
-    for run in chosen:
+        return
+    names = set()
+    for run, conf in drawn:
         title, caption = _what(run, x_all)
         name = f"confusion_{run.name}"
         while name in names:  # runs of one name in several folders
             name += "_"
         names.add(name)
-        s.chart(name, confusion_figure(confusion_of(run), title), caption)
+        s.chart(name, confusion_figure(conf, title), caption)
+
+
+def classifier_section(runs: list[Run]) -> Section | None:
+    """The "Per-class accuracy" section: a figure per chosen run of at most MAP_UP_TO classes,
+    two tables per larger one, notes for the rest; None when no run has a confusion matrix and
+    none is a predict run (the report is as before)."""
+    chosen, how = chosen_runs(runs)
+    unlabelled = _unlabelled(runs)
+    if not chosen and not unlabelled:
+        return None
+    confs = [(run, confusion_of(run)) for run in chosen]
+    drawn = [(run, conf) for run, conf in confs if len(conf.names) <= MAP_UP_TO]
+    listed = [(run, conf) for run, conf in confs if len(conf.names) > MAP_UP_TO]
+    notes = [READING] * bool(drawn or not listed) + [MANY] * bool(listed)
+    s = Section("Per-class accuracy", notes=[n for n in [*notes, how, *unlabelled] if n])
+    x_all = all_labels_per_class(runs)
+    for run, conf in listed:
+        s.tables += _listed(conf, *_what(run, x_all))
+    if drawn:
+        _draw(s, drawn, x_all)
     return s

@@ -28,6 +28,7 @@ class Chart:
 class Table:
     header: list[str]
     rows: list[list[str]]
+    caption: str = ""  # a line above the table (plain text)
 
 
 @dataclass
@@ -78,7 +79,8 @@ def _html_table(t: Table) -> str:
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in t.rows
     )
     table = f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-    return f"<div class='scroll'>{table}</div>"
+    caption = f"<p class='note'>{html.escape(t.caption)}</p>" if t.caption else ""
+    return f"{caption}<div class='scroll'>{table}</div>"
 
 
 def write_html(path: Path, title: str, intro: list[str], sections: list[Section]) -> None:
@@ -119,6 +121,7 @@ def write_markdown(path: Path, title: str, intro: list[str], sections: list[Sect
         lines += [f"## {s.title}", ""]
         lines += [f"{p}\n" for p in s.notes]
         for t in s.tables:
+            lines += [t.caption, ""] if t.caption else []
             lines.append("| " + " | ".join(map(_md_cell, t.header)) + " |")
             lines.append("|" + "|".join(["---"] + ["---:"] * (len(t.header) - 1)) + "|")
             lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in t.rows]

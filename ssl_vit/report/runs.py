@@ -20,9 +20,17 @@ import yaml
 from ssl_vit.atomic import read_jsonl
 from ssl_vit.config.loader import run_kind
 from ssl_vit.eval.shots import shot_key, shot_order
+from ssl_vit.report.checks import (
+    DamagedRunError,
+    json_type,
+    predictions_problem,
+    results_problem,
+    rows_problem,
+)
 
 __all__ = [
     "PREDICT_JOB",
+    "DamagedRunError",
     "Run",
     "fewshot_pool",
     "fewshot_table",
@@ -89,73 +97,154 @@ def read_config(run_dir: str | Path) -> dict[str, Any]:
 
 def read_results(run_dir: str | Path) -> dict[str, Any]:
     """The final results (results.json) of a run directory; {} while it has none (or an
-    unreadable one, logged: the run counts as unfinished rather than stopping the reader)."""
+    unreadable one, or one that is no JSON object, logged: the run counts as unfinished rather
+    than stopping the reader). The report reads them strictly (`load_runs`)."""
     res_file = Path(run_dir) / "results.json"
     try:
-        return json.loads(res_file.read_text()) if res_file.is_file() else {}
+        results = json.loads(res_file.read_text()) if res_file.is_file() else {}
     except (OSError, ValueError) as e:
         log.warning("%s: unreadable (%s), taken as no results yet", res_file, e)
         return {}
+    if not isinstance(results, dict):
+        log.warning("%s: a JSON %s, not an object, taken as no results yet", res_file,
+                    json_type(results))  # fmt: skip
+        return {}
+    return results
 
 
-def _is_run_dir(path: Path) -> bool:
-    """A job's run directory, or a finished predict output directory (results.json says so)."""
-    if (path / "config.yaml").is_file():
+# A results.json read once: its object, what is wrong with it, or None where there is none.
+Results = dict[str, Any] | DamagedRunError | None
+
+
+def _read_results(path: Path) -> Results:
+    """A run directory's results.json, read once: its object, a DamagedRunError (unreadable,
+    or no file a job writes: `checks.results_problem`), or None when there is none."""
+    res_file = path / "results.json"
+    if not res_file.is_file():
+        return None
+    try:
+        results = json.loads(res_file.read_text())
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: nested 10^5 deep
+        return DamagedRunError(f"{res_file}: unreadable ({str(e) or type(e).__name__})")
+    problem = results_problem(results)
+    return DamagedRunError(f"{res_file}: {problem}") if problem else results
+
+
+def _is_run_dir(path: Path, results: Results) -> bool:
+    """A job's run directory, a finished predict output directory (results.json says so), or
+    a damaged one (a results.json no job writes: named by the reader, not walked into)."""
+    if (path / "config.yaml").is_file() or isinstance(results, DamagedRunError):
         return True
-    return (path / "results.json").is_file() and read_results(path).get("job") == PREDICT_JOB
+    return results is not None and results.get("job") == PREDICT_JOB
 
 
-def load_run(path: str | Path) -> Run:
-    """The run in directory `path`; ValueError (one line) if it is not an ssl-vit run."""
-    path = Path(path)
-    results = read_results(path)
+def _load(path: Path, results: Results) -> Run:
+    """The run in `path` given its results.json (`_read_results`); DamagedRunError when a file
+    the report reads is no file a job writes, ValueError when `path` is no ssl-vit run."""
+    if isinstance(results, DamagedRunError):
+        raise results
+    results = results or {}
     if results.get("job") == PREDICT_JOB:  # its config.yaml (if any) is no training job's
-        return Run(path, "predict", read_config(path), [], results)
+        found = predictions_problem(path, results.get("images"))
+        if found is not None:
+            raise DamagedRunError(f"{found[0]}: {found[1]}")
+        return Run(path, "predict", _config(path), _rows(path), results)
     cfg_file = path / "config.yaml"
     if not cfg_file.is_file():
         raise ValueError(f"{path}: no config.yaml, not an ssl-vit run directory")
-    config = read_config(path)
+    config = _config(path)
     kind = _KINDS.get(run_kind(config))
     if kind is None:
         raise ValueError(f"{cfg_file}: not a pretrain, fine-tune, few-shot or predict config")
-    # A torn last line (a job killed mid-write) is dropped with a warning; a corrupt line
-    # before it is an error naming file:line.
+    return Run(path, kind, config, _rows(path), results)
+
+
+def _config(path: Path) -> dict[str, Any]:
+    """config.yaml of a run directory ({} if none); DamagedRunError if unreadable or not a
+    mapping."""
+    try:
+        config = read_config(path)
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        raise DamagedRunError(f"{path / 'config.yaml'}: unreadable ({e})") from None
+    if not isinstance(config, dict):
+        raise DamagedRunError(
+            f"{path / 'config.yaml'}: a YAML {type(config).__name__}, not a mapping"
+        )
+    return config
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl's rows ([] if none). A torn last line (a job killed mid-write) is dropped
+    with a warning; a corrupt line before it, or a row the report cannot plot, is damage."""
     metrics = path / "metrics.jsonl"
-    return Run(path, kind, config, read_jsonl(metrics) if metrics.is_file() else [], results)
+    if not metrics.is_file():
+        return []
+    try:
+        rows = read_jsonl(metrics)
+    except (OSError, ValueError) as e:  # ValueError: "file:line: corrupt line (...)"
+        raise DamagedRunError(
+            str(e) if str(e).startswith(str(metrics)) else f"{metrics}: {e}"
+        ) from None
+    if problem := rows_problem(rows):
+        raise DamagedRunError(f"{metrics}: {problem}")
+    return rows
 
 
-def _run_dirs(folder: Path) -> list[Path]:
+def load_run(path: str | Path) -> Run:
+    """The run in directory `path`; ValueError (one line) if it is not an ssl-vit run,
+    DamagedRunError (a ValueError naming the file and what is wrong) if a file the report
+    reads is damaged."""
+    path = Path(path)
+    return _load(path, _read_results(path))
+
+
+def _run_dirs(folder: Path) -> list[tuple[Path, Results]]:
     """Run directories at any depth below `folder` (a run's own subdirectories are not
-    searched), sorted by path: a study's `pretrain/x`, `fewshot/x`, ... included.
+    searched), sorted by path, with their results.json: a study's `pretrain/x`, `fewshot/x`,
+    ... included.
 
     A symlink to a directory is not followed (logged): it may lead out of the tree, back up
     into it (a loop, walked forever) or to a run found under its own path; a run it points to
     is listed when named itself."""
-    found: list[Path] = []
+    found: list[tuple[Path, Results]] = []
     for q in sorted(d for d in folder.iterdir() if d.is_dir()):
         if q.is_symlink():
             log.warning("%s: symlink to a folder, not followed (name its target to include it)", q)
+        elif _is_run_dir(q, results := _read_results(q)):
+            found.append((q, results))
         else:
-            found.extend([q] if _is_run_dir(q) else _run_dirs(q))
+            found.extend(_run_dirs(q))
     return found
 
 
 def load_runs(paths: list[str | Path]) -> list[Run]:
     """Runs in the order given; a directory holding run directories (not a run itself) is
     expanded to the runs below it, at any depth, sorted by path (`_run_dirs`). A run reached
-    twice (named twice, or inside a folder also named) is listed once, where first reached."""
+    twice (named twice, or inside a folder also named) is listed once, where first reached.
+
+    A damaged run (a file no job writes: `checks`) is left out with one logged line naming the
+    file and what is wrong; ValueError when no run is left."""
     runs: list[Run] = []
     seen: set[Path] = set()
+    damaged = 0
     for p in map(Path, paths):
         if not p.is_dir():
             raise ValueError(f"{p}: no such directory")
-        subs = [p] if _is_run_dir(p) else _run_dirs(p)
+        results = _read_results(p)
+        subs = [(p, results)] if _is_run_dir(p, results) else _run_dirs(p)
         if not subs:
             raise ValueError(f"{p}: neither a run directory nor a folder of runs")
-        for q in subs:
-            if q.resolve() not in seen:
-                seen.add(q.resolve())
-                runs.append(load_run(q))
+        for q, res in subs:
+            if q.resolve() in seen:
+                continue
+            seen.add(q.resolve())
+            try:
+                runs.append(_load(q, res))
+            except DamagedRunError as e:
+                log.warning("%s (left out of the report)", e)
+                damaged += 1
+    if not runs:
+        raise ValueError(f"no run to report: the {damaged} found are damaged (logged above)")
     return runs
 
 

@@ -52,7 +52,9 @@ def _summary_row(label: str, pre: Run | None, members: list, shots: list) -> lis
     tables = [(fewshot_pool(m.config), fewshot_table(m.results)) for m in fewshots]
     if not tables and pre and pre.results.get("fewshot"):
         tables = [("in pretraining", fewshot_table(pre.results["fewshot"]))]
-    top1 = [(m.name, f"{100 * m.results['top1']:.1f}") for m in finetunes if "top1" in m.results]
+    top1 = [
+        (m.name, f"{100 * t:.1f}") for m in finetunes if (t := m.results.get("top1")) is not None
+    ]
     return [
         label,
         obj.get("target", "-"),

@@ -20,10 +20,13 @@ from ssl_vit.config.study import StudyBudget, StudyConfig
 from ssl_vit.report.runs import read_results
 
 __all__ = [
+    "CONTROL",
     "FEWSHOT_WEIGHT",
-    "Job",
     "SELF_TRAINED",
+    "Job",
+    "SelfTraining",
     "checkpoint_of",
+    "control_of",
     "finetunes",
     "images_trained",
     "job_config",
@@ -117,10 +120,11 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
         ], weight=images_trained(cfg.pretrain_config, budget.pretrain)))  # fmt: skip
         ckpt = lambda pre_dir=pre_dir: checkpoint_of(pre_dir)  # noqa: E731
         jobs += [fewshot(v.name, ckpt), *finetune(v.name, ckpt, v.finetune)]
-        for tag, st_tag, extra in self_trainings(cfg, v.finetune) if v.self_train else []:
-            teacher = out / "finetune" / (v.name + tag)  # after their teachers, the fine-tunes
+        for st in self_trainings(cfg, v.finetune) if v.self_train else []:
+            teacher = out / "finetune" / (v.name + st.teacher)  # after the teachers' fine-tunes
             distill = [f"distill.teacher={teacher}", f"distill.unlabelled={d.train}"]
-            jobs.append(finetune_one(v.name, ckpt, v.name + st_tag, [*distill, *extra]))
+            jobs.append(finetune_one(v.name, ckpt, v.name + st.control, control_of(st.overrides)))
+            jobs.append(finetune_one(v.name, ckpt, v.name + st.name, [*distill, *st.overrides]))
     return jobs
 
 
@@ -161,13 +165,26 @@ def finetunes(cfg: StudyConfig) -> list[tuple[str, list[str]]]:
 
 
 SELF_TRAINED = "-st"  # a self-training run's name: its teacher's with this after the budget
+CONTROL = "-ctl"  # its equal-compute control's: the same fine-tune without the teacher
 
 
-def self_trainings(cfg: StudyConfig, own: list[str] = ()) -> list[tuple[str, str, list[str]]]:
-    """(its teacher's run-name suffix, its own, overrides) of each self-training fine-tune of
-    one pretrained encoder: per label budget with `self_train` and per seed, with the first
-    recipe; the overrides are its teacher's (the encoder's `own` among them), then the
-    budget's `self_train`."""
+@dataclass(frozen=True)
+class SelfTraining:
+    """One self-training fine-tune of an encoder, by run-name suffix: its teacher's, its own
+    and its control's, and its overrides (without distill.teacher / distill.unlabelled, which
+    the study adds)."""
+
+    teacher: str
+    name: str
+    control: str
+    overrides: list[str]
+
+
+def self_trainings(cfg: StudyConfig, own: list[str] = ()) -> list[SelfTraining]:
+    """The self-training fine-tunes of one pretrained encoder: per label budget with
+    `self_train` and per seed, with the first recipe; the overrides are its teacher's (the
+    encoder's `own` among them), then the budget's `self_train`. Each has its equal-compute
+    control (`control_of`)."""
     r, recipe = (f"-{cfg.recipes[0].name}", cfg.recipes[0].finetune) if cfg.recipes else ("", [])
     seeds = [(f"-s{s}", [f"seed={s}"]) for s in cfg.finetune_seeds] or [("", [])]
     out = []
@@ -175,9 +192,21 @@ def self_trainings(cfg: StudyConfig, own: list[str] = ()) -> list[tuple[str, str
         budget = f"-l{labels_tag(b.per_class)}"
         base = [*recipe, f"data.labels_per_class={b.per_class}", *b.finetune]
         for tag, seed in seeds:
-            teacher, name = r + budget + tag, r + budget + SELF_TRAINED + tag
-            out.append((teacher, name, [*base, *own, *seed, *b.self_train]))
+            out.append(SelfTraining(
+                teacher=r + budget + tag,
+                name=r + budget + SELF_TRAINED + tag,
+                control=r + budget + CONTROL + tag,
+                overrides=[*base, *own, *seed, *b.self_train],
+            ))  # fmt: skip
     return out
+
+
+def control_of(overrides: list[str]) -> list[str]:
+    """The equal-compute control of a self-training: the same fine-tune (steps, lr, labelled
+    images and batch, seed) with no teacher and no unlabelled images, tagged `control` so the
+    report keeps it apart from the encoder's plain fine-tunes. A gain is the method's only
+    when it beats this row: a longer schedule alone can explain it (issue 49)."""
+    return [o for o in overrides if not o.startswith("distill.")] + ["tag=control"]
 
 
 def job_config(argv: list[str]) -> tuple[str | None, list[str]]:

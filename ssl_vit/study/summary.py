@@ -4,16 +4,23 @@ markdown table summary.md."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from ssl_vit.config import to_dict
+from ssl_vit.config import ConfigError, to_dict
 from ssl_vit.config.study import StudyBudget, StudyConfig
 from ssl_vit.eval.shots import shot_order
+from ssl_vit.jsonfile import dump_json
 from ssl_vit.report.runs import fewshot_table, read_results
 from ssl_vit.study.jobs import finetunes, labels_tag, self_trainings
 
-__all__ = ["BASELINE", "labels_columns", "markdown_table", "seeds_cell", "summarize"]
+__all__ = [
+    "BASELINE",
+    "check_controls",
+    "labels_columns",
+    "markdown_table",
+    "seeds_cell",
+    "summarize",
+]
 
 BASELINE = "random init"  # the random-init row's name
 
@@ -55,7 +62,8 @@ def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> 
             },
         })  # fmt: skip
         if v is not None and v.self_train and self_trainings(cfg):
-            rows.append(self_trained_row(cfg, rows[-1], out / "finetune", ft_name))
+            rows += self_trained_rows(cfg, rows[-1], out / "finetune", ft_name)
+    check_controls(rows)
     walls = [w for r in rows for w in r["wall_time_s"].values() if w is not None]
     summary = {
         "preset": preset,
@@ -63,23 +71,43 @@ def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> 
         "jobs_wall_time_s": sum(walls),
         "rows": rows,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary_json = dump_json(summary, str(out / "summary.json"), indent=2, nan_as_null=True)
+    (out / "summary.json").write_text(summary_json + "\n")
     (out / "summary.md").write_text(markdown_table(rows) + "\n")
     return summary
 
 
-def self_trained_row(cfg: StudyConfig, encoder_row: dict, finetunes_dir: Path, name: str):
-    """The row of an encoder's self-trained fine-tunes: the encoder's pretraining and few-shot
-    figures, its label-budget columns (those with self-training filled)."""
-    runs = {teacher: read_results(finetunes_dir / (name + own))
-            for teacher, own, _ in self_trainings(cfg)}  # fmt: skip
-    return {
-        **encoder_row,
-        "variant": f"{encoder_row['variant']} + self-trained",
-        "finetune_by_labels": labels_columns(cfg, runs),
-        "wall_time_s": {"pretrain": None, "fewshot": None,
-                        "finetune": _total([r.get("wall_time_s") for r in runs.values()])},
-    }  # fmt: skip
+def self_trained_rows(cfg: StudyConfig, encoder_row: dict, finetunes_dir: Path, name: str):
+    """An encoder's self-trained row and, before it, its equal-compute control's (the same
+    fine-tunes without the teacher): the encoder's pretraining and few-shot figures, its
+    label-budget columns (those with self-training filled). The method's row names its
+    control."""
+    trainings = self_trainings(cfg)
+    rows = []
+    for method, suffix in (("control", "control"), ("self-trained", "name")):
+        runs = {st.teacher: read_results(finetunes_dir / (name + getattr(st, suffix)))
+                for st in trainings}  # fmt: skip
+        rows.append({
+            **encoder_row,
+            "variant": f"{encoder_row['variant']} + {method}",
+            "finetune_by_labels": labels_columns(cfg, runs),
+            "wall_time_s": {"pretrain": None, "fewshot": None,
+                            "finetune": _total([r.get("wall_time_s") for r in runs.values()])},
+        })  # fmt: skip
+    rows[1]["control"] = rows[0]["variant"]
+    return rows
+
+
+def check_controls(rows: list[dict]) -> None:
+    """Every row of a method beyond the paper (one that names a `control`) stands beside its
+    equal-compute control: a gain is only read against it."""
+    names = {r["variant"] for r in rows}
+    for r in rows:
+        if "control" in r and r["control"] not in names:
+            raise ConfigError(
+                f"summary: row {r['variant']!r} names control {r['control']!r}, which is not "
+                "in the study: a method's gain is only reported beside its control"
+            )
 
 
 def labels_columns(cfg: StudyConfig, runs: dict[str, dict]) -> dict[str, dict]:

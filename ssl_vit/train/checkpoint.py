@@ -31,7 +31,8 @@ from torch import nn
 from ssl_vit.atomic import file_sha256, publish_dir, write_json, writing
 from ssl_vit.config.loader import to_dict
 from ssl_vit.jsonfile import JsonFileError, parse_json, read_json
-from ssl_vit.train.weights_file import WeightsFileError, read_header, saved_model
+from ssl_vit.model.pixels import pixel_norm_problem
+from ssl_vit.train.weights_file import WeightsFileError, check_finite, read_header, saved_model
 
 __all__ = [
     "CheckpointError",
@@ -104,12 +105,13 @@ def read_pixel_norm(path: str | Path) -> PixelStats | None:
         return None
     try:
         stats = parse_json(raw, "pixel_norm", dict)
-        mean, std = (tuple(float(v) for v in stats[k]) for k in ("mean", "std"))
-        if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
-            raise ValueError("need 3 values each, std > 0")
-    except (ValueError, TypeError, KeyError) as e:
+        mean, std = stats["mean"], stats["std"]
+        why = pixel_norm_problem(mean, std)  # a std of 0 or a NaN: every input NaN
+        if why is not None:
+            raise ValueError(why)
+    except (ValueError, KeyError) as e:
         raise CheckpointError(f"{file}: malformed pixel_norm metadata ({e})") from None
-    return PixelStats(mean, std)  # type: ignore[arg-type]
+    return PixelStats(*(tuple(map(float, v)) for v in (mean, std)))  # type: ignore[arg-type]
 
 
 def verify_if_checkpoint(path: str | Path) -> None:
@@ -144,6 +146,7 @@ def load_encoder(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, A
         # read or model built (a 2 KB file may claim width 32768 and depth 48).
         model = saved_model(meta, shapes, path)
         state = load_file(str(path))
+        check_finite(state, path)  # a NaN weight: refused here, before any compute
     except CheckpointError:
         raise
     except ValueError as e:  # WeightsFileError, JsonFileError: one line naming the file

@@ -7,7 +7,10 @@ teacher and `ssl-vit export` read this file and nothing else, so they all see th
 own preprocessing (a checkpoint carries what it takes to use it, as timm's `pretrained_cfg`).
 
 The metadata is untrusted input: the tensors' shapes are compared with what it describes
-before any model is built from it.
+before any model is built from it, the pixel normalisation must be finite with a std > 0 and
+the class names distinct and not blank (two classes of one name make the rows' labels
+ambiguous and the accuracy contradict them); the weights must be finite. Whether a file is a
+classifier at all is decided from its metadata, never its name (`file_kind`).
 """
 
 from __future__ import annotations
@@ -26,15 +29,16 @@ from ssl_vit.atomic import replacing
 from ssl_vit.config.errors import ConfigError
 from ssl_vit.config.schema import ModelConfig
 from ssl_vit.jsonfile import parse_json
+from ssl_vit.model.pixels import pixel_norm_problem
 from ssl_vit.model.shapes import size_mismatch
-from ssl_vit.train.weights_file import WeightsFileError, read_header
+from ssl_vit.train.weights_file import WeightsFileError, check_finite, read_header
 
 __all__ = [
     "CLASSIFIER_FILE",
     "ClassifierSpec",
+    "file_kind",
     "find_classifier",
     "load_classifier",
-    "names_labels",
     "read_classifier_spec",
     "save_classifier",
 ]
@@ -87,8 +91,9 @@ class ClassifierSpec:
     @classmethod
     def from_metadata(cls, meta: Mapping[str, str], path: Path) -> ClassifierSpec:
         """The spec from a file's metadata; ClassifierError naming `path` if it is none."""
-        if "label_names" not in meta:
-            what = "an encoder" if "model_config" in meta else "not an ssl-vit model"
+        kind = _kind(meta)
+        if kind != "classifier":
+            what = "an encoder" if kind == "encoder" else "not an ssl-vit model"
             raise ClassifierError(
                 f"{path}: {what}, not a fine-tuned classifier (its metadata has no label names)"
             )
@@ -98,26 +103,40 @@ class ClassifierSpec:
             model = ModelConfig.from_saved(parse_json(meta["model_config"], "model_config"))
             names = parse_json(meta["label_names"], "label_names", list)
             pre = parse_json(meta["preprocess"], "preprocess")
-            mean, std = _triple(pre["mean"]), _triple(pre["std"])
+            mean, std = pre["mean"], pre["std"]
             if pre["image_size"] != model.image_size or pre["resize"] != EVAL_RESIZE:
                 raise ValueError(f"unknown preprocessing {pre}")
         except KeyError as e:
             raise ClassifierError(f"{path}: classifier metadata lacks {e}") from None
         except (ValueError, TypeError, ConfigError) as e:
             raise ClassifierError(f"{path}: malformed classifier metadata: {e}") from None
-        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-            raise ClassifierError(f"{path}: label_names must be a non-empty list of names")
-        if meta.get("pool") not in ("cls", "gap"):
-            raise ClassifierError(f"{path}: unknown pooling {meta.get('pool')!r}")
+        pixels = pixel_norm_problem(mean, std)  # a std of 0 or a NaN: every row NaN
+        why = f"preprocess.{pixels}" if pixels else _label_names_problem(names)
+        if why is None and meta.get("pool") not in ("cls", "gap"):
+            why = f"unknown pooling {meta.get('pool')!r}"
+        if why is not None:
+            raise ClassifierError(f"{path}: {why}")
         from ssl_vit.config.loader import to_dict
 
+        mean, std = (tuple(map(float, v)) for v in (mean, std))
         return cls(to_dict(model), meta["pool"], tuple(names), mean, std)
 
 
-def _triple(value: Any) -> tuple[float, float, float]:
-    if not isinstance(value, list) or len(value) != 3:
-        raise ValueError(f"expected 3 numbers, got {value!r}")
-    return tuple(float(v) for v in value)  # type: ignore[return-value]
+def _label_names_problem(names: Any) -> str | None:
+    """What makes `names` unusable as class names (a non-empty list of distinct strings, none
+    blank), or None. Names that differ only in spaces are distinct classes: every reader
+    matches them exactly (predict's source folders, id2label)."""
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        return "label_names must be a non-empty list of names"
+    blank = [i for i, n in enumerate(names) if not n.strip()]
+    if blank:
+        return f"label_names: class {blank[0]} has a blank name {names[blank[0]]!r}"
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in seen:
+            return f"label_names: classes {seen[name]} and {i} are both named {name!r}"
+        seen[name] = i
+    return None
 
 
 def save_classifier(model: nn.Module, path: str | Path, spec: ClassifierSpec) -> None:
@@ -147,18 +166,27 @@ def find_classifier(path: str | Path) -> Path:
     return path
 
 
-def names_labels(path: str | Path) -> bool | None:
-    """Whether the safetensors file at `path` (or a directory's model.safetensors) says it is
-    a fine-tuned classifier: its metadata names labels, an encoder's does not. None when there
-    is no such file or it cannot be read (the caller's own reader reports that)."""
+def file_kind(path: str | Path) -> str | None:
+    """What the weights file at `path` (or a directory's model.safetensors) is, from its
+    metadata alone, whatever its name: 'classifier' (it names labels), 'encoder' (a model
+    config and no labels: a checkpoint's encoder.safetensors), 'other' (neither: timm or
+    transformers weights, an export), 'unreadable' (not a safetensors file, or damaged: the
+    caller's own reader says why); None when there is no such file."""
     path = Path(os.path.expanduser(str(path)))
     file = path / CLASSIFIER_FILE if path.is_dir() else path
-    if file.suffix != ".safetensors" or not file.is_file():
+    if not file.is_file():
         return None
     try:
-        return "label_names" in _header(file)[0]
+        return _kind(_header(file)[0])
     except ClassifierError:
-        return None
+        return "unreadable"
+
+
+def _kind(meta: Mapping[str, str]) -> str:
+    """The one test of what a weights file is, from its metadata (see `file_kind`)."""
+    if "label_names" in meta:
+        return "classifier"
+    return "encoder" if "model_config" in meta else "other"
 
 
 def _header(path: Path) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:
@@ -210,7 +238,11 @@ def load_classifier(path: str | Path) -> tuple[nn.Module, ClassifierSpec]:
         )
     model = build_classifier(spec)
     try:
-        model.load_state_dict(load_file(str(file)), strict=True)
+        state = load_file(str(file))
+        check_finite(state, file)  # a NaN weight: every row NaN, refused before any image
+        model.load_state_dict(state, strict=True)
+    except WeightsFileError as e:
+        raise ClassifierError(str(e)) from None
     except Exception as e:
         raise ClassifierError(f"{file}: cannot read its weights: {e}") from None
     return model.eval(), spec

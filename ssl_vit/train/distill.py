@@ -98,8 +98,9 @@ class Teacher(NamedTuple):
 
 def check_teacher(cfg: Any, label_names: list[str], resume: bool) -> Teacher:
     """distill.teacher is a fine-tuned classifier for data.train's classes at model.image_size,
-    distill.unlabelled a readable source, and on --resume the teacher the run started with:
-    each a one-line ConfigError before any compute."""
+    distill.unlabelled a readable source holding a step's unlabelled images (distill.ratio),
+    and on --resume the teacher the run started with: each a one-line ConfigError before any
+    compute."""
     from ssl_vit.data.sources import open_source
     from ssl_vit.train.classifier_file import ClassifierError, find_classifier, read_classifier_spec
 
@@ -120,14 +121,31 @@ def check_teacher(cfg: Any, label_names: list[str], resume: bool) -> Teacher:
             f"{cfg.model.image_size} px (model.image_size); give them the same resolution"
         )
     try:
-        if len(open_source(d.unlabelled)) == 0:
+        images = len(open_source(d.unlabelled, labels="ignored"))  # as the stream reads it
+        if images == 0:
             raise ValueError("no images")
     except (OSError, ValueError) as e:
         raise ConfigError(f"distill.unlabelled={d.unlabelled!r}: {e}") from None
+    _check_ratio(d.ratio, cfg.train.batch_size, images)
     teacher = Teacher(file, file_sha256(file), _teacher_top1(file.parent))
     if resume:
         _check_same_teacher(Path(cfg.output_dir) / TEACHER_FILE, teacher)
     return teacher
+
+
+def _check_ratio(ratio: int, batch_size: int, images: int) -> None:
+    """A step's unlabelled images (train.batch_size x distill.ratio) are at most the `images`
+    distill.unlabelled holds: more would repeat images within one step, and a ratio far past it
+    (100,000) assembles a batch that never reaches step 1. (What fits in memory: `train.plan`.)"""
+    if batch_size * ratio <= images:
+        return
+    most = images // batch_size
+    hint = f"lower distill.ratio (at most {most})" if most else "lower train.batch_size"
+    raise ConfigError(
+        f"distill.ratio={ratio}: {batch_size * ratio:,} unlabelled images a step "
+        f"(train.batch_size {batch_size} x {ratio}), more than distill.unlabelled holds "
+        f"({images:,}); {hint}"
+    )
 
 
 def _teacher_top1(run_dir: Path) -> float | None:

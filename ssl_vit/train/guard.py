@@ -15,6 +15,9 @@ A job that hangs burns its allocation and never reports failure, so the entry po
 - A graceful stop that has not ended `timeouts.stop_s` after the signal (a rank gone, a stuck
   collective, a read that never returns) is cut short: exit 1, the last complete checkpoint
   stays the resume point. The timer thread ends the process itself (`watchdog.hard_exit`).
+  Sooner if the step waits for a batch: one not there `STOP_DATA_GRACE_S` after the signal (a
+  stalled source, a batch too large to assemble) ends the job the same way; the step cannot end,
+  nor be checkpointed, without it.
 - A data source that stalls (no batch for `timeouts.data_s`) ends the job: exit 1
   (`watchdog.watched`). A loader worker found dead is named in the error line, whichever
   error surfaced first.
@@ -43,7 +46,7 @@ import torch
 
 from ssl_vit.atomic import WriteError
 from ssl_vit.train.checkpoint import CheckpointError, latest_valid_checkpoint
-from ssl_vit.watchdog import dead_workers, exiting, hard_exit, kill_children
+from ssl_vit.watchdog import data_wait, dead_workers, exiting, hard_exit, kill_children
 
 __all__ = [
     "JobError",
@@ -60,6 +63,11 @@ EXIT_OK, EXIT_ERROR = 0, 1
 # A stop signal this soon after the first is a copy of it (relayed by a launcher; Ctrl-C also
 # reaches the launcher, which passes it on); a Ctrl-C after it is the user's second one.
 REPEAT_WINDOW_S = 2.0
+# After a stop signal, the longest wait for a batch (from the signal, or from the wait's start
+# if later). A healthy loader has the step's batches ready or within a step's time; one still
+# missing after this will not come in time: 10 s leaves most of a scheduler's grace (SLURM's
+# KillWait, Kubernetes' termination grace: 30 s) to exit in, where `timeouts.stop_s` would not.
+STOP_DATA_GRACE_S = 10.0
 # Errors of the user's making: one line, no traceback.
 USER_ERRORS = (
     *(FileNotFoundError, NotADirectoryError, PermissionError, ValueError, CheckpointError),
@@ -159,7 +167,8 @@ class StopRequest:
     After `finish_loop()` a signal raises `Preempted` where the job is. Further signals are the
     same request (logged once), except a SIGINT more than `REPEAT_WINDOW_S` after the first
     signal (a second Ctrl-C), which exits at once; a graceful stop still running `timeout_s`
-    after the signal is cut short (exit 1).
+    after the signal, or still waiting for a batch `STOP_DATA_GRACE_S` after it, is cut short
+    (exit 1).
     """
 
     def __init__(self, world_size: int, timeout_s: float = 300.0) -> None:
@@ -175,7 +184,8 @@ class StopRequest:
             # Every rank creates the group at the same point (a collective).
             is_gloo = dist.get_backend() == "gloo"
             self.group = dist.group.WORLD if is_gloo else dist.new_group(backend="gloo")
-        self.watchdog: threading.Timer | None = None
+        self.watchdog: threading.Thread | None = None  # the stop's deadlines, from the signal
+        self.closed = threading.Event()
         stop_signals = (signal.SIGTERM, signal.SIGINT)
         self.previous = {sig: signal.signal(sig, self._handle) for sig in stop_signals}
 
@@ -187,8 +197,7 @@ class StopRequest:
 
     def close(self) -> None:
         """Restore the handlers that were there before (the job may run inside a bigger one)."""
-        if self.watchdog is not None:
-            self.watchdog.cancel()
+        self.closed.set()  # the watchdog thread ends
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
 
@@ -204,8 +213,9 @@ class StopRequest:
             self._again(signum, name)
             return
         self.flag, self.since = signum, time.monotonic()
-        self.watchdog = threading.Timer(self.timeout_s, self._overdue, args=(name,))
-        self.watchdog.daemon = True
+        self.watchdog = threading.Thread(
+            target=self._deadlines, args=(name,), name="stop-watchdog", daemon=True
+        )
         self.watchdog.start()
         if not self.graceful:
             raise Preempted(f"{name} received during the final evaluation")
@@ -224,12 +234,25 @@ class StopRequest:
                 name,
             )
 
-    def _overdue(self, name: str) -> None:
-        print(
-            f"error: the job did not stop within {self.timeout_s:.0f}s of {name} (a rank gone or "
-            f"a stuck collective?); exiting{_last_good_checkpoint()}",
-            file=sys.stderr,
-        )
+    def _deadlines(self, name: str) -> None:
+        """Until `close()`, 4 times a second: the stop has not run past `timeout_s`, and no
+        wait for a batch past `STOP_DATA_GRACE_S` (else one error line, exit 1)."""
+        while not self.closed.wait(0.25):
+            now, wait = time.monotonic(), data_wait()
+            if wait is not None and now - max(wait[1], self.since) > STOP_DATA_GRACE_S:
+                self._exit(
+                    f"no batch from {wait[0]} {STOP_DATA_GRACE_S:.0f}s after {name} (a stalled "
+                    "source, or a batch too large to assemble?): no step to checkpoint"
+                )
+            if now - self.since > self.timeout_s:
+                self._exit(
+                    f"the job did not stop within {self.timeout_s:.0f}s of {name} (a rank gone "
+                    "or a stuck collective?)"
+                )
+
+    @staticmethod
+    def _exit(why: str) -> None:
+        print(f"error: {why}; exiting{_last_good_checkpoint()}", file=sys.stderr)
         hard_exit(EXIT_ERROR)  # (ssl_vit.watchdog: works from any thread)
 
     def agreed(self) -> bool:

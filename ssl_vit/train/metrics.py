@@ -3,12 +3,13 @@
 tracking API (`trackers`: tensorboard, wandb, mlflow, ...).
 
 Only the main process writes. Values are converted with `.item()` here, at log steps only,
-so the training step itself never waits on the device.
+so the training step itself never waits on the device. Both files are strict JSON: a value that
+is not finite (the loss of a diverged or skipped step, a ratio of an empty lap) is written as
+null (`jsonfile.dump_json`); the trackers and the console still see it as NaN.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -22,6 +23,7 @@ import torch
 
 from ssl_vit.atomic import read_jsonl, write_text, writing
 from ssl_vit.config.loader import flat_keys
+from ssl_vit.jsonfile import dump_json
 
 __all__ = [
     "MetricsWriter",
@@ -120,7 +122,7 @@ class MetricsWriter:
         row = to_python(row)
         if self.enabled:
             with writing(self.path), open(self.path, "a") as f:
-                f.write(json.dumps(row, allow_nan=True) + "\n")
+                f.write(dump_json(row, str(self.path), nan_as_null=True) + "\n")
         if self.log_with:
             self._log_trackers(row)
         return row
@@ -166,7 +168,8 @@ class MetricsWriter:
             return
         rows = read_jsonl(self.path)
         kept = [r for r in rows if not isinstance(r, dict) or r.get("step", -1) <= step]
-        write_text(self.path, "".join(json.dumps(r, allow_nan=True) + "\n" for r in kept))
+        lines = (dump_json(r, str(self.path), nan_as_null=True) + "\n" for r in kept)
+        write_text(self.path, "".join(lines))
 
     def close(self) -> None:
         for tracker in self.trackers or []:
@@ -175,12 +178,8 @@ class MetricsWriter:
 
     def write_results(self, results: dict[str, Any]) -> None:
         if self.enabled:
-            results = to_python(results)
-            clean = {
-                k: (None if isinstance(v, float) and math.isnan(v) else v)
-                for k, v in results.items()
-            }
-            write_text(self.run_dir / "results.json", json.dumps(clean, indent=2) + "\n")
+            path = self.run_dir / "results.json"
+            write_text(path, dump_json(to_python(results), str(path), 2, nan_as_null=True) + "\n")
         self.close()  # results are written once, at the end of a job
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ssl_vit.config import ConfigError
-from ssl_vit.config.checks import auto_num_workers
+from ssl_vit.config.checks import auto_num_workers, check_batch_memory
 
 __all__ = ["RunPlan", "build_plan"]
 
@@ -59,6 +59,10 @@ def build_plan(
             f"parts.mixup/cutmix: need an even batch per step, got train.batch_size / "
             f"train.grad_accum = {micro}"
         )
+    distill = getattr(cfg, "distill", None)
+    if distill is not None and distill.enabled:  # ratio x as many unlabelled images beside
+        size = cfg.model.image_size
+        check_batch_memory("distill.ratio", distill.ratio, tc.batch_size // per_step, size)
     return RunPlan(
         processes=processes,
         global_batch=tc.batch_size,

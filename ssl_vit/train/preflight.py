@@ -211,8 +211,9 @@ def checkpoint_note(key: str, cfg: Any, pixels_from: str) -> str:
 def _finetuned_classifier(path: Path) -> Path | None:
     """The fine-tuned classifier file at `path` (a file, or a directory holding
     model.safetensors and no encoder): its metadata names the labels, an encoder's does not."""
-    from ssl_vit.train.classifier_file import CLASSIFIER_FILE, names_labels
+    from ssl_vit.train.classifier_file import CLASSIFIER_FILE, file_kind
 
     if path.is_dir() and (path / "encoder.safetensors").exists():
         return None
-    return (path / CLASSIFIER_FILE if path.is_dir() else path) if names_labels(path) else None
+    file = path / CLASSIFIER_FILE if path.is_dir() else path
+    return file if file_kind(file) == "classifier" else None

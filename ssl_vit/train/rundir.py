@@ -6,6 +6,9 @@
   With `--resume`, a config that changes the model's shape or the data stream's sample order
   (`seed`, `data.shuffle_buffer`, `data.resampled`) is refused (one line naming the keys) and
   every other changed key is logged as a warning.
+- The temporary files a killed job left beside its run files (`atomic.replacing`'s, e.g. a
+  predict's hidden predictions file with its PID) are removed once the directory is claimed
+  (locked: no other job is writing them).
 - `config.yaml` is written only once all of this passed, so a refused or failed start never
   changes what a later `--resume` reads. A `--resume` into a run of another kind (pretraining,
   fine-tuning, few-shot), or of another model shape than its newest checkpoint when config.yaml
@@ -25,6 +28,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ssl_vit.atomic import clean_temporary
 from ssl_vit.config import ConfigError, to_dict
 from ssl_vit.config.loader import flat_keys, read_yaml_file, run_kind, save_config
 from ssl_vit.config.schema import SHAPE_KEYS
@@ -35,7 +39,14 @@ from ssl_vit.train.checkpoint import ENCODER_FILE, checkpoint_dirs, is_checkpoin
 from ssl_vit.train.run_lock import RunLock, lock_held, lock_run_dir
 from ssl_vit.train.weights_file import read_header
 
-__all__ = ["check_not_source", "claim_run_dir", "occupant", "release_new_run", "run_files"]
+__all__ = [
+    "check_not_source",
+    "check_resumed_config",
+    "claim_run_dir",
+    "occupant",
+    "release_new_run",
+    "run_files",
+]
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +80,12 @@ def run_files(run_dir: Path) -> list[Path]:
     return [p for p in found if not (p.is_dir() and not any(p.iterdir()))]
 
 
-def _check_resumed_config(run_dir: Path, cfg: Any) -> None:
+def check_resumed_config(run_dir: Path, cfg: Any, *, finished: bool = False) -> None:
     """Refuse another kind of run or a changed shape on --resume; log every other changed
-    key. Without config.yaml, the shape is compared with the newest checkpoint's."""
+    key. Without config.yaml, the shape is compared with the newest checkpoint's.
+
+    finished: the run has ended (`runner.finished_run`): `cfg` as loaded, so its keys left
+    null (an init checkpoint's, never read for it) are not compared, and nothing is logged."""
     saved_file = run_dir / "config.yaml"
     if not saved_file.is_file():
         _check_checkpoint_shape(run_dir, cfg)
@@ -86,6 +100,8 @@ def _check_resumed_config(run_dir: Path, cfg: Any) -> None:
             "run; start this job in another output_dir"
         )
     saved, new = flat_keys(saved_tree), flat_keys(to_dict(cfg))
+    if finished:
+        new = {k: v for k, v in new.items() if v is not None}
     # Keys only one side has (a config written by another version) cannot be compared.
     changed = [k for k in sorted(set(saved) & set(new) - {"output_dir"}) if saved[k] != new[k]]
     shape = [k for k in changed if k in _RESUME_SHAPE]
@@ -97,7 +113,7 @@ def _check_resumed_config(run_dir: Path, cfg: Any) -> None:
         )
     stream = {k: k for k in changed if k in STREAM_KEYS}
     check_same_stream(saved, new, stream, f"the data stream of the run in {run_dir}", ConfigError)
-    for k in changed:
+    for k in () if finished else changed:
         log.warning("--resume with a changed %s: %r -> %r", k, saved[k], new[k])
 
 
@@ -143,6 +159,8 @@ def claim_run_dir(
     lock = lock_run_dir(run_dir)
     try:
         _apply_policy(run_dir, cfg, resume, overwrite)
+        for p in clean_temporary(run_dir, RUN_FILES):  # locked: a killed job's, none live
+            log.info("removed %s, left by a killed job", p)
         save_config(cfg, run_dir / "config.yaml")  # atomic
     except BaseException:
         lock.release()  # refused: the directory is free again at once
@@ -163,7 +181,7 @@ def _apply_policy(run_dir: Path, cfg: Any, resume: bool, overwrite: bool) -> Non
             "it or --overwrite to replace it"
         )
     elif resume:
-        _check_resumed_config(run_dir, cfg)
+        check_resumed_config(run_dir, cfg)
 
 
 def _remove(path: Path) -> None:

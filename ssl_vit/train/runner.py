@@ -2,6 +2,7 @@
 bad-step reads), the stop handler, checkpoints and the final save; what a job does each
 micro-batch, at each log step, at its periodic evaluation and at the end is passed in.
 
+    done = finished_run(cfg, args.resume)  # first: a finished run's results (then stop), or None
     loop = TrainLoop(run, cfg, model, optimizer, resume=args.resume, ...)  # loads the checkpoint
     step = loop.train_step(forward)                                      # the one TrainStep
     loader = ...(loop.stream_args())                                     # where the stream was
@@ -19,15 +20,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from ssl_vit.config import to_dict
 from ssl_vit.data.stream_state import StreamArgs
+from ssl_vit.jsonfile import read_json
 from ssl_vit.progress import progress_bar
 from ssl_vit.train import checkpoint as ckpt
 from ssl_vit.train import run_state
@@ -35,11 +39,12 @@ from ssl_vit.train.guard import StopRequest, note_checkpoints
 from ssl_vit.train.loop import BadSteps, Batches, StepStats, lap_row, new_counters
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics
 from ssl_vit.train.rng import rng_state, set_rng_state
-from ssl_vit.train.runtime import RunContext, replica_checksum
+from ssl_vit.train.rundir import check_resumed_config
+from ssl_vit.train.runtime import RunContext, replica_checksum, setup_logging
 from ssl_vit.train.schedules import set_lr, warmup_cosine
 from ssl_vit.train.step import TrainStep
 
-__all__ = ["Resumed", "Schedule", "TrainLoop", "load_resume_point"]
+__all__ = ["Resumed", "Schedule", "TrainLoop", "finished_run", "load_resume_point"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +114,39 @@ def load_resume_point(
     counters = {**new_counters(), **state.pop("counters", {})}  # (older checkpoints: none)
     log.info("resumed from %s at step %d", path, state["step"])
     return Resumed(state["step"], counters, rng, state, str(path))
+
+
+def finished_run(cfg: Any, resume: bool) -> dict[str, Any] | None:
+    """With --resume, the results of a run that already finished: its results.json records a
+    final step of `train.steps` or more, not a preemption, and that step's checkpoint passes
+    its manifest. Such a job has nothing to do: it writes nothing (no lock, no config.yaml, no
+    checkpoint, no evaluation) and says so in one line. None otherwise (no results.json, an
+    unreadable one, a preemption, a longer run; a damaged final checkpoint, which the resume
+    then rebuilds from the newest valid one).
+
+    Called before the Accelerator: each process reads the files itself (as each verifies the
+    checkpoint it resumes from), so every rank of a launch returns alike, with no collective
+    to wait on."""
+    if not resume:
+        return None
+    run_dir = Path(cfg.output_dir)
+    try:
+        results = read_json(run_dir / "results.json")
+    except (OSError, ValueError):
+        return None
+    step, steps = results.get("step"), cfg.train.steps
+    if results.get("preempted") or not isinstance(step, int) or step < steps:
+        return None
+    try:
+        ckpt.verify_checkpoint(run_dir / "checkpoints" / f"step_{step:08d}")
+    except (ckpt.CheckpointError, OSError):
+        return None
+    # Another kind of run, shape or stream is refused as for any --resume (one line).
+    check_resumed_config(run_dir, cfg, finished=True)
+    setup_logging(os.environ.get("RANK", "0") == "0")  # the launcher's rank: no process group
+    line = "%s: finished at step %d/%d; nothing to resume (results.json kept)"
+    log.info(line, cfg.output_dir, step, steps)
+    return results
 
 
 class TrainLoop:

@@ -5,20 +5,26 @@ Every weights file a job reads (a checkpoint's `encoder.safetensors`, a fine-tun
 tensor shapes without loading a tensor (a header length of 2^62, a damaged file: one line);
 `saved_model` parses the `model_config` metadata (bounded JSON, a mapping), validates it as a
 model config and compares it with the shapes actually present, so a file whose metadata claims
-a model far larger than its tensors is refused before anything is allocated.
+a model far larger than its tensors is refused before anything is allocated. Once read, the
+tensors go through `check_finite`: one NaN weight makes every output NaN (every prediction the
+same class, with a score of NaN), so a file holding one is refused as it is read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ssl_vit.config.errors import ConfigError
 from ssl_vit.config.schema import ModelConfig
 from ssl_vit.jsonfile import parse_json
 from ssl_vit.model.shapes import shape_mismatch
 
-__all__ = ["WeightsFileError", "read_header", "saved_model"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["WeightsFileError", "check_finite", "read_header", "saved_model"]
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -56,3 +62,16 @@ def saved_model(
     if why is not None:
         raise WeightsFileError(f"{path}: {why}")
     return model
+
+
+def check_finite(tensors: Mapping[str, torch.Tensor], path: str | Path) -> None:
+    """WeightsFileError naming `path` and its first tensor holding a NaN or an infinity."""
+    bad = [k for k, v in tensors.items() if v.is_floating_point() and not v.isfinite().all()]
+    if bad:
+        v = tensors[bad[0]]
+        n = int(v.numel() - v.isfinite().sum())
+        more = f" (and {len(bad) - 1} more tensor{'s' * (len(bad) > 2)})" if len(bad) > 1 else ""
+        raise WeightsFileError(
+            f"{path}: tensor {bad[0]} holds {n} non-finite values (NaN or inf) of "
+            f"{v.numel()}{more}: damaged weights, or saved from a diverged run"
+        )

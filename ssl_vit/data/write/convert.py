@@ -32,7 +32,7 @@ from ssl_vit.data.image_source import ImageSource
 from ssl_vit.data.sources import FolderSource, open_raw_source
 from ssl_vit.data.write import parts
 from ssl_vit.data.write.prepare import Prepared, StoreSettings, prepare_image
-from ssl_vit.data.write.writer import ShardWriter, check_output
+from ssl_vit.data.write.writer import ShardWriter, check_output, check_replaceable
 from ssl_vit.progress import progress_iter
 
 __all__ = ["cap_workers", "make_shards"]
@@ -79,7 +79,10 @@ def _prepare_chunk(indices: list[int]) -> list[_Item]:
     items = []
     for i in indices:
         rec = src[i]
-        prepared = prepare_image(rec.data, rec.ext or "png", settings)
+        if rec.label < 0 and src.label_names and isinstance(src, FolderSource):
+            prepared = Prepared(rec.ext, b"", "outside the class folders, so it has no label")
+        else:
+            prepared = prepare_image(rec.data, rec.ext or "png", settings)
         items.append((rec.key, rec.label, src.describe(i), prepared))
     return items
 
@@ -197,6 +200,7 @@ def make_shards(
     max_size: int | None = None,
     quality: int = 90,
     lossless: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Copy an image folder or Hugging Face dataset into shards in `output`; return the index.
 
@@ -219,23 +223,30 @@ def make_shards(
     size (`ssl_vit.data.write.prepare.StoreSettings`); the setting and every image's original
     size go into index.json.
 
-    Refused in one line before anything is written: an `output` (or part directory) that is a
-    symbolic link, more parts than the source has images, and a part that disagrees with the
-    parts `output` already holds (another source, split or conversion setting:
+    `output` is written only if it is missing, empty or holds nothing but an earlier output of
+    make-shards: shards and index.json (`ssl_vit.data.write.writer.check_replaceable`), or with
+    `part` the part directories (`parts.check_new_part`); that earlier dataset, or part, is
+    replaced, whole, with `overwrite` only. Anything else is never copied nor replaced: such an
+    `output` is refused in one line before the source is opened (before any image is read
+    when it needs `overwrite`). So are an `output` (or part directory) that is a symbolic link,
+    more parts than the source has images, and a part that disagrees with the parts `output`
+    already holds (another source, split or conversion setting:
     `ssl_vit.data.format.part_identity`). `workers` is capped at the CPUs available.
     """
     settings = StoreSettings(verify, max_size, quality, lossless)
     workers = cap_workers(workers)
-    part, target = _target(output, part)
+    part, target = _target(output, part, overwrite)
     src = open_raw_source(str(source), split=split, source_format=source_format)
     if len(src) == 0:
         raise ValueError(f"no images found in {source}")
+    if not part and not overwrite and os.path.isdir(target) and os.listdir(target):
+        raise ValueError(f"--output {target}: holds a dataset; pass --overwrite to replace it")
     fields: dict[str, Any] = {}  # a part's identity, checked before anything is written
     if part:
         fields = _part_fields(src, source, output, target, split, source_format, settings, part)
     order = _write_order(src, shuffle_seed, part)
     prepared = _prepared_in_order(src, order, settings, min(workers, max(1, len(order))))
-    job = _Job(source, output, target, src, settings, shuffle_seed, part, fields)
+    job = _Job(source, output, target, src, settings, shuffle_seed, part, fields, overwrite)
     try:
         return _write_dataset(job, prepared, shard_size, len(order), progress)
     except ChildProcessError as e:  # a dead worker: the staged shards were removed
@@ -245,19 +256,20 @@ def make_shards(
 
 
 def _target(
-    output: str | os.PathLike, part: str | tuple[int, int] | None
+    output: str | os.PathLike, part: str | tuple[int, int] | None, overwrite: bool
 ) -> tuple[tuple[int, int] | None, str | os.PathLike]:
     """(part (I, N) or None, where the dataset or the part is written): refused in one line if
-    it is a symbolic link, a part already written, or a whole dataset's `output` that holds
-    parts."""
+    it is a symbolic link, holds anything make-shards did not write, is a part already written
+    (without `overwrite`), or a whole dataset's `output` that holds parts."""
     part = parts.parse_part(part) if isinstance(part, str) else part
     if part:
-        target = parts.check_new_part(output, *part)
+        target = parts.check_new_part(output, *part, overwrite=overwrite)
     elif parts_in(output):
         raise ValueError(f"--output {output} holds parts (part-*-of-*): give --part I/N")
     else:
         target = output
     check_output(target)
+    check_replaceable(target)
     return part, target
 
 
@@ -311,6 +323,7 @@ class _Job(NamedTuple):
     shuffle_seed: int | None
     part: tuple[int, int] | None
     fields: dict[str, Any]  # a part's identity (`_part_fields`); {} for a whole dataset
+    overwrite: bool  # a part may replace one already written
 
 
 def _write_dataset(
@@ -334,7 +347,7 @@ def _write_dataset(
         extra: dict[str, Any] = {}
         if job.part:
             # The same part, or one that disagrees, written meanwhile by another job.
-            parts.check_new_part(job.output, *job.part)
+            parts.check_new_part(job.output, *job.part, overwrite=job.overwrite)
             parts.check_agrees_with_written(job.output, job.target, job.fields)
             extra = {k: job.fields[k] for k in ("part", "source_samples", "conversion")}
         if job.settings.max_size is not None:

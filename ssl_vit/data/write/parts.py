@@ -15,10 +15,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ssl_vit.data.format import INDEX_NAME, difference, part_dir, parts_in
+from ssl_vit.data.format import INDEX_NAME, PART_DIR, difference, part_dir, parts_in
 from ssl_vit.jsonfile import read_json
 
 __all__ = ["check_agrees_with_written", "check_new_part", "parse_part", "part_indices"]
+
+# What the jobs of a split leave in ROOT besides their parts: a part being written, or left
+# by a killed job, is a hidden sibling of its part directory (`ssl_vit.atomic.staged_dir`).
+_PART_STAGING = re.compile(r"\.part-[0-9]{5}-of-[0-9]{5}\.(staging|old)-[0-9]+")
 
 
 def parse_part(spec: str) -> tuple[int, int]:
@@ -54,13 +58,14 @@ def check_agrees_with_written(root: str | os.PathLike, new: Path, fields: dict[s
             )
 
 
-def check_new_part(root: str | os.PathLike, i: int, n: int) -> Path:
-    """The directory part I of N goes to; ValueError (one line) if it is already written, or
-    if `root` holds parts of another split (another N: the parts would overlap or miss
-    samples)."""
+def check_new_part(root: str | os.PathLike, i: int, n: int, overwrite: bool = False) -> Path:
+    """The directory part I of N goes to; ValueError (one line) if it is already written (and
+    not `overwrite`), if `root` holds parts of another split (another N: the parts would
+    overlap or miss samples), or anything but parts (`_check_only_parts`)."""
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise ValueError(f"--output {root}: exists and is not a directory")
+    _check_only_parts(root)
     parts = parts_in(root)
     other = sorted({m for _, m in parts.values() if m != n})
     if other:
@@ -69,8 +74,30 @@ def check_new_part(root: str | os.PathLike, i: int, n: int) -> Path:
             "another directory (or remove the old parts)"
         )
     target = part_dir(root, i, n)
-    if target.name in parts:
-        raise ValueError(f"part {i}/{n} is already written ({target}); remove it to write it again")
-    if root.is_dir() and (root / INDEX_NAME).is_file():
-        raise ValueError(f"{root} holds a whole dataset (index.json), not parts")
+    if target.name in parts and not overwrite:
+        raise ValueError(
+            f"part {i}/{n} is already written ({target}); pass --overwrite to write it again"
+        )
     return target
+
+
+def _check_only_parts(root: Path) -> None:
+    """ValueError (one line) unless `root` holds nothing but parts and their staging: the jobs
+    of a split write only there, so a file of the user's is never mixed with a dataset."""
+    if not root.is_dir():
+        return
+    if (root / INDEX_NAME).is_file():
+        raise ValueError(f"{root} holds a whole dataset (index.json), not parts")
+    with os.scandir(root) as entries:
+        others = sorted(
+            e.name
+            for e in entries
+            if not (e.is_dir() and PART_DIR.fullmatch(e.name))
+            and not _PART_STAGING.fullmatch(e.name)
+        )
+    if others:
+        listed = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
+        raise ValueError(
+            f"--output {root}: holds {listed}, not parts (part-IIIII-of-NNNNN): write the parts "
+            "to a new or empty folder"
+        )

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from PIL import Image
 
-from ssl_vit.data.decode import check_pixels, pil_to_rgb8
+from ssl_vit.data.decode import check_pixels, exif_orientation, pil_to_rgb8, upright_pil
 
 __all__ = ["Prepared", "StoreSettings", "image_error", "prepare_image", "shrink"]
 
@@ -82,10 +82,12 @@ def _target(size: tuple[int, int], max_size: int) -> tuple[int, int]:
 
 def shrink(data: bytes, ext: str, settings: StoreSettings) -> Prepared:
     """The image stored at `settings.max_size`: the same bytes if its shorter side is already
-    at most that, else resized (antialiased bicubic) and re-encoded. Raises on bad data."""
+    at most that, else resized (antialiased bicubic) and re-encoded upright, without EXIF (so
+    no reader turns it twice). Sizes are upright ones. Raises on bad data."""
     with Image.open(io.BytesIO(data)) as im:
-        size = im.size
-        check_pixels(size)
+        check_pixels(im.size)
+        orientation = exif_orientation(data)  # a header scan for most images
+        size = im.size[::-1] if orientation >= 5 else im.size  # as people see it
         if min(size) <= settings.max_size:
             return Prepared(ext, data, None, size)
         target = _target(size, settings.max_size)
@@ -93,8 +95,8 @@ def shrink(data: bytes, ext: str, settings: StoreSettings) -> Prepared:
         if fmt == "JPEG":
             # libjpeg's scaled DCT decodes at 1/2, 1/4 or 1/8 while the result stays >= target:
             # a proper low-pass, and up to 8x less decoding.
-            im.draft("RGB", target)
-        pixels = Image.fromarray(pil_to_rgb8(im))  # decoded here, 8-bit RGB as every reader
+            im.draft("RGB", target[::-1] if orientation >= 5 else target)
+        pixels = Image.fromarray(pil_to_rgb8(upright_pil(im, orientation)))  # 8-bit RGB
     out = pixels.resize(target, Image.Resampling.BICUBIC, reducing_gap=None)
     buf = io.BytesIO()
     if settings.lossless and fmt in _LOSSLESS_SOURCES:

@@ -6,9 +6,7 @@ from an image folder or HF dataset, the dataset generators (`ssl_vit.datasets`) 
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +14,9 @@ import webdataset as wds
 
 from ssl_vit.atomic import staged_dir
 from ssl_vit.data.format import INDEX_NAME, SHARD_FORMAT, SHARD_NAME, check_key, shard_name
+from ssl_vit.jsonfile import dump_json, read_json
 
-__all__ = ["ShardWriter", "check_output"]
+__all__ = ["ShardWriter", "check_output", "check_replaceable"]
 
 # Fixed integer member mtime: the same input gives byte-identical shards. (TarWriter's default
 # is time.time(), a float, for which tarfile writes a pax header before every member.)
@@ -34,21 +33,62 @@ def check_output(output: str | os.PathLike) -> None:
         )
 
 
+def _own(entry: os.DirEntry) -> bool:
+    """`entry` is a file a `ShardWriter` writes: a regular file named `shard-NNNNNN.tar`, or
+    an index.json of this format (a FIFO, a link or a folder of that name is not)."""
+    if not entry.is_file(follow_symlinks=False):
+        return False
+    if SHARD_NAME.fullmatch(entry.name):
+        return True
+    if entry.name != INDEX_NAME:
+        return False
+    try:
+        index = read_json(entry.path)  # bounded in size and depth: anyone's index.json
+    except (OSError, ValueError):
+        return False
+    return isinstance(index, dict) and index.get("format") == SHARD_FORMAT
+
+
+def _others_in(folder: str | os.PathLike, most: int = 4) -> list[str]:
+    """The sorted names of what `folder` holds besides a shard dataset's own files (`_own`),
+    at most `most` of them and then "..."; [] for a missing or empty folder. Nothing is
+    opened but an index.json."""
+    if not os.path.isdir(folder):
+        return []
+    with os.scandir(folder) as entries:
+        names = sorted(e.name for e in entries if not _own(e))
+    return names[:most] + ["..."] * (len(names) > most)
+
+
+def check_replaceable(output: str | os.PathLike) -> None:
+    """ValueError (one line) unless `output` is missing, empty or a shard dataset with nothing
+    else in it: the new dataset is swapped in for the whole folder, so a file of anyone else
+    there (notes, a source folder, a run's files, a FIFO) would be lost or copied."""
+    others = _others_in(output)
+    if others:
+        raise ValueError(
+            f"{output}: holds {', '.join(others)}, not a shard dataset's own files "
+            "(shard-NNNNNN.tar, index.json): write the shards to a new or empty folder"
+        )
+
+
 class ShardWriter:
     """Write samples into `shard-NNNNNN.tar` files of `shard_size` samples, then `index.json`.
 
     Everything is written into a hidden sibling of `output` that replaces it only when `close()`
     has written the index (`ssl_vit.atomic.staged_dir`): a failed or killed run leaves an
-    existing dataset at `output` exactly as it was, never old and new shards mixed. Files of
-    `output` that are not shards (a README) are carried over. Use as a context manager;
-    `close(...)` finishes the last shard, writes the index and puts the dataset in place. An
-    `output` that is a symbolic link is refused (`check_output`).
+    existing dataset at `output` exactly as it was, never old and new shards mixed. Only a
+    folder of shards and index.json is replaced: an `output` holding anything else (a README)
+    is refused on creation, and again before the swap (`check_replaceable`), never copied.
+    Use as a context manager; `close(...)` finishes the last shard, writes the index and puts
+    the dataset in place. An `output` that is a symbolic link is refused (`check_output`).
     """
 
     def __init__(self, output: str | os.PathLike, shard_size: int = 10000) -> None:
         if shard_size < 1:
             raise ValueError(f"shard_size must be >= 1, got {shard_size}")
         check_output(output)
+        check_replaceable(output)
         self.target = Path(output)
         self.shard_size = shard_size
         self._staged = staged_dir(self.target)
@@ -96,23 +136,11 @@ class ShardWriter:
             "source": source,
             **extra,
         }
-        (self.output / INDEX_NAME).write_text(json.dumps(index, indent=1) + "\n")
-        self._carry_over_other_files()
+        (self.output / INDEX_NAME).write_text(dump_json(index, INDEX_NAME, indent=1) + "\n")
+        check_replaceable(self.target)  # nothing of anyone else's was put there meanwhile
         self._staged.__exit__(None, None, None)  # the new dataset replaces the old one
         self._staged = None
         return index
-
-    def _carry_over_other_files(self) -> None:
-        if not self.target.is_dir():
-            return
-        for p in self.target.iterdir():
-            shard_file = p.name == INDEX_NAME or SHARD_NAME.fullmatch(p.name)
-            if shard_file or (self.output / p.name).exists():
-                continue
-            if p.is_dir():
-                shutil.copytree(p, self.output / p.name, symlinks=True)
-            else:
-                shutil.copy2(p, self.output / p.name, follow_symlinks=False)
 
     def __enter__(self) -> ShardWriter:
         return self

@@ -1,0 +1,254 @@
+"""The features `ssl-vit select` chooses from: the few-shot probe's frozen readout of every
+readable image of a source, streamed in source order to `features.npy` (float16), so a million
+images x 768 take 1.5 GB on disk and a few batches in memory.
+
+Each process embeds its global batches of `predict_loader` (`embed_batch`); the main process
+gathers every round and appends its rows in source order (`FeatureWriter`, written to a hidden
+sibling and renamed into place when complete). Each row also gets a content key: a fixed
+random linear hash of the image's pixels at the encoder's resolution, exact in int64 on any
+device. Sorting the rows by it gives an order that depends on the images only, not on the
+source's order, folder names or format, so the picks do not either (`FeatureTable.canonical`).
+
+Shape legend: B images of a batch, D feature width, L pixels x channels of one image.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import io
+import shutil
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from ssl_vit.atomic import WriteError, replacing, writing
+from ssl_vit.config import ConfigError, ModelConfig
+from ssl_vit.config.pixels import PIXEL_NORM
+from ssl_vit.data.predict_stream import PredictBatch
+from ssl_vit.eval.fewshot_job import extract_features
+from ssl_vit.eval.readouts import Extraction
+from ssl_vit.eval.selection import Picks, normalised, select
+from ssl_vit.model.vit import ViT
+
+__all__ = [
+    "Embedded",
+    "FeatureTable",
+    "FeatureWriter",
+    "FrozenEncoder",
+    "choose",
+    "content_keys",
+    "embed_batch",
+    "load_frozen_encoder",
+]
+
+_WEIGHTS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+class FrozenEncoder(NamedTuple):
+    """An encoder to read features with: the checkpoint it came from (a run directory resolved
+    to its newest valid checkpoint), its input side and pixel normalisation."""
+
+    encoder: ViT
+    checkpoint: str
+    image_size: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+
+def load_frozen_encoder(key: str, path: str, image_size: int = 0) -> FrozenEncoder:
+    """The encoder of a pretraining run or checkpoint at `path` (or imported weights), at
+    `image_size` (0: the resolution it was trained at), as fine-tuning and few-shot read it
+    (`preflight.load_init_encoder`: one-line errors naming `key`; a fine-tuned classifier is
+    refused), with the pixel normalisation it stores (else the default)."""
+    from ssl_vit.train import preflight
+    from ssl_vit.train.checkpoint import CheckpointError, read_pixel_norm
+    from ssl_vit.train.encoder_init import encoder_from_checkpoint
+
+    path, trained = _trained_size(path)
+    model = ModelConfig(image_size=image_size or trained or 224, mlp_ratio=None, norm_eps=None)
+    path, loaded = preflight.load_init_encoder(key, path, model, "bicubic", "auto")
+    if not image_size and loaded.saved["image_size"] != model.image_size:  # imported weights
+        model = dataclasses.replace(model, image_size=loaded.saved["image_size"])
+        loaded = encoder_from_checkpoint(path, model)
+    try:
+        stored = read_pixel_norm(path)
+    except CheckpointError as e:
+        raise ConfigError(f"{key}={path!r}: {e}") from None
+    mean, std = stored if stored is not None else (PIXEL_NORM, PIXEL_NORM)
+    return FrozenEncoder(loaded.encoder, path, model.image_size, tuple(mean), tuple(std))
+
+
+def _trained_size(path: str) -> tuple[str, int | None]:
+    """(the checkpoint a run directory stands for, the image size its metadata records); (path,
+    None) when it is no ssl-vit checkpoint: `load_init_encoder` then says what it is."""
+    from ssl_vit.jsonfile import parse_json
+    from ssl_vit.train.checkpoint import ENCODER_FILE, resolve_checkpoint
+    from ssl_vit.train.weights_file import read_header
+
+    try:
+        ckpt = resolve_checkpoint(path)
+        file = ckpt / ENCODER_FILE if ckpt.is_dir() else ckpt
+        saved = parse_json(read_header(file)[0]["model_config"], f"{file}: model_config")
+        return str(ckpt), int(saved["image_size"])
+    except Exception:  # noqa: BLE001 - missing, damaged or foreign: named by the loader
+        return path, None
+
+
+class Embedded(NamedTuple):
+    """Global batch `index` (its first image is source index `first`) on the host: the
+    readable images' names, float16 features [B, D] and content keys int64 [B]; the (name,
+    reason) of each image that could not be read."""
+
+    index: int
+    first: int
+    names: list[str]
+    features: np.ndarray
+    keys: np.ndarray
+    skipped: list[tuple[str, str]]
+
+
+def content_keys(images_BCHW: torch.Tensor) -> torch.Tensor:
+    """int64 [B]: sum_i w_i x_i over an image's uint8 values, w fixed uniform in [0, 2^31)
+    (seed 0). Below 2^63 for images up to 2^24 values (2,364 px square), so exact, and equal
+    on every device and in any summation order; two images differ in key but with odds of
+    about 2^-31."""
+    B = len(images_BCHW)
+    flat_BL = images_BCHW.reshape(B, -1)
+    cache = (flat_BL.shape[1], str(flat_BL.device))
+    if cache not in _WEIGHTS:
+        g = torch.Generator().manual_seed(0)
+        w = torch.randint(0, 2**31, (flat_BL.shape[1],), generator=g, dtype=torch.int64)
+        _WEIGHTS[cache] = w.to(flat_BL.device)
+    return (flat_BL.to(torch.int64) * _WEIGHTS[cache]).sum(dim=1)
+
+
+@torch.no_grad()
+def embed_batch(
+    encoder: ViT, batch: PredictBatch, how: Extraction, pool: str, first: int
+) -> Embedded:
+    """The few-shot probe's features (`extract_features`: the final LayerNorm's output pooled
+    by `pool`, pixels normalised as `how` says) and content keys of `batch`'s images."""
+    dim = encoder.width * (2 if pool == "cls+gap" else 1)
+    if not batch.names:  # every image of the batch failed to decode
+        feats, keys = np.zeros((0, dim), np.float16), np.zeros(0, np.int64)
+    else:
+        images = batch.images.to(how.device, non_blocking=True)
+        keys = content_keys(images).cpu().numpy()
+        feats = extract_features(encoder, [(images, batch.labels)], how, pool)[0]
+        feats = feats.to(torch.float16).numpy()
+    return Embedded(batch.index, first, batch.names, feats, keys, batch.skipped)
+
+
+class FeatureTable(NamedTuple):
+    """What the feature pass leaves on the main process: `features.npy` (float16 [N, D], the
+    readable images in source order, as a read-only memmap) and per row the image's name,
+    global batch, source index (-1 when its batch had an unreadable image: resolve it from the
+    batch) and content key; the skipped images' (name, reason)."""
+
+    path: Path
+    features: np.ndarray
+    names: list[str]
+    batch: np.ndarray
+    index: np.ndarray
+    keys: np.ndarray
+    skipped: list[tuple[str, str]]
+
+    def canonical(self) -> np.ndarray:
+        """int64 [N]: the rows sorted by content key (then source order, for duplicates)."""
+        return np.lexsort((np.arange(len(self.keys)), self.keys)).astype(np.int64)
+
+
+class FeatureWriter:
+    """Rows of `Embedded` parts, appended in the order written to `path`: a float16 .npy file
+    (plain writes, so a full disk is an OSError naming it, never a SIGBUS of a memory map),
+    written to a hidden sibling and renamed into place by `close`."""
+
+    def __init__(self, path: Path, num_images: int, dim: int):
+        self.path, self.dim = Path(path), dim
+        need, free = num_images * dim * 2, shutil.disk_usage(self.path.parent).free
+        if need > free:  # before any image is read, not after hours of features
+            raise WriteError(
+                errno.ENOSPC, f"cannot write {self.path}: {need / 1e9:.2f} GB for "
+                f"{num_images} images x {dim} float16, {free / 1e9:.2f} GB free"
+            )  # fmt: skip
+        self._replacing = replacing(self.path)
+        self.tmp = self._replacing.__enter__()  # left in `close` or `abort`
+        self.file = open(self.tmp, "wb")
+        with writing(self.path):  # the shape is rewritten by `close`: the same header length
+            self.header_len = self.file.write(_npy_header((num_images, dim)))
+        self.rows = 0
+        self.names: list[str] = []
+        self.skipped: list[tuple[str, str]] = []
+        self._batch: list[np.ndarray] = []
+        self._index: list[np.ndarray] = []
+        self._keys: list[np.ndarray] = []
+
+    def write(self, part: Embedded) -> None:
+        n = len(part.names)
+        bad = np.flatnonzero(~np.isfinite(part.features).all(axis=1))
+        if len(bad):  # a float16 overflow or a diverged encoder: every distance would be NaN
+            raise ValueError(f"{self.path}: image {part.names[bad[0]]!r} has non-finite features")
+        with writing(self.path):
+            self.file.write(np.ascontiguousarray(part.features, dtype="<f2").tobytes())
+        self.rows += n
+        self.names += part.names
+        self.skipped += part.skipped
+        self._batch.append(np.full(n, part.index, dtype=np.int64))
+        known = part.first + np.arange(n) if not part.skipped else np.full(n, -1)
+        self._index.append(known.astype(np.int64))
+        self._keys.append(part.keys.astype(np.int64))
+
+    def close(self) -> FeatureTable:
+        """The header's shape set to the rows written (NumPy pads a header so that its first
+        axis may grow: the length stays), the file renamed into place and opened read-only."""
+        with writing(self.path):
+            header = _npy_header((self.rows, self.dim))
+            self.file.seek(0)
+            if len(header) != self.header_len:
+                raise RuntimeError(f"{self.tmp}: the .npy header changed length")
+            self.file.write(header)
+            self.file.close()
+        self._replacing.__exit__(None, None, None)  # fsync, rename into place
+        cat = [np.concatenate(x) if x else np.zeros(0, np.int64) for x in
+               (self._batch, self._index, self._keys)]  # fmt: skip
+        empty = np.zeros((0, self.dim), np.float16)  # nothing readable: nothing to map
+        features = np.load(self.path, mmap_mode="r") if self.rows else empty
+        return FeatureTable(self.path, features, self.names, *cat, self.skipped)
+
+    def abort(self) -> None:
+        self.file.close()
+        self._replacing.__exit__(RuntimeError, RuntimeError("aborted"), None)  # removes it
+
+
+def choose(
+    table: FeatureTable, method: str, budget: int, earlier: list[str], seed: int
+) -> tuple[np.ndarray, np.ndarray, Picks]:
+    """(the rows of the `earlier` picks' names, the new picks' rows in rank order, the
+    method's `Picks`): the method runs on the L2-normalised features in content order
+    (`FeatureTable.canonical`), so its picks depend on the images and the seed only."""
+    wanted = set(earlier)
+    where = {name: i for i, name in enumerate(table.names) if name in wanted}
+    missing = [name for name in earlier if name not in where]
+    if missing:
+        raise ValueError(
+            f"earlier pick {missing[0]!r} (selection.jsonl) is not among the readable images "
+            "of --source; select from the source of the earlier rounds, or --overwrite"
+        )
+    earlier_rows = np.asarray([where[name] for name in earlier], dtype=np.int64)
+    order = table.canonical()
+    place = np.empty_like(order)
+    place[order] = np.arange(len(order))
+    picks = select(method, normalised(table.features, order), budget, place[earlier_rows], seed)
+    return earlier_rows, order[picks.rows], picks
+
+
+def _npy_header(shape: tuple[int, int]) -> bytes:
+    buf = io.BytesIO()
+    descr = np.lib.format.dtype_to_descr(np.dtype(np.float16))
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": descr, "fortran_order": False, "shape": shape}
+    )
+    return buf.getvalue()
