@@ -84,7 +84,7 @@ def test_a_stop_waiting_for_a_batch_ends_the_job_after_a_grace(monkeypatch, caps
 
 
 @pytest.mark.system
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [2])  # 0 (the main thread in the read) passes too: 20 s
 def test_a_stop_while_the_stream_is_stuck_ends_the_job_in_seconds(
     synthetic_shards, tmp_path, workers
 ):
