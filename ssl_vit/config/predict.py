@@ -6,14 +6,17 @@ here: this config only says what to read, where to write and how fast."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ssl_vit.config.checks import check_positive
 from ssl_vit.config.errors import ConfigError
 from ssl_vit.config.optim import MixedPrecision
 from ssl_vit.config.run import DataTimeoutConfig
 
-__all__ = ["PredictConfig"]
+if TYPE_CHECKING:
+    from ssl_vit.config.select import SelectConfig
+
+__all__ = ["PredictConfig", "check_source_job"]
 
 
 @dataclass
@@ -34,11 +37,17 @@ class PredictConfig:
     timeouts: DataTimeoutConfig = field(default_factory=DataTimeoutConfig)
 
     def validate(self) -> None:
-        for key, flag in (("checkpoint", "--checkpoint"), ("source", "--source")):
-            if not str(getattr(self, key)).strip():
-                raise ConfigError(f"{flag}: required")
-        if not self.output_dir.strip():
-            raise ConfigError("--output: required (a directory for the predictions)")
+        check_source_job(self, "the predictions")
         check_positive("", self, ("top_k", "batch_size"))
-        if self.num_workers < -1:
-            raise ConfigError(f"num_workers: must be >= 0 or -1 (auto), got {self.num_workers}")
+
+
+def check_source_job(cfg: PredictConfig | SelectConfig, output: str) -> None:
+    """What a job reading `--source` with `--checkpoint` into `--output` (predict, select)
+    needs: the three given, and a loader worker count >= 0 or -1 (auto)."""
+    for key, flag in (("checkpoint", "--checkpoint"), ("source", "--source")):
+        if not str(getattr(cfg, key)).strip():
+            raise ConfigError(f"{flag}: required")
+    if not cfg.output_dir.strip():
+        raise ConfigError(f"--output: required (a directory for {output})")
+    if cfg.num_workers < -1:
+        raise ConfigError(f"num_workers: must be >= 0 or -1 (auto), got {cfg.num_workers}")

@@ -13,6 +13,7 @@ from ssl_vit.config.checks import check_min, check_positive, check_seed
 from ssl_vit.config.errors import ConfigError
 from ssl_vit.config.frozen import Frozen
 from ssl_vit.config.optim import MixedPrecision
+from ssl_vit.config.predict import check_source_job
 from ssl_vit.config.run import DataTimeoutConfig
 
 __all__ = ["SelectConfig"]
@@ -42,15 +43,9 @@ class SelectConfig(Frozen):
     timeouts: DataTimeoutConfig = field(default_factory=DataTimeoutConfig)
 
     def validate(self) -> None:
-        for key, flag in (("checkpoint", "--checkpoint"), ("source", "--source")):
-            if not str(getattr(self, key)).strip():
-                raise ConfigError(f"{flag}: required")
-        if not self.output_dir.strip():
-            raise ConfigError("--output: required (a directory for the selection)")
+        check_source_job(self, "the selection")
         if self.budget < 1:
             raise ConfigError(f"--budget: the number of images to pick, >= 1; got {self.budget}")
         check_seed(self.seed)
         check_positive("", self, ("batch_size",))
         check_min("", self, ("image_size",), 0)
-        if self.num_workers < -1:
-            raise ConfigError(f"num_workers: must be >= 0 or -1 (auto), got {self.num_workers}")

@@ -30,6 +30,7 @@ from ssl_vit.eval.selection import Picks
 from ssl_vit.jsonfile import dump_json, parse_json
 from ssl_vit.train.run_lock import RunLock, lock_run_dir
 from ssl_vit.train.rundir import check_not_source, occupant
+from ssl_vit.train.runtime import on_main
 
 __all__ = [
     "FEATURES",
@@ -115,27 +116,20 @@ def _own_copies(out: Path) -> list[Path]:
 def claim_output_on_main(acc, out: Path, cfg: Any, overwrite: bool) -> RunLock | None:
     """The main process locks `out`, removes the earlier selection with `overwrite` (what
     select wrote, and nothing else) and writes config.yaml; every process learns whether it
-    could (one broadcast), as `runtime.claim_on_main` does for a run directory."""
-    lock, error = None, None
-    if acc.is_main_process:
-        try:
-            lock = lock_run_dir(out, key="--output")
-            try:
-                if overwrite:
-                    _remove_earlier(out)
-                save_config(cfg, out / "config.yaml")  # atomic
-            except BaseException:
-                lock.release()
-                raise
-        except (ConfigError, OSError) as e:
-            error = str(e)
-    if acc.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
+    could (`runtime.on_main`, as for a run directory)."""
 
-        error = broadcast_object_list([error])[0]
-    if error is not None:
-        raise ConfigError(error if acc.is_main_process else f"main process: {error}")
-    return lock
+    def claim() -> RunLock:
+        lock = lock_run_dir(out, key="--output")
+        try:
+            if overwrite:
+                _remove_earlier(out)
+            save_config(cfg, out / "config.yaml")  # atomic
+        except BaseException:
+            lock.release()
+            raise
+        return lock
+
+    return on_main(acc, claim)
 
 
 def _remove_earlier(out: Path) -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from accelerate import Accelerator
@@ -28,6 +29,8 @@ from ssl_vit.train.run_lock import RunLock
 from ssl_vit.train.rundir import claim_run_dir
 from ssl_vit.watchdog import set_data_timeout
 
+T = TypeVar("T")
+
 __all__ = [
     "RunContext",
     "StopRequest",
@@ -38,6 +41,7 @@ __all__ = [
     "resolve_mixed_precision",
     "setup_logging",
     "claim_on_main",
+    "on_main",
     "start_run",
 ]
 
@@ -191,17 +195,26 @@ def claim_on_main(
 ) -> RunLock | None:
     """The main process claims the run directory (`claim_run_dir`); every process learns
     whether it could (one broadcast: none starts when the main process refused)."""
-    lock, error = None, None
+    return on_main(
+        acc, lambda: claim_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite, reads=reads)
+    )
+
+
+def on_main(acc: Accelerator, claim: Callable[[], T]) -> T | None:
+    """`claim()` on the main process (None elsewhere); its ConfigError or OSError reaches every
+    process as a ConfigError (one broadcast), so no process starts where the main one could not
+    claim what the job writes."""
+    result, error = None, None
     if acc.is_main_process:
         try:
-            lock = claim_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite, reads=reads)
+            result = claim()
         except (ConfigError, OSError) as e:
             error = str(e)
     if acc.num_processes > 1:
         error = broadcast_object_list([error])[0]
     if error is not None:
         raise ConfigError(error if acc.is_main_process else f"main process: {error}")
-    return lock
+    return result
 
 
 def replica_checksum(model: torch.nn.Module, acc: Accelerator) -> list[float]:
