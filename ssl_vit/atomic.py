@@ -262,8 +262,8 @@ def staged_dir(target: str | os.PathLike) -> Iterator[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     clean_staging(target)  # this process's own earlier staging directory included
     staging = target.parent / f".{target.name}{_STAGING}{os.getpid()}"
-    staging.mkdir()
-    try:
+    try:  # (made inside: a stop signal right after the mkdir still removes it)
+        staging.mkdir()
         yield staging
         publish_dir(staging, target)
     finally:

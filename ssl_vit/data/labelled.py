@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from ssl_vit import seeds
-from ssl_vit.atomic import file_sha256, write_json
+from ssl_vit.atomic import clean_staging, file_sha256, write_json
 from ssl_vit.config import ConfigError
 from ssl_vit.data.decode import decode_image
 from ssl_vit.data.image_source import ImageSource, Record
@@ -181,6 +181,9 @@ def _build(subset: LabelledSubset, run_dir: Path, content: dict[str, str] | None
             write_json(record, {**subset.record(), **written})
             done = True
     except Stopped as e:
+        # A signal between the writer's staging mkdir and its cleanup's start leaves the
+        # staging folder: this process's own, removed here whichever instruction it hit.
+        clean_staging(out)
         raise CopyInterruptedError(
             f"{e} while copying the labelled subset into {out}: stopped before training, "
             "nothing of the copy kept; run the same command again"
