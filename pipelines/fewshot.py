@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import time
 from typing import Any, NamedTuple
 
 from ssl_vit.config import FewshotConfig, load_config, to_dict
+from ssl_vit.config.flags import flag_overrides
 from ssl_vit.config.frozen import freeze
 from ssl_vit.eval.fewshot_job import fewshot_evaluate, log_fewshot
 from ssl_vit.eval.readouts import format_layer_table
@@ -77,10 +77,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     setup_logging(True)
     with one_line_errors():
-        # As init.checkpoint (after the overrides: the flag wins): a checkpoint's shape and
-        # pixel normalisation are its own, a config file's serve random init only.
+        # As init.checkpoint (an init.checkpoint= override must agree): a checkpoint's shape
+        # and pixel normalisation are its own, a config file's serve random init only.
         init = "none" if args.checkpoint == "random" else args.checkpoint
-        overrides = [*args.overrides, f"init.checkpoint={json.dumps(init)}"]  # quoted YAML
+        flags = {f"--checkpoint {args.checkpoint}": ("init.checkpoint", init)}
+        overrides = flag_overrides(flags, args.overrides)
         job = check(load_config(FewshotConfig, args.config, overrides), args.checkpoint)
         cfg = job.cfg  # frozen and resolved: read from here on
         # The device as Accelerate picks it for the training jobs (no plan: nothing trains).

@@ -6,14 +6,15 @@
 
 The pretraining head is dropped; a zero-initialized D x K linear layer is attached; the
 position embeddings are 2D-interpolated when `model.image_size` differs from pretraining.
-config -> checks -> Accelerator -> model -> optimizer -> resume (TrainLoop) -> data ->
-loop -> final evaluation and save. Exit status: 0 done or preempted (checkpoint written), 1 failed.
+config -> checks -> Accelerator and plan -> model, optimizer -> resume -> data -> the loop
+(written out below: micro-batches, the step, then what is due) -> final evaluation and save.
+Exit status: 0 done or preempted (checkpoint written), 1 failed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import time
@@ -36,13 +37,26 @@ from ssl_vit.train import preflight
 from ssl_vit.train.classifier_file import CLASSIFIER_FILE, ClassifierSpec, save_classifier
 from ssl_vit.train.distill import SelfTraining, check_teacher, record_teacher
 from ssl_vit.train.ema import EMA
-from ssl_vit.train.guard import one_line_errors, run_and_exit
+from ssl_vit.train.guard import StopRequest, one_line_errors, run_and_exit
+from ssl_vit.train.loop import (
+    Batches,
+    Checkpoints,
+    Meter,
+    announce,
+    due,
+    end_preempted,
+    finished_run,
+    keys_file,
+    read_resume_point,
+    stream_args,
+)
 from ssl_vit.train.metrics import format_metrics, ratio
 from ssl_vit.train.probe_head import fit_probe_head
 from ssl_vit.train.recipe import BatchMixer, build_finetune_optimizer, recipe_loss
 from ssl_vit.train.rundir import release_new_run
-from ssl_vit.train.runner import TrainLoop, finished_run
 from ssl_vit.train.runtime import start_run
+from ssl_vit.train.schedules import set_lr, warmup_cosine
+from ssl_vit.train.step import TrainStep
 from ssl_vit.watchdog import watched
 
 log = logging.getLogger("finetune")
@@ -95,13 +109,14 @@ def evaluate(model, source: str, cfg: FinetuneConfig, run, num_classes: int) -> 
     model.eval()
     acc = run.acc
     conf = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=acc.device)
+    plan = run.plan
     loader = eval_loader(
         source,
-        run.plan.eval_batch,
+        plan.local_eval,  # the per-process micro-batch: what the user sized to fit memory
         cfg.model.image_size,
-        num_workers=run.plan.num_workers,
-        rank=acc.process_index,
-        world_size=acc.num_processes,
+        num_workers=plan.num_workers,
+        rank=plan.rank,
+        world_size=plan.world,
         limit=cfg.data.max_eval,
         num_classes=num_classes,  # other labels: counted skips
     )
@@ -129,95 +144,139 @@ def main(argv: list[str] | None = None) -> dict:
             record_teacher(run.run_dir, job.teacher)
     if job.note:
         log.info(job.note)
-    acc, num_classes = run.acc, len(job.label_names)
+    acc, plan, tc = run.acc, run.plan, cfg.train
+    label_names, num_classes = job.label_names, len(job.label_names)
 
-    # --- Model, recipe, resume -------------------------------------------------------------
-    model = build_classifier(cfg, job.loaded, num_classes, train_data, run)
-    optimizer = build_finetune_optimizer(model, cfg.parts, cfg.train)
+    # --- Model, recipe, augmentation; resume them; then Accelerate's prepare ----------------
+    start = read_resume_point(run, args.resume)  # step 0, or the newest valid checkpoint
+    model = build_classifier(cfg, job.loaded, num_classes, train_data, run, start)
+    optimizer = build_finetune_optimizer(model, cfg.parts, tc)
     ema = EMA(model, cfg.ema) if cfg.ema else None  # updated on the device, no sync
-    augment = device_augment(cfg, acc)
-    loop = TrainLoop(
-        run, cfg, model, optimizer, args.resume, augment,
-        parts={"ema": ema} if ema is not None else {},  # the training state beside the model's
-        record={"label_names": job.label_names}, eval_every=cfg.eval_every,
-    )  # fmt: skip
+    augment = device_augment(cfg, plan, acc.device)
+    parts = {"ema": ema} if ema is not None else {}  # the training state beside the model's
+    start.restore(run, model, optimizer, augment, parts)
+    model, optimizer = acc.prepare(model, optimizer)
+    raw = acc.unwrap_model(model)
     # Self-training (distill.teacher): the frozen teacher and the unlabelled stream.
-    selftrain = SelfTraining(cfg, loop, job.teacher, augment) if job.teacher is not None else None
-    forward = classifier_forward(loop.model, cfg)
+    selftrain = None
+    if job.teacher is not None:
+        selftrain = SelfTraining(cfg, run, job.teacher, augment, start)
+    forward = classifier_forward(model, cfg)
     if selftrain is not None:
-        forward = selftrain.forward(loop.model, recipe_loss(cfg.parts))
-    step = loop.train_step(forward)
+        forward = selftrain.forward(model, recipe_loss(cfg.parts))
+    c = cfg.compile
+    train_step = TrainStep(
+        model, optimizer, forward, tc.grad_clip, acc, compile=c.enabled, compile_mode=c.mode
+    )
+    ckpts = Checkpoints(run, cfg, model, optimizer, augment, parts, {"label_names": label_names})
 
-    # --- Data ------------------------------------------------------------------------------
+    # --- Data: the labelled stream (and the unlabelled one beside it) ------------------------
     loader = train_loader(
         train_data,
-        loop.stream_args(),  # the plan's micro-batch, this rank's place, where a resume continues
+        stream_args(run, cfg, start, augment),  # where a resumed stream continues
         num_classes=num_classes,  # a label outside [0, K): a counted skip, not a crash
         randaugment=cfg.parts.randaugment,
-        paired=run.plan.paired,
+        paired=plan.paired,
     )
     mixer = None  # mixup / cutmix pair images within a lane's share (any layout)
-    if run.plan.paired:
+    if plan.paired:
         mixer = BatchMixer(cfg.parts, num_classes, cfg.seed, loader.lane_share)
+    meter = Meter(run, cfg, start, SHOWN)  # step statistics, bad steps, metrics.jsonl, the bar
+    streams = [Batches(loader, start.counters, plan.global_micro, meter.watch, keys_file(run, cfg))]
+    if selftrain is not None:  # named in the checkpoint, counted in images_unlabelled
+        u = selftrain.loader, start.counters, plan.global_unlabelled_micro, meter.watch
+        streams.append(Batches(*u, name=selftrain.NAME))
 
-    # --- Loop: one micro-batch, a log row, the periodic evaluation, the results ------------
-    micro = micro_step(step, augment, mixer, selftrain, acc)
-    evaluated = functools.partial(evaluate_all, loop.model, ema, cfg, run, job.label_names)
-    finish = functools.partial(finish_run, job, loop, ema, evaluated, t_start)
+    # --- The loop ---------------------------------------------------------------------------
+    announce(run, cfg)
     log.info(
         "fine-tuning %d classes at %d px, %s recipe, from %s",
         *(num_classes, cfg.model.image_size, cfg.recipe),
         "random init" if cfg.init.scratch else cfg.init.checkpoint,
     )
-    after_step = (lambda applied: ema.update(loop.raw, applied)) if ema is not None else None
-    side = {SelfTraining.SIDE: selftrain.loader} if selftrain is not None else None
-    return loop.run(
-        loader, micro, functools.partial(log_row, selftrain), finish, SHOWN,
-        after_step=after_step, evaluate=lambda done: periodic(evaluated), side=side,
-    )  # fmt: skip
+    model.train()
+    step, row = start.step, {}
+    # The stop handler first: a signal while the loader workers start is a preemption.
+    with StopRequest(plan.world, cfg.timeouts.stop_s) as stop, contextlib.ExitStack() as open_:
+        labelled, *unlabelled = [open_.enter_context(b) for b in streams]
+        for step in range(start.step + 1, tc.steps + 1):
+            lr = warmup_cosine(step - 1, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr)
+            set_lr(optimizer, lr)
+            for index in plan.micro_steps(step):  # numbered over the run: they seed the draws
+                batch = labelled.next()
+                x = batch.images.to(acc.device, non_blocking=True)
+                if augment is not None:
+                    x = augment(x, index)
+                y = target = batch.labels.to(acc.device, non_blocking=True)
+                if mixer is not None:  # mixed [0, 1] images, soft targets [B, K]
+                    x, target = mixer(x.float() / 255.0, y, index)
+                if selftrain is None:
+                    out, more = train_step(x, target), {}
+                else:  # the unlabelled micro-batch beside it, with the teacher's soft targets
+                    views = selftrain.views(unlabelled[0].next().images, index)
+                    out = train_step(x, target, *views)
+                    more = {"distill": out.distill, "agree": out.agree, "unlabelled": len(views[0])}
+                correct = (out.logits.argmax(-1) == y).sum()
+                meter.add(loss=out.loss, micro=1, correct=correct, seen=len(y), **more)
+            meter.end_step(step, train_step)  # on the device; read at log and checkpoint steps
+            if ema is not None:
+                ema.update(raw, train_step.applied)
+            due_row = None
+            if meter.logs(step):
+                row = due_row = log_row(selftrain, *meter.lap(step, lr), step)
+            if due(step, cfg.eval_every) and step != tc.steps:  # joins the step's row
+                with meter.paused():
+                    scores = evaluate_all(model, ema, cfg, run, label_names)
+                scores.pop("confusion", None)  # the final evaluation's matrix is in the results
+                if scores:
+                    due_row = {**(due_row or {"step": step}), **scores}
+            if due_row is not None and step != tc.steps:  # the last row: logged at the end
+                meter.log(due_row)
+            if stop.agreed():  # preemption: every rank stops after the same step
+                break
+            if due(step, tc.checkpoint_every) and step != tc.steps and not meter.bad.in_a_row:
+                with meter.paused():  # never during a run of skipped steps: the last good
+                    ckpts.save(step, start.counters, *streams)  # one stays the resume point
+        meter.end_loop(step)
+        ckpts.save(step, start.counters, *streams)
+        if step < tc.steps:
+            return end_preempted(meter, step)
+        stop.finish_loop()  # a signal from here on ends the job at once (checkpoint complete)
+
+        # --- Final: evaluation (completes the last row), results.json, the classifier -------
+        scores = evaluate_all(model, ema, cfg, run, label_names)
+        confusion = scores.pop("confusion", None)
+        row = meter.log({**row, "step": tc.steps, **scores})
+        results = final_results(cfg, row, start.counters, job.subset, label_names)
+        if confusion is not None:  # per-class accuracy and the matrix of the saved model
+            summary = confusion_summary(confusion, label_names)
+            results.update(per_class_top1=summary["per_class_top1"])
+            results.update(confusion_matrix=summary["confusion_matrix"])
+        if job.teacher is not None:
+            results["distill"] = distill_results(cfg, job.teacher, start.counters)
+        results["wall_time_s"] = time.time() - t_start
+        if acc.is_main_process:  # the averaged weights when there are any (what top1_ema scored)
+            save_final(ema.module if ema is not None else raw, cfg, label_names)
+        log.info("done: %s", format_metrics(results, ("top1", "top1_ema", "wall_time_s")))
+    return meter.finish(results)
 
 
-def build_classifier(cfg: FinetuneConfig, loaded, num_classes: int, train_data, run):
+def build_classifier(cfg: FinetuneConfig, loaded, num_classes: int, train_data, run, start):
     """The classifier on the device: the loaded encoder (random init is built here, after
-    the seeds are set, so a from-scratch run is reproducible), its head zero or the probe's."""
+    the seeds are set, so a from-scratch run is reproducible), its head zero or, for LP-FT on
+    a new run, the probe's (a resumed run's head is the checkpoint's)."""
     encoder = build_vit(cfg.model) if loaded is None else loaded.encoder
     encoder.set_drop_path(cfg.parts.drop_path)  # the recipe's stochastic depth (0: none)
     pixels = PixelNorm(cfg.data.mean, cfg.data.std)  # the model takes the loaders' uint8
     model = Classifier(encoder, num_classes, cfg.pool, pixels).to(run.acc.device)
-    if cfg.init.head == "probe":  # LP-FT (a resumed run's head is then the checkpoint's)
-        fit_probe_head(
-            model, train_data.train, cfg.model.image_size, batch_size=cfg.train.batch_size,
-            num_workers=run.plan.num_workers, device=run.acc.device,
-        )  # fmt: skip
+    if cfg.init.head == "probe" and start.step == 0:
+        fit_probe_head(model, train_data.train, cfg.model.image_size, run)
     return model
 
 
-def micro_step(step, augment, mixer, selftrain, acc):
-    """The loop's `micro`: one micro-batch (`index`: its place in the run) -> its sums."""
-
-    def micro(batch, index: int) -> dict:
-        x = batch.images.to(acc.device, non_blocking=True)
-        if augment is not None:
-            x = augment(x, index)
-        y = batch.labels.to(acc.device, non_blocking=True)
-        target = y
-        if mixer is not None:  # mixed [0, 1] images, soft targets [B, K]
-            x, target = mixer(x.float() / 255.0, y, index)
-        if selftrain is None:
-            out, more = step(x, target), {}
-        else:  # the unlabelled micro-batch beside it, with the teacher's soft targets
-            unlabelled, teacher_view = selftrain.images(index)
-            out = step(x, target, unlabelled, teacher_view)
-            more = {"distill": out.distill, "agree": out.agree, "unlabelled": len(unlabelled)}
-        correct = (out.logits.argmax(-1) == y).sum()
-        return {"loss": out.loss, "micro": 1, "correct": correct, "seen": len(y), **more}
-
-    return micro
-
-
-def log_row(selftrain, sums: dict, lap: dict, done: int) -> dict:
+def log_row(selftrain, sums: dict, lap: dict, step: int) -> dict:
     """A lap's row: loss and training accuracy (with self-training, its term and agreement)."""
-    out = {"step": done, "loss": ratio(sums["loss"], sums["micro"])}
+    out = {"step": step, "loss": ratio(sums["loss"], sums["micro"])}
     out.update(train_acc=ratio(sums["correct"], sums["seen"]), **lap)
     if selftrain is not None:  # the distillation term, and how often student = teacher
         out.update(distill_loss=ratio(sums["distill"], sums["micro"]))
@@ -225,45 +284,13 @@ def log_row(selftrain, sums: dict, lap: dict, done: int) -> dict:
     return out
 
 
-def periodic(evaluated) -> dict:
-    """top1 (top1_ema) for the step's row; the final evaluation's matrix is in the results."""
-    scores = evaluated()
-    scores.pop("confusion", None)
-    return scores
-
-
-def finish_run(job: Checked, loop, ema, evaluated, t_start: float, last_row: dict) -> dict:
-    """The final evaluation completes the last row; results.json; the saved classifier."""
-    cfg, label_names = job.cfg, job.label_names
-    scores = evaluated()
-    confusion = scores.pop("confusion", None)
-    last_row = loop.log({**last_row, "step": cfg.train.steps, **scores})
-    results = final_results(cfg, last_row, loop.counters, job.subset, label_names)
-    if confusion is not None:  # per-class accuracy and the matrix of the saved model
-        summary = confusion_summary(confusion, label_names)
-        results.update(per_class_top1=summary["per_class_top1"])
-        results.update(confusion_matrix=summary["confusion_matrix"])
-    if job.teacher is not None:
-        results["distill"] = distill_results(cfg, job.teacher, loop.counters)
-    results["wall_time_s"] = time.time() - t_start
-    if loop.acc.is_main_process:  # the averaged weights when there are any (what top1_ema scored)
-        save_final(ema.module if ema is not None else loop.raw, cfg, label_names)
-    log.info("done: %s", format_metrics(results, ("top1", "top1_ema", "wall_time_s")))
-    return results
-
-
-def device_augment(cfg: FinetuneConfig, acc):
+def device_augment(cfg: FinetuneConfig, plan, device):
     """data.augment=device: crop + flip on the device, from a generator of its own (None:
     workers). RandAugment (parts.randaugment) works on PIL images after the crop: it keeps
     the workers'."""
+    only = bool(cfg.parts.randaugment)
     return build_device_augment(
-        cfg.data,
-        cfg.model.image_size,
-        acc.device,
-        cfg.seed,
-        acc.process_index,
-        acc.num_processes,
-        workers_only=bool(cfg.parts.randaugment),
+        cfg.data, cfg.model.image_size, device, cfg.seed, plan.rank, plan.global_micro, only
     )
 
 

@@ -23,21 +23,24 @@ from pathlib import Path
 
 import torch
 
+from ssl_vit import jobs
 from ssl_vit.atomic import clean_temporary
 from ssl_vit.config import ConfigError, load_config, to_dict
 from ssl_vit.config.checks import auto_num_workers
-from ssl_vit.config.loader import read_yaml_file, run_kind
+from ssl_vit.config.flags import flag_overrides, given_flags
+from ssl_vit.config.loader import read_yaml_file
 from ssl_vit.config.predict import PredictConfig
 from ssl_vit.data.predict_stream import num_batches, open_predict_source, predict_loader
 from ssl_vit.eval.confusion import add_confusion, confusion_summary
 from ssl_vit.eval.predictions import PredictionWriter, gather_on_main, predict_batch
 from ssl_vit.progress import progress_bar
+from ssl_vit.runs.occupancy import check_not_source, occupant
 from ssl_vit.train.classifier_file import ClassifierError, load_classifier, read_classifier_spec
 from ssl_vit.train.guard import JobError, one_line_errors, run_and_exit
 from ssl_vit.train.metrics import MetricsWriter
-from ssl_vit.train.rundir import check_not_source, occupant, run_files
+from ssl_vit.train.rundir import run_files
 from ssl_vit.train.runtime import claim_on_main, make_accelerator, setup_logging
-from ssl_vit.watchdog import Stopped, set_data_timeout, stops_raise, watched
+from ssl_vit.watchdog import Stopped, stops_raise, watched
 
 log = logging.getLogger("predict")
 FLAGS = {  # command-line flag -> config key
@@ -102,11 +105,11 @@ def check_output(out: Path, cfg: PredictConfig, overwrite: bool) -> None:
     a run of another job, a checkpoint, a dataset, or anything predict reads."""
     config = out / "config.yaml"
     saved = read_yaml_file(config) if config.is_file() else None  # bounded: any folder's file
-    kind = run_kind(saved) if isinstance(saved, dict) else None
-    if kind not in (None, "predict") or (kind is None and occupant(out)):
-        what = f"holds a {kind} run" if kind else occupant(out)
+    job = jobs.by_config(saved) if isinstance(saved, dict) else None
+    if job not in (None, jobs.PREDICT) or (job is None and occupant(out)):
+        what = f"holds a {job.title} run" if job else occupant(out)
         raise ConfigError(f"--output {out}: {what}; write predictions to a folder of their own")
-    if kind == "predict" and run_files(out) and not overwrite:
+    if job is jobs.PREDICT and run_files(out) and not overwrite:
         raise ConfigError(f"--output {out}: holds predictions; pass --overwrite to replace them")
     if overwrite:
         check_not_source("--output", out, {"--checkpoint": cfg.checkpoint, "--source": cfg.source})
@@ -115,13 +118,13 @@ def check_output(out: Path, cfg: PredictConfig, overwrite: bool) -> None:
 def main(argv: list[str] | None = None) -> dict:
     t_start = time.time()
     args = parse_args(argv)
-    flags = [f"{key}={v}" for f, key in FLAGS.items() if (v := getattr(args, f)) is not None]
-    flags += ["ignore_labels=true"] * args.ignore_labels
+    flags = given_flags(args, FLAGS)
+    flags |= {"--ignore-labels": ("ignore_labels", True)} if args.ignore_labels else {}
     cfg = None
     try:
         with stops_raise():  # nothing to checkpoint: a stop ends the job where it is
             with one_line_errors():
-                cfg = load_config(PredictConfig, args.config, [*flags, *args.overrides])
+                cfg = load_config(PredictConfig, args.config, flag_overrides(flags, args.overrides))
             return predict(cfg, args.overwrite, t_start)
     except Stopped as e:  # what it was writing is removed on the way out (`run_rounds`)
         if cfg is not None:  # (and a file it was just opening)
@@ -136,8 +139,7 @@ def predict(cfg: PredictConfig, overwrite: bool, t_start: float) -> dict:
     """config -> checks -> ... -> results (`main`, under the stop handler)."""
     with one_line_errors():
         spec, n, label_map = check(cfg, overwrite)  # before any image is read
-        set_data_timeout(cfg.timeouts.data_s)
-        acc = make_accelerator(cfg.mixed_precision, 1, cfg.timeouts.data_s)
+        acc = make_accelerator(cfg.mixed_precision, cfg.timeouts)
         setup_logging(acc.is_main_process)
         out = Path(cfg.output_dir)  # (check_output refused an --overwrite of what it reads)
         lock = claim_on_main(acc, out, cfg, overwrite=overwrite)  # noqa: F841

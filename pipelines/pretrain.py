@@ -5,8 +5,9 @@
     ... --resume                                 # continue from the newest valid checkpoint
                                                  # (a finished run: left as it is, exit 0)
 
-config -> checks -> Accelerator -> model -> optimizer -> resume (TrainLoop) -> data ->
-loop -> final save and few-shot evaluation.
+config -> checks -> Accelerator and plan -> model, optimizer -> resume -> data -> the loop
+(written out below: micro-batches, the step, then what is due) -> final save and few-shot
+evaluation.
 Exit status: 0 done or preempted (checkpoint written), 1 failed.
 """
 
@@ -27,11 +28,24 @@ from ssl_vit.model import build_vit
 from ssl_vit.objectives import NUM_COLOR_CLASSES, MaskedPatchPrediction
 from ssl_vit.objectives.corruption import CorruptionDraws
 from ssl_vit.train import preflight
-from ssl_vit.train.guard import one_line_errors, run_and_exit
+from ssl_vit.train.guard import StopRequest, one_line_errors, run_and_exit
+from ssl_vit.train.loop import (
+    Batches,
+    Checkpoints,
+    Meter,
+    announce,
+    due,
+    end_preempted,
+    finished_run,
+    keys_file,
+    read_resume_point,
+    stream_args,
+)
 from ssl_vit.train.metrics import format_metrics, ratio
 from ssl_vit.train.optim import build_adam
-from ssl_vit.train.runner import TrainLoop, finished_run
 from ssl_vit.train.runtime import start_run
+from ssl_vit.train.schedules import set_lr, warmup_cosine
+from ssl_vit.train.step import TrainStep
 
 log = logging.getLogger("pretrain")
 SHOWN = ("step", "loss", "color_acc", "lr", "img_per_s", "data_wait")
@@ -64,72 +78,89 @@ def main(argv: list[str] | None = None) -> dict:
         if (done := finished_run(cfg, args.resume and not args.overwrite)) is not None:
             return done  # a finished run: nothing checked, started or written
         urls = check(cfg)
-        run = start_run(cfg, args.resume, args.overwrite)  # Accelerator, locked run dir, seeds
-    acc = run.acc
-    loop, augment, hist = build_loop(cfg, run, args.resume)  # model, optimizer, resume
-    # forward+loss, one graph (the corruption draws come in as a tensor)
-    step, encoder = loop.train_step(loop.model), loop.raw.encoder
-    # Micro-batch u's corruption: this rank's slice of the global batch's draws from (seed, u).
-    draws = CorruptionDraws(
-        cfg.seed, encoder.num_patches, acc.process_index, acc.num_processes, acc.device
-    )
+        run = start_run(cfg, args.resume, args.overwrite)  # Accelerator, plan, locked run dir
+    acc, plan, tc = run.acc, run.plan, cfg.train
 
-    # --- Data: every rank streams its own shards (never dispatched from rank 0) -----------
-    # The plan's micro-batch and workers, this rank's place, where a resumed stream continues.
-    loader = pretrain_loader(cfg.data, loop.stream_args(), urls=urls)
-
-    # --- Loop: one micro-batch, a log row, the few-shot evaluation, the results -----------
-    def micro(batch, index: int) -> dict:  # index: the micro-batch's place in the run
-        images = batch.images.to(acc.device, non_blocking=True)
-        if augment is not None:  # uint8 in and out: the colour targets stay exact
-            images = augment(images, index)
-        noise = draws(index, len(images))
-        out = step(images, noise)  # autocast (mixed precision) comes from prepare()
-        hist.add(out.color_targets)
-        return step_figures(out)
-
-    def row(sums: dict, lap: dict, done: int) -> dict:
-        cuda = acc.device.type == "cuda"
-        peak_mb = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
-        return {**log_row(sums, hist.total(), done), **lap, "peak_mem_mb": peak_mb}
-
-    def fewshot_at(done: int) -> dict | None:
-        return fewshot(cfg, encoder, acc, loop.metrics, done, loop.model)
-
-    def finish(last_row: dict) -> dict:
-        last_row = loop.log(last_row)
-        results = final_results(cfg, run, last_row, time.time() - t_start)
-        if cfg.fewshot.train:
-            results["fewshot"] = fewshot_at(cfg.train.steps)
-        log.info("done: %s", format_metrics(results, ("loss", "color_acc", "wall_time_s")))
-        return results
-
-    def periodic(done: int) -> None:  # logs its own rows: nothing joins the step's row
-        fewshot_at(done)
-
-    return loop.run(loader, micro, row, finish, SHOWN, after_step=hist.end_step, evaluate=periodic)
-
-
-def build_loop(cfg: PretrainConfig, run, resume: bool):
-    """The model, its optimizer and augmentation, the colour histogram, and the `TrainLoop`
-    that resumes them -> (loop, device augmentation or None, histogram)."""
-    acc = run.acc
+    # --- Model, optimizer, augmentation; resume them; then Accelerate's prepare -------------
+    start = read_resume_point(run, args.resume)  # step 0, or the newest valid checkpoint
     model = MaskedPatchPrediction(build_vit(cfg.model), cfg.objective, cfg.data.mean, cfg.data.std)
-    model.to(acc.device)
-    optimizer = build_adam(model, cfg.train)
+    optimizer = build_adam(model.to(acc.device), tc)
     # data.augment=device: crop + flip on the device, from a generator of its own (None: workers)
     augment = build_device_augment(
-        cfg.data, cfg.model.image_size, acc.device, cfg.seed, acc.process_index, acc.num_processes
+        cfg.data, cfg.model.image_size, acc.device, cfg.seed, plan.rank, plan.global_micro
     )
-    hist = ColorHistogram(acc)
-    every = cfg.fewshot.every if cfg.fewshot.train else 0  # the periodic few-shot evaluation
-    parts = {"target_hist": hist}  # the training state beside model and optimizer
-    loop = TrainLoop(run, cfg, model, optimizer, resume, augment, parts=parts, eval_every=every)
-    return loop, augment, hist
+    hist = ColorHistogram(acc)  # the run's colour targets (color_acc_majority), checkpointed
+    parts = {"target_hist": hist}
+    start.restore(run, model, optimizer, augment, parts)
+    model, optimizer = acc.prepare(model, optimizer)
+    encoder = acc.unwrap_model(model).encoder
+    # forward+loss in one graph (the corruption draws come in as a tensor); autocast from prepare
+    c = cfg.compile
+    train_step = TrainStep(
+        model, optimizer, model, tc.grad_clip, acc, compile=c.enabled, compile_mode=c.mode
+    )
+    # Micro-batch u's corruption: this rank's slice of the global micro-batch's draws (seed, u).
+    draws = CorruptionDraws(cfg.seed, encoder.num_patches, plan.rank, plan.global_micro, acc.device)
+    ckpts = Checkpoints(run, cfg, model, optimizer, augment, parts)
+    fewshot_every = cfg.fewshot.every if cfg.fewshot.train else 0
+
+    # --- Data: every rank streams its own shards (never dispatched from rank 0) -------------
+    loader = pretrain_loader(cfg.data, stream_args(run, cfg, start, augment), urls=urls)
+    meter = Meter(run, cfg, start, SHOWN)  # step statistics, bad steps, metrics.jsonl, the bar
+    batches = Batches(loader, start.counters, plan.global_micro, meter.watch, keys_file(run, cfg))
+
+    # --- The loop ---------------------------------------------------------------------------
+    announce(run, cfg)
+    model.train()
+    step, row = start.step, {}
+    # The stop handler first: a signal while the loader workers start is a preemption.
+    with StopRequest(plan.world, cfg.timeouts.stop_s) as stop, batches:
+        for step in range(start.step + 1, tc.steps + 1):
+            lr = warmup_cosine(step - 1, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr)
+            set_lr(optimizer, lr)
+            for index in plan.micro_steps(step):  # numbered over the run: they seed the draws
+                images = batches.next().images.to(acc.device, non_blocking=True)
+                if augment is not None:  # uint8 in and out: the colour targets stay exact
+                    images = augment(images, index)
+                out = train_step(images, draws(index, len(images)))
+                hist.add(out.color_targets)
+                meter.add(**step_figures(out))
+            meter.end_step(step, train_step)  # on the device; read at log and checkpoint steps
+            hist.end_step(train_step.applied)
+            if meter.logs(step):
+                sums, lap = meter.lap(step, lr)
+                row = {**log_row(sums, hist.total(), step), **lap, "peak_mem_mb": peak_mb(acc)}
+                if step != tc.steps:  # the last row is logged with the final results
+                    meter.log(row)
+            if due(step, fewshot_every) and step != tc.steps:
+                with meter.paused():  # logs its own row
+                    fewshot(cfg, encoder, acc, meter.metrics, step, model)
+            if stop.agreed():  # preemption: every rank stops after the same step
+                break
+            if due(step, tc.checkpoint_every) and step != tc.steps and not meter.bad.in_a_row:
+                with meter.paused():  # never during a run of skipped steps: the last good
+                    ckpts.save(step, start.counters, batches)  # one stays the resume point
+        meter.end_loop(step)
+        ckpts.save(step, start.counters, batches)
+        if step < tc.steps:
+            return end_preempted(meter, step)
+        stop.finish_loop()  # a signal from here on ends the job at once (checkpoint complete)
+
+        # --- Final: the last row, the few-shot evaluation, results.json ---------------------
+        meter.log(row)
+        results = final_results(cfg, run, row, time.time() - t_start)
+        if cfg.fewshot.train:
+            results["fewshot"] = fewshot(cfg, encoder, acc, meter.metrics, tc.steps, model)
+        log.info("done: %s", format_metrics(results, ("loss", "color_acc", "wall_time_s")))
+    return meter.finish(results)
+
+
+def peak_mb(acc) -> float | None:
+    return torch.cuda.max_memory_allocated() / 2**20 if acc.device.type == "cuda" else None
 
 
 def step_figures(out) -> dict:
-    """What a micro-batch adds to the step's statistics (`TrainLoop.run`'s `micro`)."""
+    """What a micro-batch adds to the step's statistics (`Meter.add`)."""
     # correct None: colour accuracy undefined for the target (0 of 0: NaN in the log)
     counted = out.correct is not None
     return {
@@ -148,7 +179,7 @@ def final_results(cfg: PretrainConfig, run, last_row: dict, wall_time_s: float) 
         step=steps,
         checkpoint=str(run.ckpt_dir / f"step_{steps:08d}"),
         wall_time_s=wall_time_s,
-        num_processes=run.plan.processes,
+        num_processes=run.plan.world,
     )
     return results
 

@@ -27,19 +27,14 @@ from pathlib import Path
 
 from ssl_vit.config import ConfigError, SelectConfig, load_config, to_dict
 from ssl_vit.config.checks import auto_num_workers
-from ssl_vit.config.frozen import freeze
+from ssl_vit.config.flags import flag_overrides, given_flags
+from ssl_vit.config.frozen import freeze, validated
 from ssl_vit.data.image_source import ImageSource
 from ssl_vit.data.predict_stream import num_batches, predict_loader
 from ssl_vit.data.sources import open_source
 from ssl_vit.eval.predictions import gather_on_main
 from ssl_vit.eval.readouts import Extraction
-from ssl_vit.eval.select_features import (
-    FeatureWriter,
-    FrozenEncoder,
-    choose,
-    embed_batch,
-    load_frozen_encoder,
-)
+from ssl_vit.eval.select_features import FeatureWriter, choose, embed_batch
 from ssl_vit.eval.select_output import (
     FEATURES,
     TO_LABEL,
@@ -53,8 +48,9 @@ from ssl_vit.eval.select_output import (
 from ssl_vit.progress import progress_bar
 from ssl_vit.train.guard import one_line_errors, run_and_exit
 from ssl_vit.train.metrics import MetricsWriter
+from ssl_vit.train.preflight import FrozenEncoder, load_frozen_encoder
 from ssl_vit.train.runtime import make_accelerator, resolve_mixed_precision, setup_logging
-from ssl_vit.watchdog import set_data_timeout, watched
+from ssl_vit.watchdog import watched
 
 log = logging.getLogger("select")
 FLAGS = {  # command-line flag -> config key
@@ -111,19 +107,17 @@ def check(
         raise ConfigError(f"--source {cfg.source}: has no image {sorted(missing)[0]!r} of the "
                           "earlier picks; select from their source, or --overwrite")  # fmt: skip
     resolved = dataclasses.replace(cfg, checkpoint=frozen.checkpoint, image_size=frozen.image_size)
-    return freeze(resolved), frozen, source, earlier
+    return freeze(validated(resolved)), frozen, source, earlier
 
 
 def main(argv: list[str] | None = None) -> dict:
     t_start = time.time()
     args = parse_args(argv)
-    flags = [f"{key}={v}" for f, key in FLAGS.items() if (v := getattr(args, f)) is not None]
-    flags += ["copy=false"] * args.no_copy
+    flags = given_flags(args, FLAGS) | ({"--no-copy": ("copy", False)} if args.no_copy else {})
     with one_line_errors():
-        cfg = load_config(SelectConfig, args.config, [*flags, *args.overrides])
+        cfg = load_config(SelectConfig, args.config, flag_overrides(flags, args.overrides))
         cfg, frozen, source, earlier = check(cfg, args.overwrite)  # before any image is read
-        set_data_timeout(cfg.timeouts.data_s)
-        acc = make_accelerator(cfg.mixed_precision, 1, cfg.timeouts.data_s)
+        acc = make_accelerator(cfg.mixed_precision, cfg.timeouts)
         setup_logging(acc.is_main_process)
         out = Path(cfg.output_dir)
         lock = claim_output_on_main(acc, out, cfg, args.overwrite)  # noqa: F841

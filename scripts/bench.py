@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> dict:
         return gpu_suite(args, device)
     if args.suite == "loader":
         return loader_suite(args)
-    if args.suite == "predict":
+    if args.suite == "predict":  # not a job: the suite timing `ssl-vit predict`
         return predict_suite(args)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -40,14 +40,7 @@ from pathlib import Path
 import yaml
 
 from ssl_vit.children import die_with_parent, fork_script, preload, stop_child
-from ssl_vit.config import (
-    ConfigError,
-    FewshotConfig,
-    FinetuneConfig,
-    PretrainConfig,
-    load_config,
-    save_config,
-)
+from ssl_vit.config import ConfigError, load_config, save_config
 from ssl_vit.config.study import StudyConfig
 from ssl_vit.progress import format_eta, progress_bar
 from ssl_vit.report.runs import read_results
@@ -57,9 +50,6 @@ from ssl_vit.study.summary import summarize
 BUDGETS = ("full", "quick", "gpu")  # the study config's budget sections
 
 
-SCHEMAS = {"pretrain": PretrainConfig, "fewshot": FewshotConfig, "finetune": FinetuneConfig}
-
-
 def check_jobs(jobs: list[Job]) -> None:
     """Every job's config file and overrides (the budget's, a recipe's, a label budget's, a
     variant's) loaded against the job's schema before the first job runs: a bad key or value
@@ -67,9 +57,9 @@ def check_jobs(jobs: list[Job]) -> None:
     for job in jobs:
         config, overrides = job_config(job.argv())
         try:
-            load_config(SCHEMAS[job.stage], config, overrides)
+            load_config(job.stage.config_class, config, overrides)
         except ConfigError as e:
-            sys.exit(f"error: {job.stage}/{job.name}: {e}")
+            sys.exit(f"error: {job.stage.name}/{job.name}: {e}")
 
 
 BASELINES = ("random", "scratch")  # the random-init rows' job names
@@ -191,7 +181,7 @@ def run_study_job(
     """Run `job` unless its results exist; `say` prints a line (the progress bar's `write`),
     `progress(fraction)` is told how far the running job is. Returns the line that says how
     it ended."""
-    label = f"{job.stage}/{job.name}"
+    label = f"{job.stage.name}/{job.name}"
     argv = job.argv()
     recorded, command = job.run_dir / "study_job.json", [Path(argv[1]).name, *argv[2:]]
     # The command is recorded next to the run: a run of another budget or other data in the
@@ -205,7 +195,7 @@ def run_study_job(
         return f"[skip] {label}: {job.run_dir}/results.json exists"
     if dry_run:
         return f"[plan] {label}: {shlex.join(argv)}"
-    log = log_dir / f"{job.stage}-{job.name}.log"
+    log = log_dir / f"{job.stage.name}-{job.name}.log"
     say(f"[run]  {label} (log: {log}) ...")
     t0 = time.time()
     job.run_dir.mkdir(parents=True, exist_ok=True)
@@ -226,10 +216,10 @@ def run_study_job(
         f.flush()
         # A few-shot job has nothing to resume: an interrupted one (this same command, as
         # checked above) is replaced rather than refused by the run-directory rule.
-        rc = execute([*argv, "--overwrite"] if job.stage == "fewshot" else argv, f, tick)
+        rc = execute(argv if job.stage.resumes else [*argv, "--overwrite"], f, tick)
     # Stopped: pretraining and fine-tuning checkpoint and exit 0, and the same command resumes
     # them; a few-shot job has nothing to save and ends on the signal, and is run again.
-    if STOPPED and (rc == 0 or job.stage == "fewshot"):
+    if STOPPED and (rc == 0 or not job.stage.resumes):
         say(f"[stop] {label}: {STOPPED[0]}; run the same command again to resume")
         sys.exit(0)
     if rc != 0:

@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ssl_vit.errors import InputError, WriteError
 from ssl_vit.jsonfile import dump_json
 
 __all__ = [
@@ -57,10 +58,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _STAGING, _OLD, _TMP = ".staging-", ".old-", ".tmp-"
-
-
-class WriteError(OSError):
-    """Writing `path` failed for lack of room or permission: a one-line user error."""
 
 
 # Errors of the storage, not of the program: reported as one line naming the file.
@@ -184,7 +181,7 @@ def read_jsonl(path: str | os.PathLike) -> list[Any]:
             if i == last:
                 log.warning("%s: dropping its torn last line %d (%s)", path, i + 1, why)
                 continue
-            raise ValueError(f"{path}:{i + 1}: corrupt line ({why})") from None
+            raise InputError(f"{path}:{i + 1}: corrupt line ({why})") from None
     return rows
 
 

@@ -18,7 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+from ssl_vit import jobs
 from ssl_vit.cli_data import add_make_shards, add_make_synthetic
+from ssl_vit.errors import ConfigError, UserError
 
 __all__ = ["JOBS", "build_parser", "entry", "main", "training_args"]
 
@@ -30,12 +32,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     """`ssl-vit export`: a checkpoint's encoder, or a fine-tuned classifier, -> timm or
     transformers directory with a model card."""
     from ssl_vit.publish import export_model
-    from ssl_vit.train.checkpoint import CheckpointError
 
-    try:  # a classifier or an encoder, from the file's contents (`export_source`)
-        info = export_model(args.checkpoint, args.to, args.outdir, args.keep_head, args.overwrite)
-    except CheckpointError as e:  # a missing or damaged checkpoint: a user error, one line
-        raise ValueError(str(e)) from None
+    # A classifier or an encoder, from the file's contents (`export_source`).
+    info = export_model(args.checkpoint, args.to, args.outdir, args.keep_head, args.overwrite)
     what = f"{info['num_classes']}-class classifier" if "num_classes" in info else "model"
     print(
         f"wrote {info['format']} {what} ({info['parameters']:,} parameters) with config.json "
@@ -45,10 +44,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "export",
-        help="write a checkpoint's encoder or a fine-tuned classifier for timm or transformers",
-    )
+    p = sub.add_parser(jobs.EXPORT.name, help=jobs.EXPORT.help)
     p.add_argument(
         "checkpoint",
         help="checkpoint directory, encoder.safetensors, or a run directory (its newest valid "
@@ -74,14 +70,10 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 def cmd_import(args: argparse.Namespace) -> int:
     """`ssl-vit import`: timm or transformers ViT weights -> an ssl-vit encoder directory."""
     from ssl_vit.publish import import_weights
-    from ssl_vit.train.checkpoint import CheckpointError
 
-    try:
-        info = import_weights(
-            args.source, args.format, args.outdir, heads=args.heads, overwrite=args.overwrite
-        )
-    except CheckpointError as e:
-        raise ValueError(str(e)) from None
+    info = import_weights(
+        args.source, args.format, args.outdir, heads=args.heads, overwrite=args.overwrite
+    )
     c = info["model_config"]
     print(
         f"wrote encoder.safetensors (width {c['width']}, depth {c['depth']}, heads {c['heads']}, "
@@ -115,7 +107,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         import matplotlib  # noqa: F401  (checked here: the figure modules import it late)
     except ImportError as e:  # matplotlib is the `report` extra
-        raise ValueError(f"{e}; install it with: pip install 'ssl-vit[report]'") from None
+        raise UserError(f"{e}; install it with: pip install 'ssl-vit[report]'") from None
     from ssl_vit.report import build_report
 
     paths = build_report(args.runs, args.output, num_examples=args.examples, seed=args.seed)
@@ -132,16 +124,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_report)
 
 
-JOBS = {
-    "pretrain": "masked patch prediction pretraining (pipelines/pretrain.py)",
-    "finetune": "fine-tune an encoder as a classifier (pipelines/finetune.py)",
-    "fewshot": "few-shot linear evaluation of a frozen encoder (pipelines/fewshot.py)",
-    "predict": "label a source with a fine-tuned classifier (pipelines/predict.py)",
-    "select": "pick the images to label from an encoder's features (pipelines/selection.py)",
-}
-# A job whose module is not named for it: a pipelines/select.py would shadow the standard
-# library's `select` in every `python pipelines/<job>.py` (the script's folder leads sys.path).
-MODULES = {"select": "selection"}
+JOBS = jobs.PIPELINES  # `ssl-vit <name>`: the job's pipeline parses its own arguments
 
 
 def training_args(doc: str, configs: str, argv: list[str] | None) -> argparse.Namespace:
@@ -156,9 +139,9 @@ def training_args(doc: str, configs: str, argv: list[str] | None) -> argparse.Na
 
 
 def pipeline_module(name: str) -> ModuleType:
-    """The job `name` of pipelines/: `ssl_vit.pipelines.<name>` in an installed package (the
-    wheel ships pipelines/ there), else `pipelines/<name>.py` of the checkout."""
-    name = MODULES.get(name, name)
+    """The pipeline of job `name` (its `jobs.Job.module`): `ssl_vit.pipelines.<module>` in an
+    installed package (the wheel ships pipelines/ there), else `pipelines/<module>.py`."""
+    name = JOBS[name].module
     try:
         return importlib.import_module(f"ssl_vit.pipelines.{name}")
     except ModuleNotFoundError as e:
@@ -182,7 +165,7 @@ def cmd_configs(args: argparse.Namespace) -> int:
         raise OSError("no shipped configs found (neither ssl_vit/configs nor a checkout)")
     unknown = sorted(set(args.names) - set(names))
     if unknown:
-        raise ValueError(f"unknown config(s) {unknown}; `ssl-vit configs` lists them")
+        raise ConfigError(f"unknown config(s) {unknown}; `ssl-vit configs` lists them")
     if args.copy is None:
         for name in args.names or names:
             print(f"{name:32s} {root / name}.yaml")
@@ -213,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in JOBS:  # listed for --help only: main() hands a job's arguments to it as they are
-        sub.add_parser(name, help=f"{JOBS[name]}; `ssl-vit {name} --help` for its arguments")
+        sub.add_parser(name, help=f"{JOBS[name].help}; `ssl-vit {name} --help` for its arguments")
     _add_configs(sub)
     add_make_shards(sub)
     add_make_synthetic(sub)
@@ -235,7 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return args.func(args)
-    except (OSError, ValueError) as e:  # user errors: one line, no traceback
+    # User errors: one line, no traceback (an OSError of a command names the path it could not
+    # read or write). Anything else, a bare ValueError included, is a bug: its traceback.
+    except (UserError, OSError) as e:
         print(f"ssl-vit {args.command}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

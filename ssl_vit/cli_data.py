@@ -7,6 +7,8 @@ import argparse
 import time
 from pathlib import Path
 
+from ssl_vit.errors import ConfigError
+
 __all__ = ["add_make_shards", "add_make_synthetic"]
 
 
@@ -49,12 +51,12 @@ def cmd_make_shards(args: argparse.Namespace) -> int:
 
 def _check_output_owner(out: Path, source: str) -> None:
     """ConfigError (one line, before the source is opened) if make-shards' `out` belongs to a
-    job, as predict and export refuse theirs (`ssl_vit.train.rundir`): it is a run directory
+    job, as predict and export refuse theirs (`ssl_vit.runs.occupancy`): it is a run directory
     (a finished run's files or a live job's lock), or lies in a checkpoint or in what a run
     writes (its checkpoints/, its labelled copy); or it is, holds or lies in `source`. A new
     folder inside a run directory is fine, as for them."""
     from ssl_vit.config import ConfigError
-    from ssl_vit.train.rundir import check_not_source
+    from ssl_vit.runs.occupancy import check_not_source
 
     check_not_source("--output", out, {"--source": source})
     why = _job_owned(out)
@@ -63,8 +65,8 @@ def _check_output_owner(out: Path, source: str) -> None:
 
 
 def _job_owned(out: Path) -> str | None:
-    from ssl_vit.train.checkpoint import is_checkpoint
-    from ssl_vit.train.rundir import is_run_dir, run_files
+    from ssl_vit.runs.occupancy import is_checkpoint, is_run_dir
+    from ssl_vit.train.rundir import run_files
 
     real = out.expanduser().resolve()
     if is_run_dir(real):
@@ -87,7 +89,7 @@ def cmd_make_synthetic(args: argparse.Namespace) -> int:
     if args.kind == "photos":
         return _make_photos(args, start)
     if args.folder or args.overwrite:
-        raise ValueError(f"--{'folder' if args.folder else 'overwrite'} is for --kind photos")
+        raise ConfigError(f"--{'folder' if args.folder else 'overwrite'} is for --kind photos")
     image_size = 32 if args.image_size is None else args.image_size
     index = make_synthetic_shards(
         args.output,
@@ -108,14 +110,14 @@ def _make_photos(args: argparse.Namespace, start: float) -> int:
     from ssl_vit.datasets.photos import PHOTO_NAMES, make_photo_shards, write_photo_folder
 
     if args.num < 1:
-        raise ValueError(f"--num must be >= 1, got {args.num}")
+        raise ConfigError(f"--num must be >= 1, got {args.num}")
     if args.image_size is not None:  # silently ignored, it would give 500 px images, not S px
-        raise ValueError(
+        raise ConfigError(
             "--image-size is for --kind shapes: photos have ImageNet's sizes (~500x375); "
             "store them smaller with make-shards --max-size"
         )
     if args.overwrite and not args.folder:
-        raise ValueError("--overwrite is for --folder (shards replace a dataset as they are)")
+        raise ConfigError("--overwrite is for --folder (shards replace a dataset as they are)")
     if args.folder:
         write_photo_folder(args.output, n=args.num, seed=args.seed, overwrite=args.overwrite)
         what = "an image folder"

@@ -20,6 +20,8 @@ import math
 import os
 from typing import Any
 
+from ssl_vit.errors import InputError
+
 __all__ = [
     "MAX_DEPTH",
     "MAX_JSON_BYTES",
@@ -37,7 +39,7 @@ MAX_JSON_BYTES = 128 << 20
 MAX_DEPTH = 32
 
 
-class JsonFileError(ValueError):
+class JsonFileError(InputError):
     """A JSON file or field that is unreadable, too large, too deep or of the wrong shape: one
     line naming it."""
 

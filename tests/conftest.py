@@ -28,3 +28,23 @@ def synthetic_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("synthetic_shards")
     make_synthetic_shards(out, n=96, image_size=32, seed=0, shard_size=48)
     return out
+
+
+def record_timeouts(monkeypatch) -> dict:
+    """The collective timeout the job gives its process group and the loaders' data timeout
+    (read when the job ends; the watchdog's own is put back after the test)."""
+    from accelerate.utils import InitProcessGroupKwargs
+
+    from ssl_vit import watchdog
+    from ssl_vit.train import runtime
+
+    seen: dict = {}
+
+    def recording(timeout):
+        seen["dist_s"] = timeout.total_seconds()
+        return InitProcessGroupKwargs(timeout=timeout)
+
+    monkeypatch.setattr(runtime, "InitProcessGroupKwargs", recording)
+    monkeypatch.setattr(watchdog._WATCH, "timeout_s", watchdog._WATCH.timeout_s)
+    seen["data_s"] = lambda: watchdog._WATCH.timeout_s
+    return seen

@@ -13,9 +13,9 @@ from ssl_vit.config import FinetuneConfig, PretrainConfig, load_config
 from ssl_vit.config.loader import ConfigError
 from ssl_vit.config.schema import ObjectiveConfig
 from ssl_vit.model import ViT
+from ssl_vit.model import compile as compile_mod
+from ssl_vit.model.compile import Compiled, compile_enabled
 from ssl_vit.objectives import MaskedPatchPrediction
-from ssl_vit.train import compile as compile_mod
-from ssl_vit.train.compile import Compiled, compile_enabled
 
 
 @pytest.mark.system

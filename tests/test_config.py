@@ -1,5 +1,7 @@
 """Typed configs: unknown keys and wrong types stop a job with a one-line error."""
 
+from pathlib import Path
+
 import pytest
 
 from ssl_vit.config import ConfigError, PretrainConfig, load_config, parse_overrides
@@ -79,3 +81,25 @@ def test_all_shipped_configs_load():
             load_config(schema, path)
             found += 1
     assert found >= 3
+
+
+def test_loaded_predict_and_study_configs_are_frozen():
+    """predict's and the study's configs are read-only once checked, as the jobs' (every
+    section, a list's items too: the study's variants)."""
+    from ssl_vit.config import StudyConfig
+    from ssl_vit.config.frozen import FrozenConfigError
+    from ssl_vit.config.predict import PredictConfig
+
+    given = ["checkpoint=c", "source=s", "output_dir=o"]
+    predict = load_config(PredictConfig, None, given)
+    with pytest.raises(FrozenConfigError, match="frozen after its checks"):
+        predict.top_k = 1
+    with pytest.raises(FrozenConfigError):
+        predict.timeouts.data_s = 1.0
+    study = load_config(StudyConfig, Path(__file__).parent.parent / "configs/study/quickstart.yaml")
+    with pytest.raises(FrozenConfigError, match="frozen after its checks"):
+        study.seed = 1
+    with pytest.raises(FrozenConfigError):
+        study.variants[0].name = "other"
+    with pytest.raises(FrozenConfigError):
+        study.quick.pretrain = []

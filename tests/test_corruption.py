@@ -84,13 +84,14 @@ def test_random_sources_are_the_other_patches_of_the_same_image():
 def test_corruption_draws_of_ranks_are_slices_of_the_global_draws(world_size):
     """What world_size processes draw for micro-batch u, stacked in rank order, is what one
     process draws for the global micro-batch; another u draws otherwise."""
-    one = CorruptionDraws(7, 5, 0, 1, torch.device("cpu"))
-    ranks = [CorruptionDraws(7, 5, r, world_size, torch.device("cpu")) for r in range(world_size)]
+    global_micro = 4 * world_size  # each process's 4 images
+    one = CorruptionDraws(7, 5, 0, global_micro, torch.device("cpu"))
+    ranks = [CorruptionDraws(7, 5, r, global_micro, torch.device("cpu")) for r in range(world_size)]
     for u in (0, 1, 13):
-        whole = one(u, 4 * world_size)
+        whole = one(u, global_micro)
         assert torch.equal(torch.cat([d(u, 4) for d in ranks], dim=1), whole)
-        assert torch.equal(one(u, 4 * world_size), whole)  # a function of u: nothing to save
-    assert not torch.equal(one(0, 4), one(1, 4))
+        assert torch.equal(one(u, global_micro), whole)  # a function of u: nothing to save
+    assert not torch.equal(one(0, global_micro), one(1, global_micro))
 
 
 def test_ratio_and_probs_are_respected_and_gradients_flow():

@@ -465,7 +465,7 @@ def test_training_stream_resumes_exactly(synthetic_shards, resampled):
     from ssl_vit.data import StreamTracker
 
     data = _data(str(synthetic_shards), shuffle_buffer=10, resampled=resampled)
-    stream = StreamArgs(micro_batch=8, num_workers=2, image_size=16, seed=4)
+    stream = StreamArgs(global_micro=8, num_workers=2, image_size=16, seed=4)
     loader = pretrain_loader(data, stream)
     full = _take(loader, 9)
     tracker = StreamTracker(loader.tracker.identity, loader.tracker.lanes)
@@ -563,7 +563,7 @@ def test_a_resumed_lane_rereads_at_most_its_shard_up_to_its_position(synthetic_s
     from ssl_vit.data import stages
 
     data = _data(str(synthetic_shards), shuffle_buffer=16)  # 2 lanes, blocks of 8
-    stream = StreamArgs(micro_batch=8, num_workers=0, image_size=16, seed=2)
+    stream = StreamArgs(global_micro=8, num_workers=0, image_size=16, seed=2)
     loader = pretrain_loader(data, stream)
     it = iter(loader)
     for _ in range(15):  # 60 samples per lane: past its first shard (48), 12 into its second

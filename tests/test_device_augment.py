@@ -116,8 +116,8 @@ def test_ranks_draw_their_slice_of_the_global_micro_batch():
     """Micro-batch u's crops on 2 processes (each its 4 images) are one process's crops of the
     8; a function of u (seed, rank and world size fixed), not of earlier calls."""
     x = torch.randint(0, 256, (8, 3, 20, 20), dtype=torch.uint8)
-    one = DeviceAugment(12, torch.Generator(), stream=(5, 0, 1))
-    two = [DeviceAugment(12, torch.Generator(), stream=(5, r, 2)) for r in range(2)]
+    one = DeviceAugment(12, torch.Generator(), stream=(5, 0, 8))  # the global micro-batch: 8
+    two = [DeviceAugment(12, torch.Generator(), stream=(5, r, 8)) for r in range(2)]
     for u in (0, 3, 0):
         whole = one(x, u)
         assert torch.equal(

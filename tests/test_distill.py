@@ -21,10 +21,15 @@ from test_step_sync import EVERY, STEPS, _between_log_steps, _run_counting
 from ssl_vit.config import ConfigError, FinetuneConfig, from_dict
 from ssl_vit.config import checks as config_checks
 from ssl_vit.model import Classifier, PixelNorm, build_vit
-from ssl_vit.train import compile as compile_mod
+from ssl_vit.model import compile as compile_mod
 from ssl_vit.train import runtime
 from ssl_vit.train.classifier_file import ClassifierSpec, save_classifier
-from ssl_vit.train.distill import distill_forward, distillation_loss, frozen_teacher
+from ssl_vit.train.distill import (
+    autocast_dtype,
+    distill_forward,
+    distillation_loss,
+    frozen_teacher,
+)
 from ssl_vit.train.plan import build_plan
 
 
@@ -95,6 +100,20 @@ def test_weak_strong_views_give_the_teacher_its_view_and_the_student_the_other()
     out = forward(images[:2], torch.tensor([0, 2]), images[2:], weak)
     assert out.distill.item() == pytest.approx(want.item(), rel=1e-5)
     assert abs(want.item() - same.item()) > 1e-4  # the views differ: the test tells them apart
+
+
+def test_the_teacher_runs_in_the_runs_mixed_precision():
+    """Under bf16 the teacher's forward autocasts like the prepared student's (it ran in fp32:
+    it is not prepared by Accelerate); full precision leaves it alone."""
+    student, teacher = _tiny_classifier(0), frozen_teacher(_tiny_classifier(1), "cpu")
+    seen = []
+    teacher.head.register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
+    images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
+    for precision, dtype in (("bf16", torch.bfloat16), ("no", torch.float32)):
+        ce = torch.nn.functional.cross_entropy
+        forward = distill_forward(student, teacher, ce, 2.0, 0.5, autocast_dtype(precision))
+        forward(images[:2], torch.tensor([0, 2]), images[2:], images[2:])
+        assert seen.pop() == dtype
 
 
 @pytest.mark.system
@@ -276,7 +295,7 @@ def test_a_ratio_past_the_hosts_memory_is_refused_by_the_run_plan(monkeypatch):
 
     monkeypatch.setattr(config_checks, "_host_memory", lambda: 8 * 2**30)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
-    assert build_plan(cfg(111), 8).process_micro == 4
+    assert build_plan(cfg(111), 8).local_micro == 4
     with pytest.raises(ConfigError, match=r"^distill.ratio=112: 448 images .* \(at most 111\)$"):
         build_plan(cfg(112), 8)
     monkeypatch.undo()  # this machine's memory: the reported ratio at 224 px is terabytes

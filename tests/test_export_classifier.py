@@ -10,6 +10,7 @@ import dataclasses
 import io
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -296,3 +297,25 @@ def test_a_classifier_under_another_name_exports_as_a_classifier(tmp_path, capsy
     hf = json.loads((tmp_path / "hf/config.json").read_text())
     assert hf["architectures"] == ["ViTForImageClassification"]
     assert list(hf["id2label"].values()) == ["cat", "dog", "eel"]
+
+
+def test_a_fine_tunes_file_copied_as_best_exports_as_its_classifier(run, tmp_path, capsys, caplog):
+    """Issue 48, defect 5: `ssl-vit export best.safetensors` (a fine-tune's model.safetensors
+    under another name, in a folder of its own) is the classifier, with its labels and its
+    preprocessing, by the file's header alone; an encoder under another name is an encoder."""
+    spec, best = load_classifier(run)[1], tmp_path / "best.safetensors"
+    shutil.copy(run / "model.safetensors", best)
+    assert cli(["export", str(best), "--to", "timm", str(tmp_path / "t")]) == 0
+    assert "10-class classifier" in capsys.readouterr().out
+    pretrained = json.loads((tmp_path / "t/config.json").read_text())["pretrained_cfg"]
+    assert pretrained["label_names"] == list(spec.label_names)
+    assert pretrained["mean"] == list(spec.mean) and pretrained["std"] == list(spec.std)
+    assert pretrained["input_size"] == [3, 24, 24] and pretrained["crop_pct"] == 1.0
+    (tmp_path / "enc").mkdir()
+    cfg = spec.model_config
+    save_encoder(build_vit(ModelConfig.from_saved(cfg)), tmp_path / "enc/last.safetensors", cfg)
+    with caplog.at_level(logging.INFO):
+        assert cli(["export", str(tmp_path / "enc/last.safetensors"), "--to", "timm",
+                    str(tmp_path / "e")]) == 0  # fmt: skip
+    assert "is an encoder (no classifier head, no labels)" in caplog.text
+    assert json.loads((tmp_path / "e/config.json").read_text())["num_classes"] == 0

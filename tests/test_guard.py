@@ -244,3 +244,66 @@ def test_a_library_stop_is_the_jobs_one_error_line_and_exit_1(capsys):
     assert guard._report(e) == guard.EXIT_ERROR
     err = capsys.readouterr().err
     assert err == "error: at least 3 steps in a row ...; Last good checkpoint: ck/step_4\n"
+
+
+_JOB = """
+import sys
+from ssl_vit import errors
+from ssl_vit.train.guard import run_and_exit
+
+def main(argv):
+    raise {raise_}
+
+run_and_exit(main, [])
+"""
+
+
+def _run_job(raise_: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    job = tmp_path / "job.py"  # a file, so that the traceback shows the raising line
+    job.write_text(_JOB.format(raise_=raise_))
+    return subprocess.run([sys.executable, str(job)], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    "raise_, last",
+    [
+        ('ValueError("boom")', "error: ValueError: boom"),
+        ("KeyError('k')", "error: KeyError: 'k'"),
+        ('TypeError("bad call")', "error: TypeError: bad call"),
+    ],
+)
+def test_a_bug_in_a_job_prints_its_traceback_then_one_line(raise_, last, tmp_path):
+    """A builtin ValueError / KeyError / TypeError is a programming error, not a bad input: its
+    traceback (naming the raising line) comes first, then the one error line, exit 1."""
+    proc = _run_job(raise_, tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback (most recent call last)" in proc.stderr, proc.stderr
+    assert f"raise {raise_}" in proc.stderr, proc.stderr  # the line that raised it
+    assert proc.stderr.rstrip().splitlines()[-1] == last, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "raise_, line",
+    [
+        ('errors.ConfigError("train.steps: expected int")', "ConfigError: train.steps: expected"),
+        ('errors.InputError("photos/: no images found")', "InputError: photos/: no images found"),
+        ('errors.CheckpointError("no encoder at x")', "CheckpointError: no encoder at x"),
+        ("FileNotFoundError(2, 'No such file', 'x.yaml')", "FileNotFoundError: [Errno 2]"),
+    ],
+)
+def test_a_user_error_in_a_job_is_one_line_and_exit_1(raise_, line, tmp_path):
+    proc = _run_job(raise_, tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: {line}") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_one_line_errors_passes_a_bug_through():
+    """`one_line_errors` turns a user error into its one line and leaves a bug's exception (and
+    traceback) as it is."""
+    from ssl_vit.errors import InputError
+    from ssl_vit.train.guard import one_line_errors
+
+    with pytest.raises(SystemExit, match=r"^error: photos/: no images$"), one_line_errors():
+        raise InputError("photos/: no images")
+    with pytest.raises(ValueError, match="^boom$"), one_line_errors():
+        raise ValueError("boom")

@@ -122,7 +122,7 @@ def test_stream_of_jpegs_resumes_exactly_through_the_reduced_decode(tmp_path):
         (tmp_path / "src" / f"{i:02d}.jpg").write_bytes(_smooth_jpeg(200, 150, seed=i))
     make_shards(tmp_path / "src", tmp_path / "shards", shard_size=6, progress=False)
     data = PretrainDataConfig(train_shards=str(tmp_path / "shards"), shuffle_buffer=4)
-    stream = StreamArgs(micro_batch=4, num_workers=2, image_size=16, seed=3)
+    stream = StreamArgs(global_micro=4, num_workers=2, image_size=16, seed=3)
 
     def take(loader, n):
         it = iter(loader)

@@ -31,7 +31,7 @@ from ssl_vit.data.labelled import (
     choose_labelled,
     use_labelled,
 )
-from ssl_vit.train.run_lock import LOCK_NAME
+from ssl_vit.runs.lock import LOCK_NAME
 from ssl_vit.train.rundir import claim_run_dir, run_files
 
 LOGGER = "ssl_vit.data.labelled"

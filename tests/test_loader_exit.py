@@ -68,3 +68,35 @@ def test_close_with_and_del_end_the_workers(workers, synthetic_shards):
     assert _workers_alive() == before + workers
     del loader
     assert _workers_alive() == before
+
+
+def test_a_loop_ends_a_blocked_worker_in_bounded_time(synthetic_shards):
+    """The training loop's `Batches.close` ends its iterator's workers the one way the data
+    layer does (`stages.end_workers`): a worker that does not answer DataLoader's orderly
+    shutdown (here: stopped, as if blocked in a read) is killed `END_GRACE_S` later, not left
+    alive after DataLoader's own 5 s wait and a SIGTERM that the workers ignore."""
+    import os
+    import signal
+
+    from ssl_vit.data.stages import END_GRACE_S
+    from ssl_vit.train.loop import Batches, new_counters
+    from ssl_vit.train.metrics import Stopwatch
+
+    data = PretrainDataConfig(train_shards=str(synthetic_shards))
+    before = _workers_alive()
+    loader = pretrain_loader(data, StreamArgs(8, 2, 16))
+    with Batches(loader, new_counters(), 1, Stopwatch()) as batches:
+        batches.next()
+        workers = list(batches.it._workers)
+        os.kill(workers[0].pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < END_GRACE_S + 2.0
+    assert not any(w.is_alive() for w in workers)
+    assert _workers_alive() == before
+
+
+def test_ending_the_workers_of_an_iterator_without_any_is_a_no_op():
+    from ssl_vit.data.stages import end_workers
+
+    end_workers(None)  # a loop closed before it started
+    end_workers(iter([]))  # no workers, no weak reference

@@ -24,8 +24,8 @@ from ssl_vit.data.write import convert
 from ssl_vit.data.write.convert import make_shards
 from ssl_vit.data.write.writer import ShardWriter
 from ssl_vit.datasets.synthetic import make_synthetic_shards
+from ssl_vit.runs.lock import lock_run_dir
 from ssl_vit.train.preflight import check_shards
-from ssl_vit.train.run_lock import lock_run_dir
 
 
 def _folder(root: Path, n: int, seed: int, classes: tuple[str, ...] = ("a", "b")) -> Path:

@@ -34,7 +34,7 @@ DRIVER = textwrap.dedent(
     import json, os, runpy, sys
     import torch
     from torch._dynamo.utils import counters
-    import ssl_vit.train.compile as compile_mod
+    import ssl_vit.model.compile as compile_mod
     graphs = []
     def backend(gm, example_inputs):
         graphs.append(len(gm.graph.nodes))

@@ -162,6 +162,30 @@ def test_finetune_from_a_probe_head_starts_at_the_probe(pretrained, synthetic_sh
     assert log[0]["train_acc"] > 0.15 and results["top1"] > 0.15
 
 
+def test_the_probe_head_is_fitted_once_per_run_at_the_evaluation_batch(
+    pretrained, synthetic_shards, tmp_path, monkeypatch
+):
+    """LP-FT fits its head on a new run only (a resumed run's head is the checkpoint's), in
+    batches of the per-process micro-batch (what the user sized to fit memory, not
+    grad_accum times it), on the main process."""
+    from ssl_vit.train import probe_head
+
+    batches, fit = [], probe_head._fit
+    monkeypatch.setattr(
+        probe_head,
+        "_fit",
+        lambda m, s, i, plan, how: batches.append(plan.local_eval) or fit(m, s, i, plan, how),
+    )
+    extra = ["init.head=probe", "pool=gap", "train.grad_accum=2", "train.checkpoint_every=2"]
+    main = pipeline("finetune")
+    main([*init_args(pretrained[0], synthetic_shards, tmp_path), *extra, "train.steps=2"])
+    assert batches == [16]  # train.batch_size 32 / grad_accum 2
+    main(
+        [*init_args(pretrained[0], synthetic_shards, tmp_path), *extra, "train.steps=3", "--resume"]
+    )
+    assert batches == [16]  # not fitted again over the checkpoint's head
+
+
 def test_finetune_rejects_other_architecture(pretrained, synthetic_shards, tmp_path):
     ckpt = pretrained[0] / "checkpoints" / "step_00000060"
     with pytest.raises(SystemExit, match=r"model.width=64 disagrees .* \(width 32\)"):

@@ -9,6 +9,7 @@ import pytest
 
 from ssl_vit.config import ConfigError, FinetuneConfig, PretrainConfig, from_dict, load_config
 from ssl_vit.config.frozen import FrozenConfigError, freeze
+from ssl_vit.data.eval_stream import eval_loader
 from ssl_vit.train.plan import build_plan
 
 
@@ -19,30 +20,46 @@ def _pretrain(batch: int, accum: int) -> PretrainConfig:
 
 
 @pytest.mark.parametrize(
-    ("batch", "processes", "accum", "micro", "process_micro", "process_batch"),
+    ("batch", "world", "accum", "global_micro", "local_micro"),
     [
-        (256, 1, 1, 256, 256, 256),  # one process: every figure is the global batch
-        (256, 8, 1, 256, 32, 32),  # 8 processes share each micro-batch
-        (256, 8, 2, 128, 16, 32),  # 2 micro-steps: a micro-batch is half a step
-        (4096, 8, 4, 1024, 128, 512),
-        (6, 3, 2, 3, 1, 2),  # an odd micro-batch is fine without mixing
+        (256, 1, 1, 256, 256),  # one process: every figure is the global batch
+        (256, 8, 1, 256, 32),  # 8 processes share each micro-batch
+        (256, 8, 2, 128, 16),  # 2 micro-steps: a micro-batch is half a step
+        (4096, 8, 4, 1024, 128),
+        (6, 3, 2, 3, 1),  # an odd micro-batch is fine without mixing
     ],
 )
-def test_plan_splits_the_global_batch(batch, processes, accum, micro, process_micro, process_batch):
-    plan = build_plan(_pretrain(batch, accum), processes, mixed_precision="bf16", device="cuda:0")
-    assert (plan.global_batch, plan.grad_accum, plan.processes) == (batch, accum, processes)
-    assert (plan.micro_batch, plan.process_micro, plan.process_batch) == (
-        micro,
-        process_micro,
-        process_batch,
-    )
-    assert plan.eval_batch == batch // processes  # evaluation: no accumulation
-    assert plan.micro_batch == plan.process_micro * processes
-    assert plan.global_batch == plan.process_batch * processes
-    assert (plan.num_workers, plan.mixed_precision, plan.device) == (3, "bf16", "cuda:0")
-    assert not plan.paired
+def test_plan_splits_the_global_batch(batch, world, accum, global_micro, local_micro):
+    cfg = _pretrain(batch, accum)
+    plan = build_plan(cfg, world, rank=world - 1, device="cuda:0")
+    assert (plan.global_batch, plan.grad_accum, plan.world) == (batch, accum, world)
+    assert (plan.global_micro, plan.local_micro) == (global_micro, local_micro)
+    assert plan.local_eval == local_micro  # evaluation: what the user sized to fit memory
+    assert plan.global_micro == plan.local_micro * world
+    assert plan.global_batch == plan.local_micro * world * accum
+    assert (plan.num_workers, plan.device) == (3, "cuda:0")
+    assert plan.rank == world - 1 and not plan.paired and plan.global_unlabelled_micro == 0
     with pytest.raises(dataclasses.FrozenInstanceError):
-        plan.process_micro = 1  # a record to read
+        plan.local_micro = 1  # a record to read
+
+
+def test_the_evaluation_batch_is_the_micro_batch_sized_to_fit_memory(synthetic_shards):
+    """Fine-tuning evaluates in batches of one process's micro-batch (train.batch_size 64 over
+    grad_accum 4: 16 images, what the user sized to fit memory), never grad_accum x that
+    (64: the step's images of a process, whose activations never share memory)."""
+    train = {"batch_size": 64, "grad_accum": 4}
+    cfg = from_dict(FinetuneConfig, {"data": {"train": "x"}, "train": train})
+    plan = build_plan(cfg, 1)
+    assert plan.local_eval == plan.local_micro == 16
+    loader = eval_loader(str(synthetic_shards), plan.local_eval, 16, num_workers=0, limit=40)
+    assert [len(b.images) for b in loader] == [16, 16, 8]  # the loader's batch: the plan's
+
+
+def test_self_training_reads_its_global_micro_batch_from_the_plan():
+    base = {"data": {"train": "x"}, "distill": {"teacher": "t", "unlabelled": "u", "ratio": 3}}
+    cfg = from_dict(FinetuneConfig, {**base, "train": {"batch_size": 32, "grad_accum": 2}})
+    plan = build_plan(cfg, 4)
+    assert (plan.global_micro, plan.local_micro, plan.global_unlabelled_micro) == (16, 4, 48)
 
 
 @pytest.mark.parametrize(("batch", "processes", "accum"), [(256, 3, 1), (100, 8, 1), (64, 4, 32)])
@@ -56,7 +73,7 @@ def test_an_impossible_split_is_one_line_naming_the_key(batch, processes, accum)
 def test_mixing_needs_an_even_micro_batch():
     base = {"data": {"train": "x"}, "parts": {"mixup": 0.8}}
     plan = build_plan(from_dict(FinetuneConfig, {**base, "train": {"batch_size": 12}}), 2)
-    assert plan.paired and plan.micro_batch == 12 and plan.process_micro == 6
+    assert plan.paired and plan.global_micro == 12 and plan.local_micro == 6
     odd = from_dict(FinetuneConfig, {**base, "train": {"batch_size": 12, "grad_accum": 4}})
     with pytest.raises(ConfigError, match=r"^parts.mixup/cutmix: .*grad_accum = 3$"):
         build_plan(odd, 1)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import pipeline
+from conftest import pipeline, record_timeouts
 from PIL import Image
 from test_distributed import LAUNCH
 from test_pipelines import ROOT
@@ -365,3 +365,13 @@ def test_a_labelled_folder_predicts_its_root_images_without_a_true_label(finetun
     assert res["images"] == 5 and res["num_labelled"] == 3
     assert res["skipped"] == 1 and res["skipped_images"][0]["key"] == "z.png"
     assert sum(map(sum, res["confusion_matrix"])) == 3
+
+
+# --- issue 48, defect 3: the collectives wait timeouts.dist_s, as the training jobs' ----------
+
+
+def test_the_collectives_wait_dist_s_and_the_loaders_data_s(finetuned, tmp_path, monkeypatch):
+    seen = record_timeouts(monkeypatch)
+    common = ["--checkpoint", str(finetuned["run"]), "--source", str(finetuned["test"])]
+    predict(*common, "--output", str(tmp_path / "p"), "timeouts.data_s=70", "timeouts.dist_s=990")
+    assert seen["dist_s"] == 990 and seen["data_s"]() == 70  # before issue 48: 70 and 70

@@ -1,6 +1,8 @@
 """init.head=probe (LP-FT): the head starts as the few-shot job's ridge probe of the frozen
 encoder on the labelled images, folded into one linear layer."""
 
+from types import SimpleNamespace
+
 import torch
 import torch.nn.functional as F
 
@@ -38,9 +40,11 @@ def test_fit_probe_head_sets_the_probe_of_the_frozen_encoder(synthetic_shards):
     model_cfg = ModelConfig(image_size=16, patch_size=4, width=32, depth=2, heads=2)
     model = Classifier(build_vit(model_cfg), 10, "gap", PixelNorm(MEAN, STD))
     before = {k: v.clone() for k, v in model.encoder.state_dict().items()}
-    figures = fit_probe_head(
-        model, str(synthetic_shards), 16, batch_size=32, num_workers=0, device="cpu"
+    plan = SimpleNamespace(world=1, local_eval=32, num_workers=0)
+    run = SimpleNamespace(
+        acc=SimpleNamespace(is_main_process=True, mixed_precision="no"), plan=plan
     )
+    figures = fit_probe_head(model, str(synthetic_shards), 16, run)
     assert figures["images"] == 96 and model.training  # left in training mode
     assert all(torch.equal(v, model.encoder.state_dict()[k]) for k, v in before.items())
     loader = eval_loader(str(synthetic_shards), 32, 16, num_workers=0)

@@ -165,7 +165,7 @@ def test_report_of_incomplete_runs_says_what_is_missing(runs, tmp_path):
 
 def test_runs_are_linked_to_their_pretraining(runs):
     loaded = load_runs([runs])
-    assert {r.name: r.kind for r in loaded} == {
+    assert {r.name: r.job.name for r in loaded} == {
         "pre": "pretrain",
         "few-pre": "fewshot",
         "few-rand": "fewshot",

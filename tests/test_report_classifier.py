@@ -155,7 +155,7 @@ def test_predict_dirs_are_runs_of_their_own(tmp_path):
     _write(tmp_path / "b" / "pred-running", {"checkpoint": "x", "source": "y", "top_k": 5}, None)
     _finetune(tmp_path / "c", "scratch", 10, 0, 20)
     runs = load_runs([tmp_path])
-    assert [(r.name, r.kind, r.finished) for r in runs] == [
+    assert [(r.name, r.job.name, r.finished) for r in runs] == [
         ("pred", "predict", True),
         ("pred-cfg", "predict", True),
         ("pred-running", "predict", False),

@@ -20,7 +20,7 @@ from test_guard import _alive, _exit_within, _launch, _log, _pipeline, _wait_unt
 from test_pipelines import ROOT, finetune_args, pretrain_args
 
 from ssl_vit.cli import main as cli
-from ssl_vit.train.run_lock import LOCK_NAME
+from ssl_vit.runs.lock import LOCK_NAME
 
 
 def _snapshot(folder: Path) -> dict[str, str]:

@@ -9,15 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, pipeline
+from conftest import ROOT, pipeline, record_timeouts
 from PIL import Image
 
 from ssl_vit.data.predict_stream import predict_loader
 from ssl_vit.data.sources import open_source
 from ssl_vit.eval.readouts import Extraction
-from ssl_vit.eval.select_features import FeatureWriter, embed_batch, load_frozen_encoder
+from ssl_vit.eval.select_features import FeatureWriter, embed_batch
 from ssl_vit.eval.select_output import source_names
 from ssl_vit.eval.selection import METHODS, kcenter, normalised, select, typicality, typiclust
+from ssl_vit.train.preflight import load_frozen_encoder
 
 # --- the methods, on hand-made features ----------------------------------------------------
 
@@ -311,3 +312,11 @@ def test_two_processes_write_the_selection_of_one(encoder_run, tmp_path):
     assert (one / "selection.jsonl").read_text() == (two / "selection.jsonl").read_text()
     res = json.loads((two / "results.json").read_text())
     assert res["processes"] == 2 and res["images"] == 30 and res["skipped"] == 2
+
+
+def test_the_collectives_wait_dist_s_and_the_loaders_data_s(encoder_run, tmp_path, monkeypatch):
+    seen = record_timeouts(monkeypatch)
+    src = image_folder(tmp_path / "src", ["x"], n=4, bad=0)
+    run_select(encoder_run, src, tmp_path / "out", "--budget", "2", "timeouts.data_s=70",
+               "timeouts.dist_s=990")  # fmt: skip
+    assert seen["dist_s"] == 990 and seen["data_s"]() == 70  # before issue 48: 70 and 70

@@ -1,6 +1,7 @@
 """Fine-tuning and few-shot evaluation of a checkpoint take its encoder's shape and pixel
 normalisation from it (issue 35): a shipped config's shape serves from-scratch runs only."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -8,7 +9,8 @@ import pytest
 import yaml
 from conftest import pipeline
 
-from ssl_vit.config import FewshotConfig, FinetuneConfig, load_config
+from ssl_vit.config import ConfigError, FewshotConfig, FinetuneConfig, load_config, to_dict
+from ssl_vit.config.frozen import validated
 from ssl_vit.config.schema import SHAPE_KEYS, FinetuneDataConfig
 from ssl_vit.model import ViT
 from ssl_vit.train import preflight
@@ -183,10 +185,38 @@ def test_a_checkpoint_without_normalisation_uses_the_given_one_or_the_default(tm
     (tmp_path / "old").mkdir()
     (tmp_path / "new").mkdir()
     save_encoder(vit, tmp_path / "old" / "encoder.safetensors", shape)
-    data = FinetuneDataConfig(train="x", mean=None, std=(0.3, 0.3, 0.3))
-    assert "stores none" in preflight.resolve_pixel_norm(data, str(tmp_path / "old"))
+    given = FinetuneDataConfig(train="x", mean=None, std=(0.3, 0.3, 0.3))
+    data, where = preflight.resolve_pixel_norm(given, str(tmp_path / "old"))
+    assert "stores none" in where and given.mean is None  # a resolved copy
     assert (data.mean, data.std) == ((0.5, 0.5, 0.5), (0.3, 0.3, 0.3))
     save_encoder(vit, tmp_path / "new" / "encoder.safetensors", shape, PixelStats(MEAN, STD))
-    data = FinetuneDataConfig(train="x", mean=None, std=None)
-    assert preflight.resolve_pixel_norm(data, str(tmp_path / "new")) == "the checkpoint's"
+    given = FinetuneDataConfig(train="x", mean=None, std=None)
+    data, where = preflight.resolve_pixel_norm(given, str(tmp_path / "new"))
+    assert where == "the checkpoint's"
     assert (data.mean, data.std) == (MEAN, STD)
+
+
+def test_a_checkpoint_whose_shape_breaks_a_config_check_is_refused_by_that_check(tmp_path):
+    """The config resolved from a checkpoint is checked as a loaded one: its patch (4) at the
+    fine-tuning model.image_size (18) breaks the model's check, named by its keys, in one line
+    (before: the copy was re-frozen unchecked and only building the encoder refused it)."""
+    shape = {"variant": "", "image_size": 16, "patch_size": 4, "width": 32, "depth": 2}
+    save_encoder(ViT(16, 4, 32, 2, 2), tmp_path / "encoder.safetensors", {**shape, "heads": 2})
+    ckpt = str(tmp_path / "encoder.safetensors")
+    given = ["data.train=x", f"init.checkpoint={ckpt}", "model.image_size=18"]
+    cfg = load_config(FinetuneConfig, None, given)
+    with pytest.raises(ConfigError) as e:
+        preflight.init_from_checkpoint("init.checkpoint", cfg, ckpt)
+    assert "model.image_size (18) must be a multiple of model.patch_size (4)" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_validate_only_checks(tmp_path):
+    """Loading resolves in copies (`resolved()`); `validate()` of a loaded config changes
+    nothing, so the checks run again on any changed copy (`frozen.validated`)."""
+    cfg = load_config(FinetuneConfig, None, ["data.train=x", "trackers=[]"])
+    before = to_dict(cfg)
+    validated(cfg)  # frozen: an assignment in any validate() would raise
+    assert to_dict(cfg) == before and cfg.model.mlp_ratio == 4.0
+    with pytest.raises(ConfigError, match=r"^seed: must be in"):
+        validated(dataclasses.replace(cfg, seed=-1))

@@ -4,6 +4,7 @@ TorchDispatchMode; a non-finite step is skipped on the device and leaves the wei
 optimizer state bit-identical."""
 
 import copy
+import types
 
 import pytest
 import torch
@@ -16,7 +17,6 @@ from ssl_vit.config.optim import FinetuneOptimConfig, OptimConfig
 from ssl_vit.train import loop
 from ssl_vit.train.ema import EMA
 from ssl_vit.train.optim import apply_step, build_adam, build_sgd
-from ssl_vit.train.runner import Schedule
 
 
 def test_the_counter_sees_syncs_and_python_tensors():
@@ -177,19 +177,33 @@ def test_too_many_bad_steps_stop_at_the_next_log_step(tmp_path):
     assert counters["skipped_steps"] == 3
 
 
-def test_the_schedule_reads_the_bad_step_counts_at_every_log_and_checkpoint_step():
-    sched = Schedule(steps=10, log_every=4, checkpoint_every=3)
-    assert [s for s in range(1, 11) if sched.logs(s)] == [4, 8, 10]
-    assert [s for s in range(1, 11) if sched.checkpoints(s)] == [3, 6, 9]  # the 10th: after
-    assert [s for s in range(1, 11) if sched.reads_counts(s)] == [3, 4, 6, 8, 9, 10]
-    assert not any(Schedule(10, 4, 0).checkpoints(s) for s in range(1, 11))
+def test_due_is_each_period_on_its_own_and_the_meter_reads_counts_at_log_and_checkpoint_steps(
+    tmp_path,
+):
+    assert [s for s in range(1, 11) if loop.due(s, 3)] == [3, 6, 9]
+    assert not any(loop.due(s, 0) for s in range(1, 11))  # 0: never (final only)
+    meter = _meter(tmp_path, steps=10, log_every=4, checkpoint_every=3)
+    assert [s for s in range(1, 11) if meter.logs(s)] == [4, 8, 10]  # and the last step
+    reads = []
+    meter.bad.check = reads.append
+    applied = types.SimpleNamespace(applied=True, scaler_skipped=False)
+    for s in range(1, 11):
+        meter.add(loss=1.0)
+        meter.end_step(s, applied)
+    assert reads == [3, 4, 6, 8, 9, 10]
 
 
-def test_the_schedule_evaluates_at_its_own_period_whatever_the_log_period():
-    sched = Schedule(steps=7, log_every=2, checkpoint_every=0, eval_every=3)
-    assert [s for s in range(1, 8) if sched.evaluates(s)] == [3, 6]  # the 7th: the final one
-    assert [s for s in range(1, 8) if sched.logs(s)] == [2, 4, 6, 7]
-    assert not any(Schedule(7, 2, 0).evaluates(s) for s in range(1, 8))  # 0: final only
+def _meter(tmp_path, **train):
+    from accelerate import Accelerator
+
+    from ssl_vit.train.runtime import RunContext
+
+    acc = Accelerator(cpu=True)
+    plan = types.SimpleNamespace(global_batch=8)
+    run = RunContext(acc, plan, tmp_path, tmp_path / "checkpoints")
+    tc = types.SimpleNamespace(max_bad_steps=3, **train)
+    cfg = types.SimpleNamespace(train=tc, trackers=(), seed=0)
+    return loop.Meter(run, cfg, loop.Resumed(), ("step",))
 
 
 def test_ema_on_the_device_matches_averaged_model():

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ssl_vit import jobs
 from ssl_vit.config import ConfigError, StudyConfig, from_dict, load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -207,7 +208,7 @@ def test_one_recipe_keeps_its_fine_tune_wall_time(tmp_path):
 
 
 @pytest.mark.system
-@pytest.mark.parametrize("stage", ["fewshot", "pretrain"])
+@pytest.mark.parametrize("stage", [jobs.FEWSHOT, jobs.PRETRAIN], ids=["fewshot", "pretrain"])
 def test_a_stop_during_a_job_is_a_stop_not_a_failure(tmp_path, capsys, stage):
     """SIGTERM to the study mid-job: forwarded once to the real child process. A few-shot job
     ends on the signal (exit -15), which is a stop (exit 0, '[stop]'); a pretraining job
@@ -235,7 +236,7 @@ def test_a_stop_during_a_job_is_a_stop_not_a_failure(tmp_path, capsys, stage):
         study.run_study_job(job, tmp_path, dry_run=False)
     assert signal.getsignal(signal.SIGTERM) is original  # restored
     assert study.STOPPED == ["SIGTERM"]
-    if stage == "fewshot":
+    if stage is jobs.FEWSHOT:
         assert stop.value.code == 0
         assert "[stop] fewshot/x: SIGTERM" in capsys.readouterr().out
     else:
@@ -341,7 +342,7 @@ def test_the_running_job_shows_its_own_progress(tmp_path, monkeypatch):
         if "step " in line:  # let the job go on to its next step
             (out / f"seen{line.split('step ')[1].split('/')[0]}").touch()
 
-    job = study.Job("pretrain", "x", out, lambda: [sys.executable, str(script), str(out)])
+    job = study.Job(jobs.PRETRAIN, "x", out, lambda: [sys.executable, str(script), str(out)])
     assert study.run_study_job(job, tmp_path, dry_run=False, say=say).startswith(
         "[done] pretrain/x"
     )
@@ -372,8 +373,9 @@ def test_self_training_follows_its_teacher_and_gets_a_row(tmp_path, capsys):
     assert last.endswith(f"{own} distill.temperature=2")  # the teacher's, then self_train's
     # The control: the same job line without the teacher and its unlabelled images.
     assert control.endswith(f"{own} tag=control") and "distill." not in control
-    assert control.split(" --resume ")[1].split(" data.labels")[0].replace("-ctl-", "-st-") == (
-        last.split(" --resume ")[1].split(" distill.teacher")[0]
+    assert (
+        control.split(" --resume ")[1].split(" data.labels")[0].replace("-ctl-", "-st-")
+        == (last.split(" --resume ")[1].split(" distill.teacher")[0])
     )
 
     cfg = study.load_config(StudyConfig, REPO / "configs/study/quickstart.yaml", over)
@@ -446,30 +448,47 @@ def test_jobs_weigh_the_images_they_train_on():
     from ssl_vit.study.jobs import FEWSHOT_WEIGHT, images_trained, plan
 
     cfg = load_config(StudyConfig, REPO / "configs/study/quickstart.yaml", [])
-    weights = {f"{j.stage}/{j.name}": j.weight for j in plan(cfg, cfg.full, Path("x"))}
+    weights = {f"{j.stage.name}/{j.name}": j.weight for j in plan(cfg, cfg.full, Path("x"))}
     assert weights["pretrain/mean_color_50"] == 900 * 64
     assert weights["finetune/scratch-l10-s0"] == 60 * 32
     assert weights["finetune/mean_color_50-lall-s1"] == 150 * 32
     assert weights["finetune/mean_color_50-l10-st-s0"] == 150 * 32 * 2
     assert weights["finetune/mean_color_50-l10-ctl-s0"] == 150 * 32  # no unlabelled images
     assert weights["fewshot/random"] == FEWSHOT_WEIGHT
-    assert images_trained("configs/finetune/smoke.yaml", ["distill.ratio=3"]) == 20 * 32
-    st = ["distill.teacher=t", "distill.ratio=3"]
-    assert images_trained("configs/finetune/smoke.yaml", st) == 20 * 32 * 4
+    smoke = (jobs.FINETUNE, "configs/finetune/smoke.yaml")
+    assert images_trained(*smoke, ["distill.ratio=3"]) == 20 * 32
+    st = ["distill.teacher=t", "distill.unlabelled=u", "distill.ratio=3"]
+    assert images_trained(*smoke, st) == 20 * 32 * 4
+
+
+def test_a_jobs_weight_is_the_batch_its_loaded_config_trains_with(tmp_path):
+    """A fine-tune config that leaves train.batch_size to the schema (512) weighs steps x 512,
+    the batch the job trains with, not steps x 1 (a read of the raw YAML without the key)."""
+    from ssl_vit.study.jobs import plan
+
+    ft = tmp_path / "ft.yaml"
+    ft.write_text(
+        (REPO / "configs/finetune/smoke.yaml").read_text().replace("batch_size: 32, ", "")
+    )
+    overrides = [f"finetune_config={ft}", "full.finetune=[train.steps=500]"]
+    cfg = load_config(StudyConfig, REPO / "configs/study/quickstart.yaml", overrides)
+    weights = {f"{j.stage.name}/{j.name}": j.weight for j in plan(cfg, cfg.full, Path("x"))}
+    assert weights["finetune/scratch-l10-s0"] == 60 * 512
+    assert weights["finetune/mean_color_50-l10-st-s0"] == 150 * 512 * 2
 
 
 def test_the_study_bar_moves_while_a_job_runs_and_skips_leave_the_total(tmp_path):
     study = load_study()
-    jobs = [study.Job("pretrain", "a", tmp_path, list, weight=w) for w in (100, 900, 300)]
-    bar = study.StudyProgress(jobs, enabled=False)
+    planned = [study.Job(jobs.PRETRAIN, "a", tmp_path, list, weight=w) for w in (100, 900, 300)]
+    bar = study.StudyProgress(planned, enabled=False)
     assert bar.bar.total == 1300
-    bar.ended(jobs[0], skipped=True)  # done before: no work this time
+    bar.ended(planned[0], skipped=True)  # done before: no work this time
     assert (bar.bar.total, bar.bar.n) == (1200, 0)
-    bar.running(jobs[1], 0.5)
-    bar.running(jobs[1], 0.25)  # never backwards
+    bar.running(planned[1], 0.5)
+    bar.running(planned[1], 0.25)  # never backwards
     assert bar.bar.n == 450
-    bar.ended(jobs[1], skipped=False)
-    bar.running(jobs[2], 1 / 3)
+    bar.ended(planned[1], skipped=False)
+    bar.running(planned[2], 1 / 3)
     assert bar.bar.n == 900 + 100
     # The job's own fraction, from its config.yaml and last metrics row.
     run = tmp_path / "run"

@@ -146,7 +146,7 @@ def test_resume_reads_each_checkpoint_file_once(tmp_path, monkeypatch):
     from accelerate import Accelerator
 
     from ssl_vit.train import checkpoint
-    from ssl_vit.train.runner import load_resume_point
+    from ssl_vit.train.loop import read_resume_point
     from ssl_vit.train.runtime import RunContext
 
     model = torch.nn.Linear(3, 2)
@@ -165,7 +165,8 @@ def test_resume_reads_each_checkpoint_file_once(tmp_path, monkeypatch):
     sha256 = checkpoint.file_sha256
     monkeypatch.setattr(checkpoint, "file_sha256", lambda p: hashed.append(p.name) or sha256(p))
     fresh = torch.nn.Linear(3, 2)
-    start = load_resume_point(run, True, fresh, torch.optim.SGD(fresh.parameters(), lr=0.1))
+    start = read_resume_point(run, True)
+    start.restore(run, fresh, torch.optim.SGD(fresh.parameters(), lr=0.1))
     assert sorted(hashed) == sorted(set(hashed)) and "state.pt" in hashed
     assert start.step == 7 and start.rng["stream"] == {"at": 1}
     assert torch.equal(fresh.weight, model.weight)

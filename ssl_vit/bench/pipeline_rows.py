@@ -32,13 +32,14 @@ def pipeline_row(suite: Any, compile: bool, processes: int = 1) -> dict:
     steps, every = (4, 2) if suite.tiny else (300, 100)
     out = suite.tmp / f"pipeline_run_{'compiled' if compile else 'eager'}_{processes}"
     model = [f"model.{k}={shape[k]}" for k in MODEL_KEYS]
+    global_batch = shape["batch"] * processes  # weak scaling: the shape's batch per process
     launch = [sys.executable]
     if processes > 1:
         launch += ["-m", "accelerate.commands.launch", "--multi_gpu", "--dynamo_backend", "no"]
         launch += ["--num_processes", str(processes)]
     cmd = [
         *(*launch, str(suite.pipeline), f"data.train_shards={suite.shards}"),
-        *(f"output_dir={out}", *model, f"train.batch_size={shape['batch'] * processes}"),
+        *(f"output_dir={out}", *model, f"train.batch_size={global_batch}"),
         *(f"train.steps={steps}", f"train.log_every={every}", "train.warmup_steps=2"),
         *("train.checkpoint_every=0", "data.augment=device"),
         "compile.enabled=" + ("true" if compile else "false"),
@@ -51,7 +52,7 @@ def pipeline_row(suite: Any, compile: bool, processes: int = 1) -> dict:
         "img_per_s": img_per_s,
         "img_per_s_laps": [r["img_per_s"] for r in laps],
         "data_wait": [r.get("data_wait") for r in laps],
-        "batch": shape["batch"] * processes,
+        "batch": global_batch,
         "processes": processes,
         "steps": steps,
         "overrides": suite.overrides,

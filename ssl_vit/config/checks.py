@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ssl_vit.config.errors import ConfigError
+from ssl_vit.errors import ConfigError
 
 __all__ = [
     "MAX_AUTO_WORKERS",
@@ -18,6 +18,7 @@ __all__ = [
     "check_pixels_norm",
     "check_positive",
     "check_seed",
+    "check_source_job",
 ]
 
 MAX_AUTO_WORKERS = 8
@@ -137,3 +138,16 @@ def check_seed(seed: int) -> None:
     # Every stream's seed is derived from it (ssl_vit.seeds); kept below 2**31 for old tools.
     if not 0 <= seed < 2**31:
         raise ConfigError(f"seed: must be in [0, 2**31), got {seed}")
+
+
+def check_source_job(cfg: Any, output: str) -> None:
+    """What a job reading `--source` with `--checkpoint` into `--output` (predict, select: its
+    PredictConfig or SelectConfig) needs: the three given, and a loader worker count >= 0 or -1
+    (auto)."""
+    for key, flag in (("checkpoint", "--checkpoint"), ("source", "--source")):
+        if not str(getattr(cfg, key)).strip():
+            raise ConfigError(f"{flag}: required")
+    if not cfg.output_dir.strip():
+        raise ConfigError(f"--output: required (a directory for {output})")
+    if cfg.num_workers < -1:
+        raise ConfigError(f"num_workers: must be >= 0 or -1 (auto), got {cfg.num_workers}")

@@ -19,9 +19,9 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 import yaml
 
 from ssl_vit.atomic import write_text
-from ssl_vit.config.errors import ConfigError
 from ssl_vit.config.frozen import freeze
 from ssl_vit.config.shipped import find_config
+from ssl_vit.errors import ConfigError
 
 __all__ = [
     "ConfigError",
@@ -30,7 +30,6 @@ __all__ = [
     "load_config",
     "parse_overrides",
     "read_yaml_file",
-    "run_kind",
     "to_dict",
     "save_config",
 ]
@@ -366,18 +365,3 @@ def _field_default(cls: type, key: str) -> Any:
 def save_config(cfg: Any, path: str | Path) -> None:
     """The resolved config as YAML, written atomically (`atomic.write_text`)."""
     write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
-
-
-# What kind of run a config.yaml is: the first of these top-level keys it has (pretraining has
-# `fewshot` too, the few-shot job `init` too).
-_KIND_MARKERS = (
-    ("top_k", "predict"),
-    ("objective", "pretraining"),
-    ("fewshot", "few-shot"),
-    ("init", "fine-tuning"),
-)
-
-
-def run_kind(config: dict[str, Any]) -> str | None:
-    """'pretraining', 'fine-tuning' or 'few-shot': the kind of job a config (dict) is for."""
-    return next((kind for key, kind in _KIND_MARKERS if key in config), None)

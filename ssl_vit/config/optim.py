@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ssl_vit.config.checks import check_fraction, check_min, check_positive
-from ssl_vit.config.errors import ConfigError
 from ssl_vit.config.frozen import Frozen
+from ssl_vit.errors import ConfigError
 
 __all__ = ["FinetuneOptimConfig", "MixedPrecision", "OptimConfig"]
 

@@ -6,21 +6,18 @@ here: this config only says what to read, where to write and how fast."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from ssl_vit.config.checks import check_positive
-from ssl_vit.config.errors import ConfigError
+from ssl_vit.config.checks import check_positive, check_source_job
+from ssl_vit.config.frozen import Frozen
 from ssl_vit.config.optim import MixedPrecision
-from ssl_vit.config.run import DataTimeoutConfig
+from ssl_vit.config.run import CollectiveTimeoutConfig
 
-if TYPE_CHECKING:
-    from ssl_vit.config.select import SelectConfig
-
-__all__ = ["PredictConfig", "check_source_job"]
+__all__ = ["PredictConfig"]
 
 
 @dataclass
-class PredictConfig:
+class PredictConfig(Frozen):
     """Label every image of `source` with the fine-tuned classifier `checkpoint`."""
 
     checkpoint: str = ""  # a fine-tuning run directory or its model.safetensors (--checkpoint)
@@ -34,20 +31,8 @@ class PredictConfig:
     batch_size: int = 256  # images per forward pass, on each process
     num_workers: int = -1  # loader workers per process; -1: auto, as the training jobs
     mixed_precision: MixedPrecision = "auto"  # auto: bf16 on a GPU with it
-    timeouts: DataTimeoutConfig = field(default_factory=DataTimeoutConfig)
+    timeouts: CollectiveTimeoutConfig = field(default_factory=CollectiveTimeoutConfig)
 
     def validate(self) -> None:
         check_source_job(self, "the predictions")
         check_positive("", self, ("top_k", "batch_size"))
-
-
-def check_source_job(cfg: PredictConfig | SelectConfig, output: str) -> None:
-    """What a job reading `--source` with `--checkpoint` into `--output` (predict, select)
-    needs: the three given, and a loader worker count >= 0 or -1 (auto)."""
-    for key, flag in (("checkpoint", "--checkpoint"), ("source", "--source")):
-        if not str(getattr(cfg, key)).strip():
-            raise ConfigError(f"{flag}: required")
-    if not cfg.output_dir.strip():
-        raise ConfigError(f"--output: required (a directory for {output})")
-    if cfg.num_workers < -1:
-        raise ConfigError(f"num_workers: must be >= 0 or -1 (auto), got {cfg.num_workers}")

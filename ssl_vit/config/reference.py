@@ -31,21 +31,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-from ssl_vit.config.predict import PredictConfig
-from ssl_vit.config.schema import FewshotConfig, FinetuneConfig, PretrainConfig
-from ssl_vit.config.select import SelectConfig
-from ssl_vit.config.study import StudyConfig
+from ssl_vit import jobs
 
 __all__ = ["JOB_SCHEMAS", "Row", "field_comments", "main", "render", "rows", "type_name"]
 
 # Each job's top-level schema, in the order of the page. `what` is the command that reads it.
 JOB_SCHEMAS: dict[str, tuple[type, str]] = {
-    "pretrain": (PretrainConfig, "`pipelines/pretrain.py`, `ssl-vit pretrain`"),
-    "finetune": (FinetuneConfig, "`pipelines/finetune.py`, `ssl-vit finetune`"),
-    "fewshot": (FewshotConfig, "`pipelines/fewshot.py`, `ssl-vit fewshot`"),
-    "predict": (PredictConfig, "`pipelines/predict.py`, `ssl-vit predict` (or its flags)"),
-    "select": (SelectConfig, "`pipelines/selection.py`, `ssl-vit select` (or its flags)"),
-    "study": (StudyConfig, "`scripts/study.py`, `scripts/quickstart.sh`"),
+    job.name: (job.config_class, job.reads_config) for job in jobs.ALL if job.config
 }
 
 HEADER = """\

@@ -7,10 +7,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ssl_vit.config.checks import check_positive
-from ssl_vit.config.errors import ConfigError
 from ssl_vit.config.frozen import Frozen
+from ssl_vit.errors import ConfigError
 
-__all__ = ["CompileConfig", "DataTimeoutConfig", "TimeoutConfig", "check_trackers"]
+__all__ = [
+    "CompileConfig",
+    "CollectiveTimeoutConfig",
+    "DataTimeoutConfig",
+    "TimeoutConfig",
+    "check_trackers",
+]
 
 
 @dataclass
@@ -36,11 +42,17 @@ class DataTimeoutConfig(Frozen):
 
 
 @dataclass
-class TimeoutConfig(DataTimeoutConfig):
+class CollectiveTimeoutConfig(DataTimeoutConfig):
     """How long a job waits before it fails (a stalled pipe, a rank gone) instead of hanging."""
 
     # A collective (all-reduce, barrier) waiting this long for another rank fails the job.
     dist_s: float = 1800.0
+
+
+@dataclass
+class TimeoutConfig(CollectiveTimeoutConfig):
+    """How long a job waits before it fails (a stalled pipe, a rank gone) instead of hanging."""
+
     # After SIGTERM / SIGINT the job checkpoints and exits; if that takes longer (a rank gone),
     # it exits 1 without a new checkpoint.
     stop_s: float = 300.0

@@ -20,15 +20,15 @@ from ssl_vit.config.checks import (
     check_seed,
 )
 from ssl_vit.config.distill import DistillConfig
-from ssl_vit.config.errors import ConfigError
 from ssl_vit.config.fewshot import FewshotEvalConfig
 from ssl_vit.config.frozen import Frozen
 from ssl_vit.config.loader import from_dict
 from ssl_vit.config.optim import FinetuneOptimConfig, OptimConfig
-from ssl_vit.config.pixels import PIXEL_NORM, complete_pixel_norm
+from ssl_vit.config.pixels import PIXEL_NORM, completed_pixel_norm
 from ssl_vit.config.recipe import RecipeParts, check_adamw_lr, recipe_defaults
 from ssl_vit.config.run import CompileConfig, DataTimeoutConfig, TimeoutConfig, check_trackers
 from ssl_vit.config.variants import resolve_variant
+from ssl_vit.errors import ConfigError
 
 __all__ = [
     "CHECKPOINT_KEYS",
@@ -77,12 +77,11 @@ class ModelConfig(Frozen):
     mlp_ratio: float | None = 4.0  # MLP hidden size / width (null: a loaded checkpoint's)
     norm_eps: float | None = 1e-6  # LayerNorm epsilon (null: a loaded checkpoint's)
 
-    def complete_new(self) -> None:
-        """A new (randomly initialized) encoder: `mlp_ratio` and `norm_eps` left null (the
-        checkpoint's, when one is loaded) take their defaults."""
-        for f in fields(self):
-            if f.name in ("mlp_ratio", "norm_eps") and getattr(self, f.name) is None:
-                setattr(self, f.name, f.default)
+    def completed(self) -> ModelConfig:
+        """A copy for a new (randomly initialized) encoder: `mlp_ratio` and `norm_eps` left
+        null (the checkpoint's, when one is loaded) take their defaults."""
+        defaults = {f.name: f.default for f in fields(self) if f.name in ("mlp_ratio", "norm_eps")}
+        return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
 
     def resolved(self) -> ModelConfig:
         """A copy with the variant's shape filled in (`from_dict` takes it before the checks):
@@ -217,10 +216,13 @@ class PretrainConfig(Frozen):
     trackers: list[str] = field(default_factory=list)
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
 
+    def resolved(self) -> PretrainConfig:
+        """The copy `from_dict` checks: trackers without repeats, a new encoder's defaults."""
+        return replace(self, trackers=unique(self.trackers), model=self.model.completed())
+
     def validate(self) -> None:
         check_seed(self.seed)
-        self.trackers = check_trackers(self.trackers)
-        self.model.complete_new()
+        check_trackers(self.trackers)
         if not self.data.train_shards:
             raise ConfigError("data.train_shards: required (a shard directory, index or pattern)")
         if self.objective.target == "color_4x4" and (self.model.patch_size or 0) < 4:
@@ -327,12 +329,14 @@ class FinetuneConfig(Frozen):
     preset_defaults = staticmethod(recipe_defaults)
     checkpoint_keys: ClassVar = CHECKPOINT_KEYS  # from init.checkpoint when there is one
 
+    def resolved(self) -> FinetuneConfig:
+        """The copy `from_dict` checks: trackers without repeats; from scratch, a new encoder's
+        defaults (else null keys are the checkpoint's: the job reads them)."""
+        return replace(self, trackers=unique(self.trackers), **new_encoder(self))
+
     def validate(self) -> None:
         check_seed(self.seed)
-        self.trackers = check_trackers(self.trackers)
-        if self.init.scratch:  # else null keys are the checkpoint's (the job reads them)
-            self.model.complete_new()
-            complete_pixel_norm(self.data)
+        check_trackers(self.trackers)
         if not self.data.train:
             raise ConfigError("data.train: required (shards, image folder or HF dataset)")
         check_fraction("ema", self.ema, low_open=False)
@@ -376,15 +380,30 @@ class FewshotConfig(Frozen):
 
     checkpoint_keys: ClassVar = CHECKPOINT_KEYS  # from init.checkpoint (--checkpoint)
 
+    def resolved(self) -> FewshotConfig:
+        """As `FinetuneConfig.resolved` (--checkpoint random: a new encoder)."""
+        return replace(self, trackers=unique(self.trackers), **new_encoder(self))
+
     def validate(self) -> None:
         check_seed(self.seed)
-        self.trackers = check_trackers(self.trackers)
-        if self.init.scratch:  # --checkpoint random; else null keys are the checkpoint's
-            self.model.complete_new()
-            complete_pixel_norm(self.data)
+        check_trackers(self.trackers)
         if not self.fewshot.train or not self.fewshot.eval:
             raise ConfigError(
                 "fewshot.train and fewshot.eval: both required for few-shot evaluation"
             )
         if self.fewshot.every:
             raise ConfigError("fewshot.every: pretraining only (this job evaluates once)")
+
+
+def unique(names: list[str]) -> list[str]:
+    """`names` in order, without repeats (trackers)."""
+    return list(dict.fromkeys(names))
+
+
+def new_encoder(cfg: Any) -> dict[str, Any]:
+    """The `replace` arguments completing a job config's encoder shape and pixel normalisation
+    with their defaults when it starts from random init (`init.checkpoint` none); nothing
+    otherwise (null keys are the checkpoint's)."""
+    if not cfg.init.scratch:
+        return {}
+    return {"model": cfg.model.completed(), "data": completed_pixel_norm(cfg.data)}

@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ssl_vit.config.checks import check_min, check_positive, check_seed
-from ssl_vit.config.errors import ConfigError
+from ssl_vit.config.checks import check_min, check_positive, check_seed, check_source_job
 from ssl_vit.config.frozen import Frozen
 from ssl_vit.config.optim import MixedPrecision
-from ssl_vit.config.predict import check_source_job
-from ssl_vit.config.run import DataTimeoutConfig
+from ssl_vit.config.run import CollectiveTimeoutConfig
+from ssl_vit.errors import ConfigError
 
 __all__ = ["SelectConfig"]
 
@@ -40,7 +39,7 @@ class SelectConfig(Frozen):
     batch_size: int = 256  # images per forward pass, on each process (--batch-size)
     num_workers: int = -1  # loader workers per process; -1: auto (--workers)
     mixed_precision: MixedPrecision = "auto"  # auto: bf16 on a GPU with it
-    timeouts: DataTimeoutConfig = field(default_factory=DataTimeoutConfig)
+    timeouts: CollectiveTimeoutConfig = field(default_factory=CollectiveTimeoutConfig)
 
     def validate(self) -> None:
         check_source_job(self, "the selection")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ssl_vit.jobs import PRETRAIN
+
 __all__ = ["configs_dir", "find_config", "shipped_configs"]
 
 
@@ -12,7 +14,7 @@ def configs_dir() -> Path | None:
     """The directory of the shipped configs (installed package first, then the checkout)."""
     package = Path(__file__).resolve().parents[1]
     for candidate in (package / "configs", package.parent / "configs"):
-        if (candidate / "pretrain").is_dir():
+        if (candidate / PRETRAIN.name).is_dir():  # configs/<job>/<name>.yaml
             return candidate
     return None
 

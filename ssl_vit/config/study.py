@@ -8,8 +8,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ssl_vit.config.frozen import Frozen
 from ssl_vit.config.loader import ConfigError, parse_overrides
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig
+from ssl_vit.jobs import STAGES
 
 __all__ = [
     "StudyBudget",
@@ -22,7 +24,7 @@ __all__ = [
 
 
 @dataclass
-class StudyDataConfig:
+class StudyDataConfig(Frozen):
     """The study's two labelled sources, given to every job."""
 
     train: str = ""  # labelled: pretraining, few-shot support images and fine-tuning
@@ -30,7 +32,7 @@ class StudyDataConfig:
 
 
 @dataclass
-class StudyVariant:
+class StudyVariant(Frozen):
     """One pretraining variant: its name, its `objective` section, and how its encoder is
     fine-tuned and self-trained."""
 
@@ -45,7 +47,7 @@ class StudyVariant:
 
 
 @dataclass
-class StudyRecipe:
+class StudyRecipe(Frozen):
     """A fine-tuning recipe of the study: every variant and the scratch baseline are fine-tuned
     once with it, in finetune/<variant>-<name>, with `finetune` (`key.sub=value`, e.g.
     `recipe=modern`) applied on top of the budget's fine-tuning overrides."""
@@ -55,7 +57,7 @@ class StudyRecipe:
 
 
 @dataclass
-class StudyLabels:
+class StudyLabels(Frozen):
     """A label budget: every encoder is fine-tuned on `per_class` images per class of data.train
     (`data.labels_per_class`; 0: every label), with `finetune` overrides after the budget's and
     the recipe's (e.g. fewer steps for a small labelled set)."""
@@ -70,7 +72,7 @@ class StudyLabels:
 
 
 @dataclass
-class StudyBudget:
+class StudyBudget(Frozen):
     """One preset: the model and how much each job trains (`key.sub=value` overrides)."""
 
     output_dir: str = ""
@@ -87,15 +89,15 @@ class StudyBudget:
                 "finetune_image_size, pretrain_fewshot_every: must be >= 0, got "
                 f"{self.finetune_image_size}, {self.pretrain_fewshot_every}"
             )
-        for job in ("pretrain", "fewshot", "finetune"):
+        for job in STAGES:
             try:  # each is `key.sub=value`; the study checks the keys before its first job
-                parse_overrides(getattr(self, job))
+                parse_overrides(getattr(self, job.name))
             except ConfigError as e:
-                raise ConfigError(f"{job}: {e}") from None
+                raise ConfigError(f"{job.name}: {e}") from None
 
 
 @dataclass
-class StudyConfig:
+class StudyConfig(Frozen):
     """The study: variants x (pretrain -> few-shot -> fine-tune), plus the random-init rows."""
 
     data: StudyDataConfig = field(default_factory=StudyDataConfig)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ssl_vit.data.stages import Batch, WorkerLoader
+from ssl_vit.data.stages import Batch, WorkerLoader, end_workers
 from ssl_vit.data.stream_state import StreamTracker
 
 __all__ = ["TrainLoader"]
@@ -69,10 +69,8 @@ class _Assembled:
     def _workers(self) -> list[Any]:  # the watchdog names a dead worker (watchdog.dead_workers)
         return getattr(self.it, "_workers", [])
 
-    def _shutdown_workers(self) -> None:
-        shutdown = getattr(self.it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+    def _shutdown_workers(self) -> None:  # `end_workers(self)` ends the DataLoader's workers
+        end_workers(self.it)
 
 
 class TrainLoader:
@@ -98,7 +96,7 @@ class TrainLoader:
     @property
     def lane_share(self) -> int:
         """Images a lane gives each micro-batch (consecutive in every process's batch)."""
-        return self.dataset.batch_size // self.dataset.lanes
+        return self.dataset.global_micro // self.dataset.lanes
 
     def __iter__(self) -> _Assembled:
         return _Assembled(iter(self.loader), max(self.num_workers, 1))

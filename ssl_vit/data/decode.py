@@ -27,6 +27,8 @@ from PIL import ExifTags, Image
 from torchvision.io import ImageReadMode
 from torchvision.io import decode_image as _tv_decode_image
 
+from ssl_vit.errors import InputError
+
 __all__ = [
     "MAX_ASPECT",
     "MAX_FILE_BYTES",
@@ -93,14 +95,14 @@ def check_pixels(size: tuple[int, int]) -> None:
     aspect ratio beyond `MAX_ASPECT`:1 (either way)."""
     width, height = size
     if width < 1 or height < 1:
-        raise ValueError(f"{width}x{height} image: no pixels")
+        raise InputError(f"{width}x{height} image: no pixels")
     if width * height > MAX_PIXELS:
-        raise ValueError(
+        raise InputError(
             f"{width}x{height} image: more than {MAX_PIXELS} pixels (the decompression-bomb "
             "limit make-shards applies); resize it"
         )
     if max(width, height) > MAX_ASPECT * min(width, height):
-        raise ValueError(
+        raise InputError(
             f"{width}x{height} image: aspect ratio beyond {MAX_ASPECT}:1 (resizing its shorter "
             "side to the input size would take memory without bound); crop it"
         )
@@ -293,7 +295,7 @@ def decode_image(data: bytes) -> torch.Tensor:
     W are those people see). Raises on empty, corrupt, non-image or too large (`MAX_PIXELS`)
     data."""
     if not data:
-        raise ValueError("empty image data")
+        raise InputError("empty image data")
     size = _header_size(data)
     if size is not None:  # PNG / JPEG: torchvision's decoders, ~2x faster than PIL's
         check_pixels(size)

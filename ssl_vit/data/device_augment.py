@@ -61,9 +61,10 @@ class DeviceAugment:
     """uint8 [B,3,L,L] -> uint8 [B,3,S,S] on the images' device: per-sample random resized
     crop (torchvision's box distribution) and horizontal flip with probability 1/2.
 
-    `stream` (seed, rank, world_size): `__call__(images, u)` draws micro-batch u's boxes for
-    the global micro-batch of world_size x B images from (seed, u) and uses this rank's slice;
-    without it (or without u) the draws continue `generator`'s sequence."""
+    `stream` (seed, rank, global_micro): `__call__(images, u)` draws micro-batch u's boxes for
+    the global micro-batch (`RunPlan.global_micro`: every process's B images) from (seed, u)
+    and uses this rank's slice; without it (or without u) the draws continue `generator`'s
+    sequence."""
 
     def __init__(
         self,
@@ -88,9 +89,9 @@ class DeviceAugment:
         shape = (batch, 2 * TRIES + 3)
         if index is None or self.stream is None:
             return torch.rand(shape, generator=self.generator, device=device)
-        seed, rank, world_size = self.stream
+        seed, rank, global_micro = self.stream
         self.generator.manual_seed(seeds.derive(seed, seeds.DEVICE_AUGMENT, index))
-        full = torch.rand((world_size * batch, shape[1]), generator=self.generator, device=device)
+        full = torch.rand((global_micro, shape[1]), generator=self.generator, device=device)
         return full[rank * batch : (rank + 1) * batch]
 
     def boxes(
@@ -161,14 +162,15 @@ def build_device_augment(
     device: torch.device,
     seed: int,
     rank: int,
-    world_size: int = 1,
+    global_micro: int,
     workers_only: bool = False,
 ) -> DeviceAugment | None:
     """The job's device augmentation (None under `data.augment` workers, or auto off CUDA),
-    drawing from its own generator on `device`, reseeded per micro-batch from (seed, index);
-    its `load_size` is what the loader must deliver. `workers_only`: a per-sample stage after
-    the crop (RandAugment) needs the workers' augmentation (FinetuneConfig refuses `device`
-    with it)."""
+    drawing from its own generator on `device`, reseeded per micro-batch from (seed, index)
+    for the `global_micro` images of every process (`RunPlan.global_micro`; rank `rank` takes
+    its slice); its `load_size` is what the loader must deliver. `workers_only`: a per-sample
+    stage after the crop (RandAugment) needs the workers' augmentation (FinetuneConfig refuses
+    `device` with it)."""
     if workers_only or resolve_augment(data.augment, device) != "device":
         log.info("augmentation: per sample in the loader workers")
         return None
@@ -177,5 +179,5 @@ def build_device_augment(
     log.info("augmentation: on %s, batched; workers decode and load at %d px", device, load)
     return DeviceAugment(
         image_size, gen, data.crop_scale, hflip=data.hflip, load_size=load,
-        stream=(seed, rank, world_size),
+        stream=(seed, rank, global_micro),
     )  # fmt: skip

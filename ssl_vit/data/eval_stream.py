@@ -50,7 +50,11 @@ def _batch_stage(
 
 @dataclass(eq=False)
 class _PassStream(StreamDataset):
-    """One pass for evaluation: subclasses yield this worker's share of the samples."""
+    """One pass for evaluation: subclasses yield this worker's share of the samples, in
+    batches of `local_batch` (this process's)."""
+
+    batch_field = "local_batch"
+    local_batch: int = 0
 
     def _samples(self, worker: int, num_workers: int, stats: Stats) -> Iterator[Sample]:
         raise NotImplementedError
@@ -63,7 +67,7 @@ class _PassStream(StreamDataset):
         images = stages.decode_stage(
             samples, self.transform, stats, self.max_consecutive_failures, self.num_classes
         )
-        return _batch_stage(images, self.batch_size, self.image_size, stats)
+        return _batch_stage(images, self.local_batch, self.image_size, stats)
 
 
 @dataclass(eq=False)
@@ -108,7 +112,7 @@ class _IndexedStream(_PassStream):
 
 def eval_loader(
     source: str,
-    batch_size: int,
+    local_batch: int,
     image_size: int,
     *,
     num_workers: int = 2,
@@ -118,7 +122,8 @@ def eval_loader(
     limit: int = 0,
     num_classes: int = 0,
 ) -> DataLoader:
-    """One pass over a labelled source (shards, image folder, HF dataset), resize + center crop.
+    """One pass over a labelled source (shards, image folder, HF dataset), resize + center crop,
+    in batches of `local_batch` on this process (a fine-tuning job's: `RunPlan.local_eval`).
 
     Each sample is delivered once across ranks x workers; the final partial batch is kept (one
     per worker). Shards are split by rank, then by worker; units outnumbering the shards share
@@ -129,7 +134,7 @@ def eval_loader(
     `num_classes` K > 0: samples labelled outside [0, K) are skipped and counted.
     """
     common = dict(
-        batch_size=batch_size,
+        local_batch=local_batch,
         image_size=image_size,
         transform=eval_transform(image_size),
         seed=0,

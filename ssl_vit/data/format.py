@@ -28,6 +28,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ssl_vit.errors import InputError
 from ssl_vit.jsonfile import read_json
 
 __all__ = [
@@ -68,9 +69,9 @@ def shard_name(n: int) -> str:
 def check_key(key: str, ext: str) -> None:
     """ValueError unless `{key}.{ext}` is a valid sample member name (see the module doc)."""
     if not key or "." in key or "/" in key or key.startswith("__"):
-        raise ValueError(f"invalid sample key {key!r} (must be non-empty, no '.', '/', '__')")
+        raise InputError(f"invalid sample key {key!r} (must be non-empty, no '.', '/', '__')")
     if not _EXT.fullmatch(ext):
-        raise ValueError(f"invalid image extension {ext!r}")
+        raise InputError(f"invalid image extension {ext!r}")
 
 
 def load_index(path: str | os.PathLike) -> dict[str, Any]:
@@ -78,20 +79,20 @@ def load_index(path: str | os.PathLike) -> dict[str, Any]:
     format with well-formed shard entries and label names."""
     index = read_json(path)  # bounded: an index nested 200,000 deep is one line naming it
     if index.get("format") != SHARD_FORMAT:
-        raise ValueError(f"{path} is not a shard index (format {SHARD_FORMAT!r})")
+        raise InputError(f"{path} is not a shard index (format {SHARD_FORMAT!r})")
     shards, names = index.get("shards"), index.get("label_names")
     entries_ok = isinstance(shards, list) and all(
         isinstance(s, dict) and isinstance(s.get("name"), str) and type(s.get("num_samples")) is int
         for s in shards
     )
     if not entries_ok or not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
-        raise ValueError(
+        raise InputError(
             f"{path}: a damaged shard index (need shards: [{{name, num_samples}}], "
             "label_names: [names])"
         )
     if len(set(names)) != len(names):  # a classifier trained on it would name two classes alike
         twice = sorted({n for n in names if names.count(n) > 1})
-        raise ValueError(f"{path}: label_names holds {twice} more than once: one name a class")
+        raise InputError(f"{path}: label_names holds {twice} more than once: one name a class")
     return index
 
 
@@ -175,7 +176,7 @@ def check_parts_agree(parts: list[tuple[Path, dict[str, Any]]]) -> None:
     for path, index in parts[1:]:
         diff = difference(parts[0][1], index)
         if diff is not None:
-            raise ValueError(
+            raise InputError(
                 f"{parts[0][0]} and {path} are not parts of one dataset ({diff}): write every "
                 "part from one source with the same settings"
             )
@@ -192,12 +193,12 @@ def complete_parts(root: str | os.PathLike) -> list[Path] | None:
         return None
     splits = sorted({n for _, n in parts.values()})
     if len(splits) > 1:
-        raise ValueError(f"{root} mixes parts of splits into {splits}: keep one split")
+        raise InputError(f"{root} mixes parts of splits into {splits}: keep one split")
     n = splits[0]
     dirs = [part_dir(root, i, n) for i in range(n)]
     missing = [d.name for d in dirs if d.name not in parts]
     if missing:
-        raise ValueError(
+        raise InputError(
             f"{root}: {len(missing)} of {n} parts not written yet (e.g. {missing[0]}); "
             "name the written ones (a list or a brace pattern) to read them alone"
         )
@@ -205,11 +206,11 @@ def complete_parts(root: str | os.PathLike) -> list[Path] | None:
     for i, d in enumerate(dirs):
         index = d / INDEX_NAME
         if not index.is_file():
-            raise ValueError(f"{d}: no index.json (a part still being written?)")
+            raise InputError(f"{d}: no index.json (a part still being written?)")
         loaded = read_json(index)
         recorded = loaded.get("part")
         if recorded != [i, n]:
-            raise ValueError(f"{index} records part {recorded}, not [{i}, {n}]")
+            raise InputError(f"{index} records part {recorded}, not [{i}, {n}]")
         indexes.append((d, loaded))
     check_parts_agree(indexes)
     return dirs

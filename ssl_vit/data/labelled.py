@@ -31,7 +31,6 @@ import logging
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from ssl_vit.data.image_source import ImageSource, Record
 from ssl_vit.data.labelled_record import (
     LABELLED_DIR,
     LABELLED_RECORD,
+    LabelledSubset,
     check_recorded,
     copy_problem,
     listed,
@@ -52,6 +52,7 @@ from ssl_vit.data.labelled_record import (
 )
 from ssl_vit.data.sources import open_source
 from ssl_vit.data.write.writer import ShardWriter
+from ssl_vit.errors import UserError
 from ssl_vit.watchdog import Stopped, stops_raise
 
 __all__ = [
@@ -70,39 +71,8 @@ _SHARDS = 8  # >= 8 shards: up to 8 ranks x workers each read their own (no shar
 _MAX_SHARD = 2000
 
 
-class CopyInterruptedError(ValueError):
+class CopyInterruptedError(UserError, ValueError):
     """SIGTERM / SIGINT while the subset was being copied: the partial copy is gone; one line."""
-
-
-@dataclass
-class LabelledSubset:
-    """The chosen subset; `keys[name]`: the chosen keys of class `name`, in draw order."""
-
-    source: str
-    labels_per_class: int
-    labels_seed: int
-    label_names: list[str]
-    available: dict[str, int]  # images per class in the source
-    keys: dict[str, list[str]] = field(default_factory=dict)
-    indices: list[int] = field(default_factory=list, repr=False)  # source indices, sorted
-    # Chosen keys training cannot use (key -> why: not decodable), left out of the copy; known
-    # once the copy is made or read back (`use_labelled`).
-    unusable: dict[str, str] = field(default_factory=dict, repr=False)
-
-    @property
-    def num_labelled(self) -> int:
-        """The images trained on: the chosen ones less the unusable."""
-        return len(self.indices) - len(self.unusable)
-
-    def record(self) -> dict:
-        """What `labelled.json` holds (everything but the source indices)."""
-        rec = {k: v for k, v in asdict(self).items() if k not in ("indices", "unusable")}
-        rec["counts"] = {
-            name: sum(k not in self.unusable for k in keys) for name, keys in self.keys.items()
-        }
-        rec["num_labelled"] = self.num_labelled
-        rec["unusable"] = dict(self.unusable)
-        return rec
 
 
 def choose_labelled(spec: str, labels_per_class: int, seed: int = 0) -> LabelledSubset:

@@ -1,17 +1,19 @@
 """A label-budget run's own record of its subset (`labelled.json`) and copy (`labelled/`), read
 back on --resume: both are derived from the source, so they are untrusted and checked.
 
-`check_recorded` compares what the run was started on (labelled.json; lost or damaged: the
-copy's index.json and keys) with the subset the source gives now, and names what changed;
-`read_record` and `copy_problem` tell whether the copy can be kept as it is (every file's size
-and sha256) or must be rebuilt (`ssl_vit.data.labelled.use_labelled`).
+`LabelledSubset` is the subset and what `labelled.json` holds of it. `check_recorded` compares
+what the run was started on (labelled.json; lost or damaged: the copy's index.json and keys) with
+the subset the source gives now, and names what changed; `read_record` and `copy_problem` tell
+whether the copy can be kept as it is (every file's size and sha256) or must be rebuilt
+(`ssl_vit.data.labelled.use_labelled`).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ssl_vit.atomic import file_sha256
 from ssl_vit.config import ConfigError
@@ -20,12 +22,10 @@ from ssl_vit.data.shards import resolve_shards
 from ssl_vit.data.tar import tar_groups
 from ssl_vit.jsonfile import read_json
 
-if TYPE_CHECKING:
-    from ssl_vit.data.labelled import LabelledSubset
-
 __all__ = [
     "LABELLED_DIR",
     "LABELLED_RECORD",
+    "LabelledSubset",
     "check_recorded",
     "copy_problem",
     "listed",
@@ -34,6 +34,37 @@ __all__ = [
 
 LABELLED_DIR, LABELLED_RECORD = "labelled", "labelled.json"  # inside the run directory
 _SHOWN = 3  # classes (or keys) named in one line before "and N more"
+
+
+@dataclass
+class LabelledSubset:
+    """The chosen subset; `keys[name]`: the chosen keys of class `name`, in draw order."""
+
+    source: str
+    labels_per_class: int
+    labels_seed: int
+    label_names: list[str]
+    available: dict[str, int]  # images per class in the source
+    keys: dict[str, list[str]] = field(default_factory=dict)
+    indices: list[int] = field(default_factory=list, repr=False)  # source indices, sorted
+    # Chosen keys training cannot use (key -> why: not decodable), left out of the copy; known
+    # once the copy is made or read back (`use_labelled`).
+    unusable: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def num_labelled(self) -> int:
+        """The images trained on: the chosen ones less the unusable."""
+        return len(self.indices) - len(self.unusable)
+
+    def record(self) -> dict:
+        """What `labelled.json` holds (everything but the source indices)."""
+        rec = {k: v for k, v in asdict(self).items() if k not in ("indices", "unusable")}
+        rec["counts"] = {
+            name: sum(k not in self.unusable for k in keys) for name, keys in self.keys.items()
+        }
+        rec["num_labelled"] = self.num_labelled
+        rec["unusable"] = dict(self.unusable)
+        return rec
 
 
 def check_recorded(subset: LabelledSubset | None, run_dir: str | Path) -> None:

@@ -24,6 +24,7 @@ from ssl_vit.data.format import IMAGE_EXTENSIONS, sample_fields
 from ssl_vit.data.image_source import ImageSource, Record
 from ssl_vit.data.shards import is_shard_spec, read_index, resolve_shards
 from ssl_vit.data.tar import tar_groups
+from ssl_vit.errors import ConfigError, InputError
 
 __all__ = ["FolderSource", "HFSource", "ShardSource", "open_raw_source", "open_source"]
 
@@ -98,7 +99,7 @@ class FolderSource(ImageSource):
 
     def __init__(self, root: str | os.PathLike, labels: str = "required") -> None:
         if labels not in LABELS:
-            raise ValueError(f"labels must be one of {LABELS}, got {labels!r}")
+            raise ConfigError(f"labels must be one of {LABELS}, got {labels!r}")
         self.root = Path(root)
         if not self.root.is_dir():
             raise FileNotFoundError(f"image folder not found: {root}")
@@ -120,7 +121,7 @@ class FolderSource(ImageSource):
         self._labels = np.full(len(self.files), -1, dtype=np.int64)  # -1: no label
         self._labels[: sum(counts)] = np.repeat(np.arange(len(counts)), counts)
         if not self.files:
-            raise ValueError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found in {root}")
+            raise InputError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found in {root}")
         self.keys = _unique_keys([f.rsplit(".", 1)[0] for f in self.files])
 
     def __len__(self) -> int:
@@ -189,14 +190,14 @@ class HFSource(ImageSource):
             if split is None:
                 split = "train" if "train" in ds or len(ds) != 1 else next(iter(ds))
             if split not in ds:
-                raise ValueError(f"{path}: no split {split!r} (splits: {sorted(ds)})")
+                raise InputError(f"{path}: no split {split!r} (splits: {sorted(ds)})")
             ds = ds[split]
         feats = ds.features
         images = [k for k, f in feats.items() if isinstance(f, datasets.Image)]
         if not images:
-            raise ValueError(f"{path}: no Image column (features: {dict(feats)})")
+            raise InputError(f"{path}: no Image column (features: {dict(feats)})")
         if len(images) > 1:  # e.g. `mask` before `image`: which one is the input is not ours
-            raise ValueError(
+            raise InputError(
                 f"{path}: {len(images)} Image columns ({', '.join(images)}); keep the one to "
                 "read and remove the others (Dataset.remove_columns)"
             )
@@ -360,7 +361,7 @@ def open_raw_source(
     `labels`: a folder's (`FolderSource`); by default its images outside the class folders are
     samples with label -1, so that make-shards meets, and counts, every image."""
     if source_format not in ("auto", "folder", "hf", "hf-imagefolder"):
-        raise ValueError(f"unknown source format {source_format!r}")
+        raise ConfigError(f"unknown source format {source_format!r}")
     if not os.path.isdir(spec):
         raise FileNotFoundError(f"source directory not found: {spec}")
     if source_format == "hf-imagefolder":

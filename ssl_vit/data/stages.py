@@ -25,10 +25,11 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data._utils.signal_handling import _remove_worker_pids
 
 from ssl_vit import seeds
 from ssl_vit.data.decode import decode_image
@@ -229,9 +230,11 @@ def collate(items: list[tuple[torch.Tensor, int, str, Any]], image_size: int) ->
 
 @dataclass(eq=False)
 class StreamDataset(IterableDataset):
-    """Base of the loaders' datasets."""
+    """Base of the loaders' datasets. Each names its batch by scope (`batch_field`): the
+    training streams `global_micro` (all processes' micro-batch), the evaluation pass
+    `local_batch` (this process's)."""
 
-    batch_size: int
+    batch_field: ClassVar[str]
     image_size: int
     transform: Callable
     seed: int
@@ -242,8 +245,9 @@ class StreamDataset(IterableDataset):
     num_classes: int = 0  # > 0: a sample whose label is outside [0, K) is skipped and counted
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if getattr(self, self.batch_field) < 1:
+            batch = getattr(self, self.batch_field)
+            raise ValueError(f"{self.batch_field} must be >= 1, got {batch}")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"need 0 <= rank < world_size, got {self.rank}, {self.world_size}")
 
@@ -270,12 +274,21 @@ def _kill(workers: list[Any]) -> None:
 def end_workers(iterator: Any) -> None:
     """End a DataLoader iterator's worker processes, in bounded time: DataLoader's own orderly
     shutdown (the call its finalizer makes), a worker that has not stopped `END_GRACE_S`
-    later (blocked in a read) killed, as is any left after it. No-op without workers."""
+    later (blocked in a read) killed, as is any left after it. No-op without workers.
+
+    The one way a loader iterator's workers are ended (`WorkerLoader.close`, interpreter exit,
+    the training loop's `Batches.close`, an iterator over one: `assembled`'s); a job that is
+    dying kills every child at once instead (`watchdog.kill_children`)."""
     shutdown = getattr(iterator, "_shutdown_workers", None)
     workers = list(getattr(iterator, "_workers", ()))
-    _LIVE.discard(iterator)
-    if shutdown is None or not workers:
+    if shutdown is None or not workers:  # (None, a plain iterator: not weakly referable)
         return
+    _LIVE.discard(iterator)
+    if getattr(iterator, "_worker_pids_set", False):  # (a DataLoader iterator, not a wrapper)
+        # DataLoader's SIGCHLD handler would raise for a worker killed here (it forgets them
+        # only after its own joins).
+        _remove_worker_pids(id(iterator))
+        iterator._worker_pids_set = False
     timer = threading.Timer(END_GRACE_S, _kill, args=(workers,))
     timer.daemon = True
     try:

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ssl_vit.errors import ConfigError
+
 __all__ = [
     "MAX_AUTO_LANES",
     "StreamArgs",
@@ -38,9 +40,9 @@ Position = tuple[int, int]  # (visit, samples of that visit consumed)
 @dataclass(frozen=True)
 class StreamArgs:
     """Where a training stream's reader sits, as the run plan and the loop decided it
-    (`TrainLoop.stream_args`); the loaders read it and derive none of it again."""
+    (`loop.stream_args`); the loaders read it and derive none of it again."""
 
-    micro_batch: int  # the global micro-batch (`RunPlan.micro_batch`): each lane gives 1/lanes
+    global_micro: int  # the global micro-batch (`RunPlan.global_micro`): each lane gives 1/lanes
     num_workers: int  # loader workers per process (`RunPlan.num_workers`, resolved)
     image_size: int
     seed: int = 0
@@ -64,39 +66,39 @@ def source_id(names: Sequence[str]) -> str:
 
 def resolve_lanes(
     requested: int,
-    micro_batch: int,
+    global_micro: int,
     world_size: int,
     saved: int | None,
     shards: int = 0,
     paired: bool = False,
 ) -> int:
     """`data.lanes` (0: auto) -> the stream's lane count, checked against the global
-    micro-batch (each lane gives micro_batch / lanes samples) and the processes (each takes
+    micro-batch (each lane gives global_micro / lanes samples) and the processes (each takes
     lanes / world_size whole lanes). Auto: the saved count when resuming, otherwise the largest
     divisor of the micro-batch up to 64 and up to `shards` (> 0: a lane per shard at most, so
     that no shard is read by several lanes). Never the number of processes or workers: the
     sample order depends on the lanes. `paired` (mixup / cutmix pair images within a lane's
     share, `BatchMixer`): the share must be even (the micro-batch is: `train.plan`)."""
     cap = min(MAX_AUTO_LANES, shards) if shards else MAX_AUTO_LANES
-    n = micro_batch // 2 if paired else micro_batch
+    n = global_micro // 2 if paired else global_micro
     lanes = requested or saved or max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
     how = "" if requested else " (auto)"
-    if micro_batch % lanes:
-        raise ValueError(
-            f"data.lanes: {lanes}{how} does not divide the global micro-batch {micro_batch} "
+    if global_micro % lanes:
+        raise ConfigError(
+            f"data.lanes: {lanes}{how} does not divide the global micro-batch {global_micro} "
             "(train.batch_size / train.grad_accum); set data.lanes to a divisor of it"
         )
-    if paired and (micro_batch // lanes) % 2:
-        raise ValueError(
-            f"data.lanes: {lanes}{how} lanes give {micro_batch // lanes} images each to a "
-            f"micro-batch of {micro_batch}; mixup / cutmix pair images within a lane's share (the "
+    if paired and (global_micro // lanes) % 2:
+        raise ConfigError(
+            f"data.lanes: {lanes}{how} lanes give {global_micro // lanes} images each to a "
+            f"micro-batch of {global_micro}; mixup / cutmix pair images within a lane's share (the "
             "same pairs on any number of processes), so it must be even: set data.lanes to a "
-            f"divisor of {micro_batch // 2}"
+            f"divisor of {global_micro // 2}"
         )
     if lanes % world_size:
-        raise ValueError(
+        raise ConfigError(
             f"data.lanes: {lanes}{how} lanes do not split over {world_size} processes; set "
-            f"data.lanes to a multiple of {world_size} that divides {micro_batch} (more lanes "
+            f"data.lanes to a multiple of {world_size} that divides {global_micro} (more lanes "
             "than shards: shards are shared, each lane keeping its share)"
         )
     return lanes
@@ -146,7 +148,7 @@ def start_stream(
     the plan), and a side stream (self-training's unlabelled images) has lanes of its own."""
     s = stream
     saved = s.resume.get("lanes") if s.resume else None
-    lanes = resolve_lanes(requested, s.micro_batch, s.world_size, saved, shards, paired)
+    lanes = resolve_lanes(requested, s.global_micro, s.world_size, saved, shards, paired)
     identity = {**identity, "seed": s.seed}
     names = {"source": key, "seed": "seed", "lanes": "data.lanes"}
     names.update({k: f"data.{k}" for k in identity if k not in names})

@@ -2,7 +2,7 @@
 
 The stream is `L` *lanes* (`data.lanes`, fixed for a run; auto: the largest divisor of the global
 micro-batch up to 64 and up to the number of shards). Each global micro-batch takes
-`micro_batch / L` consecutive samples from every lane, in lane order; process R takes its
+`global_micro / L` consecutive samples from every lane, in lane order; process R takes its
 contiguous share of the lanes (its slice of the global micro-batch) and its loader workers split
 that share again (`stream_state.lane_range`).
 The main process puts its workers' shares side by side in worker order. So which sample sits
@@ -49,6 +49,7 @@ from ssl_vit.data.shards import is_shard_spec, resolve_shards
 from ssl_vit.data.sources import open_source
 from ssl_vit.data.stages import Batch, Sample, Stats, StreamDataset
 from ssl_vit.data.stream_state import StreamArgs, lane_range, source_id, start_stream
+from ssl_vit.errors import ConfigError
 
 __all__ = ["pretrain_loader", "train_loader"]
 
@@ -67,8 +68,11 @@ def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
 @dataclass(eq=False)
 class _LaneStream(StreamDataset):
     """Base of the training streams: lanes of visits -> samples -> decode + augment -> chunks.
-    `batch_size` is the global micro-batch; a worker yields its lanes' share of each."""
+    `global_micro`: the global micro-batch (all processes); a worker yields its lanes' share
+    of each."""
 
+    batch_field = "global_micro"
+    global_micro: int = 0
     lanes: int = 1
     shuffle_buffer: int = 0
     start: dict[int, tuple[int, int]] = field(default_factory=dict)  # lane -> position
@@ -121,7 +125,7 @@ class _LaneStream(StreamDataset):
         mine = lane_range(self.lanes, self.rank, self.world_size, worker, workers)
         stats = {lane: Stats() for lane in mine}
         streams = {lane: self._lane(lane, stats[lane]) for lane in mine}
-        per_lane = self.batch_size // self.lanes
+        per_lane = self.global_micro // self.lanes
         # One message per `workers` micro-batches: this worker's share of each (per_lane samples
         # of each of its lanes, in lane order), micro-batch after micro-batch, and `position` the
         # list of its lanes' positions after each. A message costs the DataLoader about a
@@ -207,7 +211,7 @@ def _build(
     shards = len(fields.get("urls", ()))
     lanes, start, tracker = start_stream(s, data.lanes, identity, key, shards, paired)
     if records and records < lanes:
-        raise ValueError(f"{fields['spec']}: {records} samples < {lanes} lanes (data.lanes)")
+        raise ConfigError(f"{fields['spec']}: {records} samples < {lanes} lanes (data.lanes)")
     workers, per_rank = s.num_workers, lanes // s.world_size
     if workers > per_rank:
         log.info("data: %d lanes per process, so %d loader workers", per_rank, per_rank)
@@ -218,7 +222,7 @@ def _build(
     else:
         image_size, transform = s.load_size, SquareLoad(s.load_size)
     dataset = make(
-        batch_size=s.micro_batch,
+        global_micro=s.global_micro,
         image_size=image_size,
         transform=transform,
         seeded=s.load_size is None,

@@ -24,6 +24,7 @@ from PIL import Image, ImageEnhance
 
 from ssl_vit.atomic import staged_dir
 from ssl_vit.data.write.writer import ShardWriter, check_output
+from ssl_vit.errors import ConfigError, InputError
 from ssl_vit.progress import progress_iter
 
 __all__ = ["PHOTO_NAMES", "load_photos", "make_photo_shards", "photo_views", "write_photo_folder"]
@@ -89,7 +90,7 @@ def photo_views(
 ) -> Iterator[tuple[str, bytes, int]]:
     """Yield n (key, JPEG bytes, label) samples; sample i depends only on (seed, i)."""
     if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
+        raise ConfigError(f"seed must be >= 0, got {seed}")
     photos = load_photos() if photos is None else photos
     for i in range(n):
         label = i % len(photos)
@@ -104,7 +105,7 @@ def make_photo_shards(
 ) -> dict[str, Any]:
     """Write `photo_views(n, seed)` as shards + index.json; return the index."""
     if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+        raise ConfigError(f"n must be >= 1, got {n}")
     views = photo_views(n, seed)
     with ShardWriter(output, shard_size) as writer:
         for key, data, label in progress_iter(views, n, desc="make-synthetic", unit="img"):
@@ -123,11 +124,11 @@ def write_photo_folder(
     them. With `overwrite` a non-empty `output` is replaced, everything in it. The folder is
     written beside `output` and renamed into place (`ssl_vit.atomic.staged_dir`)."""
     if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+        raise ConfigError(f"n must be >= 1, got {n}")
     root = Path(output)
     check_output(root)
     if root.is_dir() and any(root.iterdir()) and not overwrite:
-        raise ValueError(
+        raise InputError(
             f"--output {root} is not empty: its images would be mixed into the photos' classes "
             "(write to a new folder, or --overwrite to replace it)"
         )

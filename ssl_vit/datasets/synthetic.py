@@ -25,6 +25,7 @@ import numpy as np
 from PIL import Image
 
 from ssl_vit.data.write.writer import ShardWriter
+from ssl_vit.errors import ConfigError
 from ssl_vit.progress import progress_iter
 
 __all__ = [
@@ -107,9 +108,9 @@ def synthetic_shapes(
     are the same for any n >= k.
     """
     if image_size < 8:
-        raise ValueError(f"image_size must be >= 8, got {image_size}")
+        raise ConfigError(f"image_size must be >= 8, got {image_size}")
     if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
+        raise ConfigError(f"seed must be >= 0, got {seed}")
     for i in range(n):
         label = i % len(SYNTHETIC_LABELS)
         pixels = render_shape(label, image_size, np.random.default_rng([seed, i]))
@@ -127,7 +128,7 @@ def make_synthetic_shards(
 ) -> dict[str, Any]:
     """Write `synthetic_shapes(n, image_size, seed)` as shards + index.json; return the index."""
     if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+        raise ConfigError(f"n must be >= 1, got {n}")
     with ShardWriter(output, shard_size) as writer:
         samples = synthetic_shapes(n, image_size, seed)
         for key, data, label in progress_iter(samples, n, desc="make-synthetic", unit="img"):

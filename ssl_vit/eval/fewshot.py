@@ -19,6 +19,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from ssl_vit.errors import ConfigError
 from ssl_vit.eval.shots import ALL_SHOTS, Shot
 
 __all__ = [
@@ -93,7 +94,7 @@ def ridge_solve(
         W: [D, K] float64 on X's device.
     """
     if not l2_reg > 0:
-        raise ValueError(f"l2_reg must be > 0, got {l2_reg}")
+        raise ConfigError(f"l2_reg must be > 0, got {l2_reg}")
     X_ND = _as_float64(X)
     Y_NK = _as_float64(Y, X_ND.device)
     N, D = X_ND.shape

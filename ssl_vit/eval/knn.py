@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ssl_vit.errors import ConfigError
+
 __all__ = ["knn_predict"]
 
 
@@ -29,7 +31,7 @@ def knn_predict(
     """Predicted classes [M] of test features [M, D] from train features [N, D] and labels
     [N]; `k` is capped at N, `chunk` test rows are compared at a time (memory chunk x N)."""
     if k < 1 or temperature <= 0:
-        raise ValueError(f"k-NN: need k >= 1 and temperature > 0, got k={k}, T={temperature}")
+        raise ConfigError(f"k-NN: need k >= 1 and temperature > 0, got k={k}, T={temperature}")
     train_ND = F.normalize(train_x.float(), dim=1)
     train_N = train_y.to(train_ND.device, torch.int64).reshape(-1)
     K = int(train_N.max()) + 1 if num_classes is None else num_classes

@@ -21,11 +21,12 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_map
 
+from ssl_vit.errors import ConfigError, InputError
 from ssl_vit.eval.fewshot import fewshot_sweep
 from ssl_vit.eval.shots import shot_order
+from ssl_vit.model.compile import maybe_compile
 from ssl_vit.model.pixels import PixelNorm
 from ssl_vit.model.vit import POOLS, ViT, resolve_layers
-from ssl_vit.train.compile import maybe_compile
 
 __all__ = [
     "Extraction",
@@ -49,7 +50,7 @@ LayerFeatures = dict[int, dict[str, torch.Tensor]]
 class Extraction:
     """How frozen features are computed: the encoder's input normalisation (`mean`, `std` of
     [0, 1] pixels), the device, torch.compile of the forward (`compile`: true, false, "auto" =
-    CUDA only; `compile_mode`; see train.compile) and the autocast on a GPU (`precision`,
+    CUDA only; `compile_mode`; see model.compile) and the autocast on a GPU (`precision`,
     Accelerate's mixed_precision: bf16, fp16 or no; the CPU runs float32)."""
 
     mean: tuple[float, float, float]
@@ -87,7 +88,7 @@ def parse_layers(spec: str | int | Sequence[int], depth: int) -> list[int]:
     if spec == "all":
         return list(range(depth))
     if isinstance(spec, str):
-        raise ValueError(f"layers: expected 'last', 'all' or block indices, got {spec!r}")
+        raise ConfigError(f"layers: expected 'last', 'all' or block indices, got {spec!r}")
     return resolve_layers(spec, depth)
 
 
@@ -98,9 +99,9 @@ def plan_readouts(
     concatenation of the last N blocks under each pool."""
     unknown = [p for p in pools if p not in POOLS]
     if unknown:
-        raise ValueError(f"unknown pooling {unknown} (use {', '.join(POOLS)})")
+        raise ConfigError(f"unknown pooling {unknown} (use {', '.join(POOLS)})")
     if not 0 <= concat_last <= depth:
-        raise ValueError(f"concat_last: must be in [0, {depth}], got {concat_last}")
+        raise ConfigError(f"concat_last: must be in [0, {depth}], got {concat_last}")
     out = [Readout(f"block{i}/{p}", (i,), p) for i in layers for p in pools]
     if concat_last > 1:
         last = tuple(range(depth - concat_last, depth))
@@ -146,7 +147,7 @@ def frozen_forward(
     finally:
         encoder.train(was_training)
     if not labels:
-        raise ValueError("no images to extract features from")
+        raise InputError("no images to extract features from")
     return outs, torch.cat(labels)
 
 

@@ -14,7 +14,6 @@ Shape legend: B images of a batch, D feature width, L pixels x channels of one i
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import io
 import shutil
@@ -25,9 +24,8 @@ import numpy as np
 import torch
 
 from ssl_vit.atomic import WriteError, replacing, writing
-from ssl_vit.config import ConfigError, ModelConfig
-from ssl_vit.config.pixels import PIXEL_NORM
 from ssl_vit.data.predict_stream import PredictBatch
+from ssl_vit.errors import InputError
 from ssl_vit.eval.fewshot_job import extract_features
 from ssl_vit.eval.readouts import Extraction
 from ssl_vit.eval.selection import Picks, normalised, select
@@ -37,64 +35,12 @@ __all__ = [
     "Embedded",
     "FeatureTable",
     "FeatureWriter",
-    "FrozenEncoder",
     "choose",
     "content_keys",
     "embed_batch",
-    "load_frozen_encoder",
 ]
 
 _WEIGHTS: dict[tuple[int, str], torch.Tensor] = {}
-
-
-class FrozenEncoder(NamedTuple):
-    """An encoder to read features with: the checkpoint it came from (a run directory resolved
-    to its newest valid checkpoint), its input side and pixel normalisation."""
-
-    encoder: ViT
-    checkpoint: str
-    image_size: int
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
-
-
-def load_frozen_encoder(key: str, path: str, image_size: int = 0) -> FrozenEncoder:
-    """The encoder of a pretraining run or checkpoint at `path` (or imported weights), at
-    `image_size` (0: the resolution it was trained at), as fine-tuning and few-shot read it
-    (`preflight.load_init_encoder`: one-line errors naming `key`; a fine-tuned classifier is
-    refused), with the pixel normalisation it stores (else the default)."""
-    from ssl_vit.train import preflight
-    from ssl_vit.train.checkpoint import CheckpointError, read_pixel_norm
-    from ssl_vit.train.encoder_init import encoder_from_checkpoint
-
-    path, trained = _trained_size(path)
-    model = ModelConfig(image_size=image_size or trained or 224, mlp_ratio=None, norm_eps=None)
-    path, loaded = preflight.load_init_encoder(key, path, model, "bicubic", "auto")
-    if not image_size and loaded.saved["image_size"] != model.image_size:  # imported weights
-        model = dataclasses.replace(model, image_size=loaded.saved["image_size"])
-        loaded = encoder_from_checkpoint(path, model)
-    try:
-        stored = read_pixel_norm(path)
-    except CheckpointError as e:
-        raise ConfigError(f"{key}={path!r}: {e}") from None
-    mean, std = stored if stored is not None else (PIXEL_NORM, PIXEL_NORM)
-    return FrozenEncoder(loaded.encoder, path, model.image_size, tuple(mean), tuple(std))
-
-
-def _trained_size(path: str) -> tuple[str, int | None]:
-    """(the checkpoint a run directory stands for, the image size its metadata records); (path,
-    None) when it is no ssl-vit checkpoint: `load_init_encoder` then says what it is."""
-    from ssl_vit.jsonfile import parse_json
-    from ssl_vit.train.checkpoint import ENCODER_FILE, resolve_checkpoint
-    from ssl_vit.train.weights_file import read_header
-
-    try:
-        ckpt = resolve_checkpoint(path)
-        file = ckpt / ENCODER_FILE if ckpt.is_dir() else ckpt
-        saved = parse_json(read_header(file)[0]["model_config"], f"{file}: model_config")
-        return str(ckpt), int(saved["image_size"])
-    except Exception:  # noqa: BLE001 - missing, damaged or foreign: named by the loader
-        return path, None
 
 
 class Embedded(NamedTuple):
@@ -190,7 +136,7 @@ class FeatureWriter:
         n = len(part.names)
         bad = np.flatnonzero(~np.isfinite(part.features).all(axis=1))
         if len(bad):  # a float16 overflow or a diverged encoder: every distance would be NaN
-            raise ValueError(f"{self.path}: image {part.names[bad[0]]!r} has non-finite features")
+            raise InputError(f"{self.path}: image {part.names[bad[0]]!r} has non-finite features")
         with writing(self.path):
             self.file.write(np.ascontiguousarray(part.features, dtype="<f2").tobytes())
         self.rows += n
@@ -233,7 +179,7 @@ def choose(
     where = {name: i for i, name in enumerate(table.names) if name in wanted}
     missing = [name for name in earlier if name not in where]
     if missing:
-        raise ValueError(
+        raise InputError(
             f"earlier pick {missing[0]!r} (selection.jsonl) is not among the readable images "
             "of --source; select from the source of the earlier rounds, or --overwrite"
         )

@@ -20,17 +20,17 @@ from typing import Any
 
 import numpy as np
 
+from ssl_vit import jobs
 from ssl_vit.atomic import write_bytes, write_text
 from ssl_vit.config import ConfigError
-from ssl_vit.config.loader import read_yaml_file, run_kind, save_config
+from ssl_vit.config.loader import read_yaml_file, save_config
 from ssl_vit.data.image_source import ImageSource, Record
 from ssl_vit.data.sources import FolderSource
 from ssl_vit.eval.select_features import FeatureTable
 from ssl_vit.eval.selection import Picks
 from ssl_vit.jsonfile import dump_json, parse_json
-from ssl_vit.train.run_lock import RunLock, lock_run_dir
-from ssl_vit.train.rundir import check_not_source, occupant
-from ssl_vit.train.runtime import on_main
+from ssl_vit.runs.lock import RunLock, lock_run_dir, on_main
+from ssl_vit.runs.occupancy import check_not_source, occupant
 
 __all__ = [
     "FEATURES",
@@ -48,8 +48,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-SELECTION, FEATURES, TO_LABEL = "selection.jsonl", "features.npy", "to-label"
-_WRITES = ("config.yaml", "metrics.jsonl", "results.json", SELECTION, FEATURES, TO_LABEL)
+_WRITES = jobs.SELECT.writes  # config.yaml, metrics.jsonl, results.json and:
+SELECTION, FEATURES, TO_LABEL = _WRITES[-3:]  # selection.jsonl, features.npy, to-label
 _ROW_KEYS = ("rank", "key", "round")  # what a round reads back of an earlier row
 
 
@@ -66,8 +66,8 @@ def check_output(out: Path, overwrite: bool, reads: dict[str, str]) -> list[dict
     config = out / "config.yaml"
     saved = read_yaml_file(config) if config.is_file() else None  # bounded: any folder's file
     if not _is_selection(saved):
-        kind = run_kind(saved) if isinstance(saved, dict) else None
-        what = f"holds a {kind} run" if kind else occupant(out)
+        job = jobs.by_config(saved) if isinstance(saved, dict) else None
+        what = f"holds a {job.title} run" if job else occupant(out)
         ours = [n for n in _WRITES if (out / n).exists()]  # never replaced unless select's
         if what is None and ours:
             what = f"holds {ours[0]} of no selection"

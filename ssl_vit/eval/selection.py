@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ssl_vit.errors import ConfigError
+
 __all__ = [
     "KNN",
     "MAX_TYPICALITY_POINTS",
@@ -59,7 +61,7 @@ class Picks(NamedTuple):
 
 def _new_count(n: int, budget: int, previous: np.ndarray) -> int:
     if not len(previous) < budget <= n:
-        raise ValueError(
+        raise ConfigError(
             f"budget {budget}: must exceed the {len(previous)} earlier picks and be at most "
             f"the {n} images"
         )
@@ -220,4 +222,4 @@ def select(method: str, x_ND: np.ndarray, budget: int, previous=(), seed: int = 
         return kcenter(x_ND, budget, previous, seed)
     if method == "random":
         return random_picks(len(x_ND), budget, previous, seed)
-    raise ValueError(f"unknown selection method {method!r} (one of {', '.join(METHODS)})")
+    raise ConfigError(f"unknown selection method {method!r} (one of {', '.join(METHODS)})")

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ssl_vit.config.schema import ModelConfig
+from ssl_vit.errors import InputError
 from ssl_vit.model.shapes import expected_shapes, size_mismatch
 
 __all__ = ["InteropError", "check_complete", "check_model_config", "mlp_ratio_for", "rename"]
@@ -36,7 +37,7 @@ KNOWN_CONFIG = (
 )
 
 
-class InteropError(ValueError):
+class InteropError(InputError):
     """Weights or a shape that do not map between ssl-vit and timm / transformers (one line)."""
 
 

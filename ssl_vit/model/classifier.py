@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ssl_vit.errors import ConfigError
 from ssl_vit.model.pixels import PixelNorm
 from ssl_vit.model.vit import ViT
 
@@ -25,7 +26,7 @@ class Classifier(nn.Module):
         super().__init__()
         self.pixels = pixels
         if pool not in ("cls", "gap"):
-            raise ValueError(f"unknown pooling '{pool}' (use 'cls' or 'gap')")
+            raise ConfigError(f"unknown pooling '{pool}' (use 'cls' or 'gap')")
         self.encoder = encoder
         self.pool = pool
         self.head = nn.Linear(encoder.width, num_classes)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ssl_vit.config.schema import ModelConfig
+from ssl_vit.errors import ConfigError
 
 __all__ = ["POOLS", "Attention", "Block", "ViT", "build_vit", "resolve_layers"]
 
@@ -31,10 +32,10 @@ def resolve_layers(layers: int | Sequence[int], depth: int) -> list[int]:
     [0, depth). ValueError naming the index when one is out of range."""
     wanted = [layers] if isinstance(layers, int) else list(layers)
     if not wanted:
-        raise ValueError("layers: empty")
+        raise ConfigError("layers: empty")
     for i in wanted:
         if not -depth <= i < depth:
-            raise ValueError(f"layer {i}: out of range for depth {depth} ({-depth}..{depth - 1})")
+            raise ConfigError(f"layer {i}: out of range for depth {depth} ({-depth}..{depth - 1})")
     return sorted({i % depth for i in wanted})
 
 
@@ -42,7 +43,7 @@ class Attention(nn.Module):
     def __init__(self, width: int, heads: int) -> None:
         super().__init__()
         if width % heads:
-            raise ValueError(f"width {width} is not divisible by heads {heads}")
+            raise ConfigError(f"width {width} is not divisible by heads {heads}")
         self.heads = heads
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
@@ -106,7 +107,7 @@ class ViT(nn.Module):
         super().__init__()
         h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
         if h % patch_size or w % patch_size:
-            raise ValueError(f"image size {(h, w)} is not a multiple of patch size {patch_size}")
+            raise ConfigError(f"image size {(h, w)} is not a multiple of patch size {patch_size}")
         self.image_size = (h, w)
         self.patch_size = patch_size
         self.grid = (h // patch_size, w // patch_size)
@@ -190,7 +191,7 @@ class ViT(nn.Module):
             return tokens_BTD[:, 1:].mean(dim=1)
         if how == "cls+gap":
             return torch.cat([tokens_BTD[:, 0], tokens_BTD[:, 1:].mean(dim=1)], dim=-1)
-        raise ValueError(f"unknown pooling '{how}' (use one of {', '.join(POOLS)})")
+        raise ConfigError(f"unknown pooling '{how}' (use one of {', '.join(POOLS)})")
 
     def forward(self, images_BCHW: torch.Tensor, pool: str = "cls") -> torch.Tensor:
         return self.pool(self.forward_features(images_BCHW), pool)
@@ -201,7 +202,7 @@ def build_vit(cfg: ModelConfig) -> ViT:
     and saved ones alike (`ModelConfig.from_saved(metadata)`)."""
     missing = [k for k in ("patch_size", "width", "depth", "heads") if getattr(cfg, k) is None]
     if missing:
-        raise ValueError(f"model: set model.variant or model.{', model.'.join(missing)}")
+        raise ConfigError(f"model: set model.variant or model.{', model.'.join(missing)}")
     return ViT(
         cfg.image_size,
         cfg.patch_size,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ssl_vit import seeds
+from ssl_vit.errors import ConfigError
 
 __all__ = [
     "UNTOUCHED",
@@ -64,23 +65,23 @@ def draw_corruption(
 class CorruptionDraws:
     """`draws(u, b)`: this process's [3, b, N] corruption draws of micro-batch `u` (step x
     grad_accum + micro-step): rows rank*b..(rank+1)*b of the global micro-batch's
-    `draw_corruption(world_size * b, N)` from a generator seeded by (seed, u). A pure function
-    of (seed, u): nothing to save in a checkpoint, and a 1-process run draws what N processes
-    together draw."""
+    `draw_corruption(global_micro, N)` (`RunPlan.global_micro`: every process's b images) from
+    a generator seeded by (seed, u). A pure function of (seed, u): nothing to save in a
+    checkpoint, and a 1-process run draws what N processes together draw."""
 
     def __init__(
-        self, seed: int, num_patches: int, rank: int, world_size: int, device: torch.device
+        self, seed: int, num_patches: int, rank: int, global_micro: int, device: torch.device
     ) -> None:
         self.seed, self.num_patches = seed, num_patches
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.global_micro = rank, global_micro
         self.generator = torch.Generator(device)
 
-    def __call__(self, index: int, batch_size: int) -> torch.Tensor:
+    def __call__(self, index: int, local_micro: int) -> torch.Tensor:
         self.generator.manual_seed(seeds.derive(self.seed, seeds.CORRUPTION, index))
-        full = draw_corruption(self.world_size * batch_size, self.num_patches, self.generator)
-        if self.world_size == 1:
+        full = draw_corruption(self.global_micro, self.num_patches, self.generator)
+        if local_micro == self.global_micro:  # one process
             return full
-        return full[:, self.rank * batch_size : (self.rank + 1) * batch_size].contiguous()
+        return full[:, self.rank * local_micro : (self.rank + 1) * local_micro].contiguous()
 
 
 def corrupt_patches(
@@ -110,7 +111,7 @@ def corrupt_patches(
     device = emb_BND.device
     n = num_corrupted(N, ratio)
     if N < 2 and probs[1] > 0:
-        raise ValueError("random replacement needs at least two patches per image")
+        raise ConfigError("random replacement needs at least two patches per image")
     if noise.shape != (NUM_DRAWS, B, N):
         raise ValueError(f"noise: expected shape {(NUM_DRAWS, B, N)}, got {tuple(noise.shape)}")
     choose_BN, kind_u_BN, source_u_BN = noise.unbind(0)

@@ -24,6 +24,7 @@ from torch import nn
 
 from ssl_vit.config.pixels import PIXEL_NORM
 from ssl_vit.config.schema import ObjectiveConfig
+from ssl_vit.errors import ConfigError
 from ssl_vit.model.pixels import PixelNorm
 from ssl_vit.model.vit import ViT
 from ssl_vit.objectives import corruption
@@ -77,7 +78,7 @@ def _head_size(target: str, patch_size: int) -> int:
         return CELLS * CELLS * NUM_COLOR_CLASSES
     if target == "pixels_l2":
         return patch_size * patch_size * 3
-    raise ValueError(f"unknown objective target {target!r}")
+    raise ConfigError(f"unknown objective target {target!r}")
 
 
 class MaskedPatchPrediction(nn.Module):

@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ssl_vit.errors import ConfigError
+
 __all__ = [
     "NUM_COLOR_CLASSES",
     "mean_color_classes",
@@ -82,7 +84,7 @@ def mean_color_classes(images: torch.Tensor, patch_size: int) -> torch.Tensor:
 def cell_bounds(patch_size: int, cells: int = 4) -> list[tuple[int, int]]:
     """[start, end) pixel ranges of the `cells` cells along one side of a patch."""
     if patch_size < cells:
-        raise ValueError(f"patch size {patch_size} is smaller than {cells} cells per side")
+        raise ConfigError(f"patch size {patch_size} is smaller than {cells} cells per side")
     return [(i * patch_size // cells, (i + 1) * patch_size // cells) for i in range(cells)]
 
 

@@ -25,13 +25,14 @@ import torch
 from ssl_vit.atomic import staged_dir, write_json, writing
 from ssl_vit.config.pixels import PIXEL_NORM
 from ssl_vit.config.schema import ModelConfig
+from ssl_vit.errors import ConfigError
 from ssl_vit.interop import detect_format, hf_config, hf_preprocessor, timm_config, to_hf, to_timm
 from ssl_vit.model.vit import build_vit
 from ssl_vit.publish.model_card import model_card, run_config
+from ssl_vit.runs.occupancy import check_not_source, occupant
 from ssl_vit.train import checkpoint as ckpt
 from ssl_vit.train.checkpoint import ENCODER_FILE
 from ssl_vit.train.encoder_init import load_any_encoder
-from ssl_vit.train.rundir import check_not_source, occupant
 
 __all__ = ["check_output", "check_target", "export_checkpoint", "import_weights", "write_export"]
 
@@ -83,7 +84,7 @@ def export_checkpoint(
 
 def check_target(to: str) -> None:
     if to not in TARGETS:
-        raise ValueError(f"--to must be one of {TARGETS}, got {to!r}")
+        raise ConfigError(f"--to must be one of {TARGETS}, got {to!r}")
 
 
 def write_export(

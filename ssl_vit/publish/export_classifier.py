@@ -22,8 +22,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ssl_vit import interop
-from ssl_vit.config.loader import read_yaml_file, run_kind
+from ssl_vit import interop, jobs
+from ssl_vit.config.loader import read_yaml_file
+from ssl_vit.errors import ConfigError
 from ssl_vit.interop import InteropError
 from ssl_vit.publish.export import check_output, check_target, export_checkpoint, write_export
 from ssl_vit.publish.model_card import classifier_card
@@ -58,7 +59,7 @@ def export_model(
     kind, path = export_source(source)
     if kind == "classifier":
         if keep_head:
-            raise ValueError("--keep-head: a fine-tuned classifier has no masked-prediction head")
+            raise ConfigError("--keep-head: a fine-tuned classifier has no masked-prediction head")
         return export_classifier(path, to, outdir, overwrite=overwrite)
     if kind == "encoder":
         log.info(
@@ -90,7 +91,7 @@ def export_source(source: str | Path) -> tuple[str, Path]:
     run = file.parent
     config = run / "config.yaml"
     saved = read_yaml_file(config) if config.is_file() else None
-    if isinstance(saved, dict) and run_kind(saved) == "fine-tuning":
+    if isinstance(saved, dict) and jobs.by_config(saved) is jobs.FINETUNE:
         raise ClassifierError(
             f"{file}: an encoder (no classifier head, no labels) in the fine-tuning run {run}, "
             f"whose {CLASSIFIER_FILE} is the classifier it trained: replaced or mismatched; to "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from ssl_vit.jobs import FEWSHOT, FINETUNE
 from ssl_vit.report.render import Table
 from ssl_vit.report.runs import Run, fewshot_table, run_dir_of, source_checkpoint
 
@@ -79,7 +80,7 @@ def encoder_order(name: str) -> tuple[bool, str]:
 def scored(runs: list[Run]) -> list[Run]:
     """The finished fine-tunes with a top-1."""
     ok = (int, float)
-    return [r for r in runs if r.kind == "finetune" and isinstance(r.results.get("top1"), ok)]
+    return [r for r in runs if r.job is FINETUNE and isinstance(r.results.get("top1"), ok)]
 
 
 def images_per_class(run: Run) -> float | None:
@@ -96,7 +97,7 @@ def finetune_groups(runs: list[Run]) -> Groups:
     """The fine-tunes (finished or not) by (encoder, K): one group per encoder and label
     budget, its runs the seeds. Encoders by name with scratch last, K ascending with 0 (every
     label) last. Among several fine-tuning recipes, an encoder's name says its recipe."""
-    fts = [r for r in runs if r.kind == "finetune"]
+    fts = [r for r in runs if r.job is FINETUNE]
     by_recipe = len({_recipe(r) for r in fts}) > 1
     groups: Groups = {}
     for r in fts:
@@ -162,7 +163,7 @@ def fewshot_curves(runs: list[Run], encoders: set[str]) -> list[tuple[str, dict[
     numeric shots only (a frozen linear probe on k labels per class)."""
     out = []
     for r in runs:
-        if r.kind != "fewshot" or not r.finished or encoder_name(r) not in encoders:
+        if r.job is not FEWSHOT or not r.finished or encoder_name(r) not in encoders:
             continue
         table = {k: e["mean"] for k, e in fewshot_table(r.results).items() if isinstance(k, int)}
         if table:

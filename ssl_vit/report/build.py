@@ -14,6 +14,7 @@ import logging
 import time
 from pathlib import Path
 
+from ssl_vit.jobs import FEWSHOT, PREDICT, PRETRAIN
 from ssl_vit.report.render import Section
 from ssl_vit.report.runs import Run, fewshot_pool, fewshot_table, link_runs, load_runs
 
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 def pretrain_section(runs: list[Run]) -> Section:
     from ssl_vit.report import figures
 
-    pre = [r for r in runs if r.kind == "pretrain"]
+    pre = [r for r in runs if r.job is PRETRAIN]
     s_pre = Section("Pretraining")
     if fig := figures.pretrain_curves(pre):
         s_pre.chart("pretrain_curves", fig, "Loss and colour accuracy on the corrupted patches.")
@@ -45,14 +46,14 @@ def _shots_curves(runs: list[Run], groups: dict) -> list[tuple[str, dict]]:
 
     curves = []
     for r in runs:
-        if r.kind == "fewshot" and r.finished:
+        if r.job is FEWSHOT and r.finished:
             label = f"{r.name} ({origin(r, groups)}, {fewshot_pool(r.config)})"
             curves.append((label, fewshot_table(r.results)))
         elif (
-            r.kind == "pretrain"
+            r.job is PRETRAIN
             and r.results.get("fewshot")
             and not any(
-                m.kind == "fewshot" and step == r.results.get("step")
+                m.job is FEWSHOT and step == r.results.get("step")
                 for m, step in groups.get(r.name, [])
             )
         ):  # the final checkpoint's own few-shot runs replace the one logged in pretraining
@@ -76,7 +77,7 @@ def fewshot_section(runs: list[Run], groups: dict) -> Section:
             r.results["layers"],
         )
         for r in runs
-        if r.kind == "fewshot" and r.finished and r.results.get("layers")
+        if r.job is FEWSHOT and r.finished and r.results.get("layers")
     ]
     if fig := figures.fewshot_vs_layer(layer_curves):
         caption = "Few-shot accuracy of each block's output (few-shot runs with `layers=all`)."
@@ -90,7 +91,7 @@ def _sections(runs: list[Run], num_examples: int, seed: int) -> list[Section]:
 
     groups = link_runs(runs)
     classifier = classifier_section(runs)
-    if all(r.kind == "predict" for r in runs):  # nothing trained: no empty sections
+    if all(r.job is PREDICT for r in runs):  # nothing trained: no empty sections
         return [s for s in (classifier, runs_section(runs, groups)) if s is not None]
     from ssl_vit.report.finetune_section import budget_section, finetune_section
     from ssl_vit.report.learned_section import learned_section  # imports torch: ~0.7 GB RSS
@@ -98,7 +99,7 @@ def _sections(runs: list[Run], num_examples: int, seed: int) -> list[Section]:
     sections = [summary_section(runs, groups), pretrain_section(runs)]
     sections += [fewshot_section(runs, groups), finetune_section(runs)]
     sections += [s for s in (budget_section(runs), classifier) if s is not None]
-    sections.append(learned_section([r for r in runs if r.kind == "pretrain"], num_examples, seed))
+    sections.append(learned_section([r for r in runs if r.job is PRETRAIN], num_examples, seed))
     return [*sections, runs_section(runs, groups)]
 
 
@@ -111,7 +112,9 @@ def build_report(
 
     t0 = time.perf_counter()
     runs = load_runs(list(run_dirs))
-    log.info("report of %d runs: %s", len(runs), ", ".join(f"{r.name} ({r.kind})" for r in runs))
+    log.info(
+        "report of %d runs: %s", len(runs), ", ".join(f"{r.name} ({r.job.name})" for r in runs)
+    )
     sections = _sections(runs, num_examples, seed)
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)

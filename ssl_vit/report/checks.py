@@ -17,6 +17,7 @@ import reprlib
 from pathlib import Path
 from typing import Any
 
+from ssl_vit.errors import InputError
 from ssl_vit.eval.shots import ALL_SHOTS
 
 __all__ = ["DamagedRunError", "json_type", "predictions_problem", "results_problem", "rows_problem"]
@@ -31,7 +32,7 @@ _SHOWN.maxlist = _SHOWN.maxdict = 4
 _SHOWN.maxlevel = 2
 
 
-class DamagedRunError(ValueError):
+class DamagedRunError(InputError):
     """A run directory's file that no job writes; the message: "FILE: what is wrong"."""
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 from typing import NamedTuple
 
+from ssl_vit.jobs import PREDICT
 from ssl_vit.report.budget import finetune_groups, scored
 from ssl_vit.report.runs import Run
 
@@ -94,7 +95,7 @@ def chosen_runs(runs: list[Run]) -> tuple[list[Run], str]:
     words: every predict run with a matrix, then every fine-tune with one when they are few
     (ALL_UP_TO), else the best (top-1) of each (encoder, label budget) group, else of each
     encoder; in the groups' order (encoders by name, scratch last, budgets ascending)."""
-    predicts = [r for r in runs if r.kind == "predict" and confusion_of(r)]
+    predicts = [r for r in runs if r.job is PREDICT and confusion_of(r)]
     fts = [r for r in scored(runs) if confusion_of(r)]
     groups = finetune_groups(fts)
     if len(fts) <= ALL_UP_TO:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ssl_vit.jobs import PREDICT
 from ssl_vit.report.budget import all_labels_per_class, budget_label, budget_of, encoder_name
 from ssl_vit.report.classifier import (
     Confusion,
@@ -45,7 +46,7 @@ def _what(run: Run, x_all: float | None) -> tuple[str, str]:
     """(figure title, caption start) of a run: what was evaluated on what."""
     top1 = run.results.get("top1")
     score = f", top-1 {100 * top1:.1f}%" if isinstance(top1, int | float) else ""
-    if run.kind == "predict":
+    if run.job is PREDICT:
         r = run.results
         return (
             f"{run.name}: predictions on {Path(str(r.get('source', '?'))).name}{score}",
@@ -65,7 +66,7 @@ def _unlabelled(runs: list[Run]) -> list[str]:
         f"{r.name}: {r.results.get('images', '?')} images predicted from "
         f"{r.results.get('source', '?')} without labels: no accuracy to show."
         for r in runs
-        if r.kind == "predict" and r.finished and confusion_of(r) is None
+        if r.job is PREDICT and r.finished and confusion_of(r) is None
     ]
 
 

@@ -21,6 +21,7 @@ import torch
 
 from ssl_vit.config import PretrainConfig, load_config
 from ssl_vit.data import eval_loader
+from ssl_vit.errors import InputError
 from ssl_vit.model import build_vit
 from ssl_vit.objectives import MaskedPatchPrediction
 from ssl_vit.objectives.targets import cell_bounds, color_class_to_rgb
@@ -87,7 +88,7 @@ def target_pixels(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(target, predicted) pixels [M, 3, P, P] in [0, 1] of the M corrupted patches."""
     if target not in PATCH_PIXELS:
-        raise ValueError(f"no example rendering for objective.target '{target}'")
+        raise InputError(f"no example rendering for objective.target '{target}'")
     return PATCH_PIXELS[target](targets, logits, patch_size)
 
 

@@ -13,13 +13,14 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 from ssl_vit.atomic import read_jsonl
-from ssl_vit.config.loader import run_kind
+from ssl_vit.errors import InputError
 from ssl_vit.eval.shots import shot_key, shot_order
+from ssl_vit.jobs import FEWSHOT, FINETUNE, PREDICT, PRETRAIN, Job, by_config
 from ssl_vit.report.checks import (
     DamagedRunError,
     json_type,
@@ -29,7 +30,6 @@ from ssl_vit.report.checks import (
 )
 
 __all__ = [
-    "PREDICT_JOB",
     "DamagedRunError",
     "Run",
     "fewshot_pool",
@@ -45,8 +45,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-Kind = Literal["pretrain", "fewshot", "finetune", "predict"]
-PREDICT_JOB = "predict"  # results.json "job" of `ssl-vit predict`
 
 
 @dataclass
@@ -54,7 +52,7 @@ class Run:
     """One job's outputs. `rows`: metrics.jsonl lines; `results`: results.json ({} if absent)."""
 
     path: Path
-    kind: Kind
+    job: Job  # pretrain, finetune, fewshot or predict
     config: dict[str, Any]
     rows: list[dict[str, Any]] = field(default_factory=list)
     results: dict[str, Any] = field(default_factory=dict)
@@ -73,14 +71,6 @@ class Run:
         if not root.is_dir():
             return []
         return sorted(p for p in root.iterdir() if (p / "manifest.json").is_file())
-
-
-_KINDS: dict[str | None, Kind] = {
-    "pretraining": "pretrain",
-    "fine-tuning": "finetune",
-    "few-shot": "fewshot",
-    "predict": "predict",  # a predict job's config.yaml (`top_k`), results.json or not yet
-}
 
 
 def fewshot_pool(config: dict[str, Any]) -> str:
@@ -135,7 +125,7 @@ def _is_run_dir(path: Path, results: Results) -> bool:
     a damaged one (a results.json no job writes: named by the reader, not walked into)."""
     if (path / "config.yaml").is_file() or isinstance(results, DamagedRunError):
         return True
-    return results is not None and results.get("job") == PREDICT_JOB
+    return results is not None and results.get("job") == PREDICT.name
 
 
 def _load(path: Path, results: Results) -> Run:
@@ -144,19 +134,19 @@ def _load(path: Path, results: Results) -> Run:
     if isinstance(results, DamagedRunError):
         raise results
     results = results or {}
-    if results.get("job") == PREDICT_JOB:  # its config.yaml (if any) is no training job's
+    if results.get("job") == PREDICT.name:  # its config.yaml (if any) is no training job's
         found = predictions_problem(path, results.get("images"))
         if found is not None:
             raise DamagedRunError(f"{found[0]}: {found[1]}")
-        return Run(path, "predict", _config(path), _rows(path), results)
+        return Run(path, PREDICT, _config(path), _rows(path), results)
     cfg_file = path / "config.yaml"
     if not cfg_file.is_file():
-        raise ValueError(f"{path}: no config.yaml, not an ssl-vit run directory")
+        raise InputError(f"{path}: no config.yaml, not an ssl-vit run directory")
     config = _config(path)
-    kind = _KINDS.get(run_kind(config))
-    if kind is None:
-        raise ValueError(f"{cfg_file}: not a pretrain, fine-tune, few-shot or predict config")
-    return Run(path, kind, config, _rows(path), results)
+    job = by_config(config)  # a predict job's config.yaml (`top_k`) too, before results
+    if job is None:
+        raise InputError(f"{cfg_file}: not a pretrain, fine-tune, few-shot or predict config")
+    return Run(path, job, config, _rows(path), results)
 
 
 def _config(path: Path) -> dict[str, Any]:
@@ -229,11 +219,11 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
     damaged = 0
     for p in map(Path, paths):
         if not p.is_dir():
-            raise ValueError(f"{p}: no such directory")
+            raise InputError(f"{p}: no such directory")
         results = _read_results(p)
         subs = [(p, results)] if _is_run_dir(p, results) else _run_dirs(p)
         if not subs:
-            raise ValueError(f"{p}: neither a run directory nor a folder of runs")
+            raise InputError(f"{p}: neither a run directory nor a folder of runs")
         for q, res in subs:
             if q.resolve() in seen:
                 continue
@@ -244,15 +234,15 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
                 log.warning("%s (left out of the report)", e)
                 damaged += 1
     if not runs:
-        raise ValueError(f"no run to report: the {damaged} found are damaged (logged above)")
+        raise InputError(f"no run to report: the {damaged} found are damaged (logged above)")
     return runs
 
 
 def source_checkpoint(run: Run) -> str | None:
     """The encoder checkpoint a fine-tune / few-shot run started from (None: random init)."""
-    if run.kind == "finetune":
+    if run.job is FINETUNE:
         ckpt = (run.config.get("init") or {}).get("checkpoint") or ""
-    elif run.kind == "fewshot":
+    elif run.job is FEWSHOT:
         ckpt = run.results.get("checkpoint") or ""
     else:
         return None
@@ -294,10 +284,10 @@ def link_runs(runs: list[Run]) -> dict[str | None, list[tuple[Run, int | None]]]
     """Few-shot and fine-tune runs grouped by the pretraining run they came from (predict runs
     are in no group): {pretraining run name, or None for random init / scratch, or the
     checkpoint path when it is in none of the runs given: [(run, checkpoint step)]}."""
-    pretrains = [r for r in runs if r.kind == "pretrain"]
+    pretrains = [r for r in runs if r.job is PRETRAIN]
     groups: dict[str | None, list[tuple[Run, int | None]]] = {}
     for run in runs:
-        if run.kind not in ("fewshot", "finetune"):
+        if run.job not in (FEWSHOT, FINETUNE):
             continue
         ckpt = source_checkpoint(run)
         owner = None

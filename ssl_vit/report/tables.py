@@ -4,6 +4,7 @@ scratch) and the list of runs. `groups` is `runs.link_runs`'s output."""
 from __future__ import annotations
 
 from ssl_vit.eval.shots import shot_order
+from ssl_vit.jobs import FEWSHOT, FINETUNE, PREDICT, PRETRAIN, Job
 from ssl_vit.report.render import Section, Table
 from ssl_vit.report.runs import Run, fewshot_pool, fewshot_table
 
@@ -38,9 +39,9 @@ def origin(run: Run, groups: Groups) -> str:
     return ""
 
 
-def _latest(members: list[tuple[Run, int | None]], kind: str) -> list[Run]:
-    """The finished `kind` runs of the newest checkpoint (a row shows the final encoder)."""
-    members = [(m, s) for m, s in members if m.kind == kind and m.finished]
+def _latest(members: list[tuple[Run, int | None]], job: Job) -> list[Run]:
+    """The finished `job` runs of the newest checkpoint (a row shows the final encoder)."""
+    members = [(m, s) for m, s in members if m.job is job and m.finished]
     steps = [s for _, s in members if s is not None]
     newest = max(steps) if steps else None
     return [m for m, s in members if s == newest]
@@ -48,7 +49,7 @@ def _latest(members: list[tuple[Run, int | None]], kind: str) -> list[Run]:
 
 def _summary_row(label: str, pre: Run | None, members: list, shots: list) -> list[str]:
     obj = (pre.config.get("objective") or {}) if pre else {}
-    fewshots, finetunes = _latest(members, "fewshot"), _latest(members, "finetune")
+    fewshots, finetunes = _latest(members, FEWSHOT), _latest(members, FINETUNE)
     tables = [(fewshot_pool(m.config), fewshot_table(m.results)) for m in fewshots]
     if not tables and pre and pre.results.get("fewshot"):
         tables = [("in pretraining", fewshot_table(pre.results["fewshot"]))]
@@ -68,7 +69,7 @@ def _summary_row(label: str, pre: Run | None, members: list, shots: list) -> lis
 
 
 def summary_section(runs: list[Run], groups: Groups) -> Section:
-    pretrains = [r for r in runs if r.kind == "pretrain"]
+    pretrains = [r for r in runs if r.job is PRETRAIN]
     tables = [fewshot_table(m.results) for ms in groups.values() for m, _ in ms]
     tables += [fewshot_table(p.results.get("fewshot") or {}) for p in pretrains]
     shots = sorted({k for t in tables for k in t}, key=shot_order)
@@ -92,13 +93,13 @@ def summary_section(runs: list[Run], groups: Groups) -> Section:
 def runs_section(runs: list[Run], groups: Groups) -> Section:
     rows = []
     for r in runs:
-        steps = r.results.get("step") if r.kind != "fewshot" else None
+        steps = r.results.get("step") if r.job is not FEWSHOT else None
         status = "finished" if r.finished else "no results.json (running or stopped)"
         rows.append(
             [
                 r.name,
-                r.kind,
-                str(r.results.get("checkpoint", "")) if r.kind == "predict" else origin(r, groups),
+                r.job.name,
+                str(r.results.get("checkpoint", "")) if r.job is PREDICT else origin(r, groups),
                 "-" if steps is None else str(steps),
                 _minutes(r.results.get("wall_time_s")),
                 status,

@@ -11,12 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from ssl_vit.config import ConfigError, to_dict
+import ssl_vit.jobs
+from ssl_vit.config import ConfigError, load_config, to_dict
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig
-from ssl_vit.config.shipped import find_config
 from ssl_vit.config.study import StudyBudget, StudyConfig
+from ssl_vit.jobs import FEWSHOT, FINETUNE, PRETRAIN
 from ssl_vit.report.runs import read_results
 
 __all__ = [
@@ -41,7 +40,7 @@ FEWSHOT_WEIGHT = 2000  # a few-shot job's weight, as many training images (its f
 
 @dataclass
 class Job:
-    stage: str  # pretrain / fewshot / finetune
+    stage: ssl_vit.jobs.Job  # PRETRAIN / FEWSHOT / FINETUNE (`ssl_vit.jobs.STAGES`)
     name: str  # variant name, or random / scratch for the random-init baselines
     run_dir: Path
     argv: Callable[[], list[str]]  # built when the job starts (it may need a checkpoint)
@@ -83,24 +82,23 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
     )
 
     def fewshot(name: str, ckpt: Callable[[], str]) -> Job:
-        run_dir = out / "fewshot" / name
-        return Job("fewshot", name, run_dir, lambda: py + [
-            str(REPO / "pipelines/fewshot.py"), "--checkpoint", ckpt(),
+        run_dir = out / FEWSHOT.name / name
+        return Job(FEWSHOT, name, run_dir, lambda: py + [
+            script(FEWSHOT), "--checkpoint", ckpt(),
             "--config", cfg.fewshot_config, f"output_dir={run_dir}",
             f"fewshot.train={d.train}", f"fewshot.eval={d.eval}",
             *model_overrides(budget.model), *budget.fewshot, *seed,
         ])  # fmt: skip
 
     def finetune_one(name: str, ckpt: Callable[[], str], job: str, extra: list[str]) -> Job:
-        run_dir = out / "finetune" / job
-        return Job("finetune", job, run_dir, lambda: py + [
-            str(REPO / "pipelines/finetune.py"), "--resume", "--config", cfg.finetune_config,
+        run_dir = out / FINETUNE.name / job
+        return Job(FINETUNE, job, run_dir, lambda: py + [
+            script(FINETUNE), "--resume", "--config", cfg.finetune_config,
             f"output_dir={run_dir}", f"init.checkpoint={ckpt()}",
             f"data.train={d.train}", f"data.eval={d.eval}",
             *model_overrides(budget.model, budget.finetune_image_size), *budget.finetune,
             *seed, *extra,
-        ], chain=name, weight=images_trained(cfg.finetune_config, [*budget.finetune, *extra]),
-        )  # fmt: skip
+        ], chain=name)  # fmt: skip
 
     def finetune(name: str, ckpt: Callable[[], str], own: list[str] = ()) -> list[Job]:
         """One fine-tune per recipe x label budget x seed (their overrides after the budget's,
@@ -111,39 +109,42 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
 
     jobs = [fewshot("random", lambda: "random"), *finetune("scratch", lambda: "none")]
     for v in cfg.variants:
-        pre_dir = out / "pretrain" / v.name
-        jobs.append(Job("pretrain", v.name, pre_dir, lambda v=v, pre_dir=pre_dir: py + [
-            str(REPO / "pipelines/pretrain.py"), "--resume", "--config", cfg.pretrain_config,
+        pre_dir = out / PRETRAIN.name / v.name
+        jobs.append(Job(PRETRAIN, v.name, pre_dir, lambda v=v, pre_dir=pre_dir: py + [
+            script(PRETRAIN), "--resume", "--config", cfg.pretrain_config,
             f"output_dir={pre_dir}", f"data.train_shards={d.train}", *pre_fewshot,
             *model_overrides(budget.model), *objective_overrides(v.objective), *budget.pretrain,
             *seed,
-        ], weight=images_trained(cfg.pretrain_config, budget.pretrain)))  # fmt: skip
+        ]))  # fmt: skip
         ckpt = lambda pre_dir=pre_dir: checkpoint_of(pre_dir)  # noqa: E731
         jobs += [fewshot(v.name, ckpt), *finetune(v.name, ckpt, v.finetune)]
         for st in self_trainings(cfg, v.finetune) if v.self_train else []:
-            teacher = out / "finetune" / (v.name + st.teacher)  # after the teachers' fine-tunes
+            teacher = out / FINETUNE.name / (v.name + st.teacher)  # after the teachers' ones
             distill = [f"distill.teacher={teacher}", f"distill.unlabelled={d.train}"]
             jobs.append(finetune_one(v.name, ckpt, v.name + st.control, control_of(st.overrides)))
             jobs.append(finetune_one(v.name, ckpt, v.name + st.name, [*distill, *st.overrides]))
+    for job in jobs:
+        if job.stage.resumes:  # a training job: the images its steps train on
+            job.weight = images_trained(job.stage, *job_config(job.argv()))
     return jobs
 
 
-def images_trained(config: str, overrides: list[str]) -> int:
-    """train.steps x train.batch_size (x 1 + distill.ratio when self-training) of a job: its
-    config file's values, then its overrides (the last one of a key wins)."""
+def script(stage: ssl_vit.jobs.Job) -> str:
+    """The pipeline that runs a study job (pipelines/ of the checkout)."""
+    return str(REPO / "pipelines" / f"{stage.module}.py")
+
+
+def images_trained(stage: ssl_vit.jobs.Job, config: str | None, overrides: list[str]) -> int:
+    """train.steps x train.batch_size (x 1 + distill.ratio when self-training) of a training
+    job, as the job will load them (`load_config`: its config file, its overrides, the schema's
+    defaults); 1 when they do not load (`check_jobs` names the error before any job runs)."""
     try:
-        data = yaml.safe_load(find_config(config).read_text()) or {}
-    except (OSError, yaml.YAMLError, ConfigError):
-        data = {}
-    train = data.get("train") or {}
-    value = {"train.steps": train.get("steps", 1), "train.batch_size": train.get("batch_size", 1)}
-    value |= {"distill.ratio": 1, "distill.teacher": ""}
-    for item in overrides:
-        key, _, raw = item.partition("=")
-        if key in value:
-            value[key] = int(raw) if raw.strip().isdigit() else raw.strip()
-    unlabelled = value["distill.ratio"] if value["distill.teacher"] else 0
-    return max(1, int(value["train.steps"]) * int(value["train.batch_size"]) * (1 + unlabelled))
+        cfg = load_config(stage.config_class, config, overrides)
+    except (OSError, ConfigError):
+        return 1
+    distill = getattr(cfg, "distill", None)
+    unlabelled = distill.ratio if distill is not None and distill.teacher else 0
+    return cfg.train.steps * cfg.train.batch_size * (1 + unlabelled)
 
 
 def labels_tag(k: int) -> str:

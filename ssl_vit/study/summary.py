@@ -9,6 +9,7 @@ from pathlib import Path
 from ssl_vit.config import ConfigError, to_dict
 from ssl_vit.config.study import StudyBudget, StudyConfig
 from ssl_vit.eval.shots import shot_order
+from ssl_vit.jobs import STAGES
 from ssl_vit.jsonfile import dump_json
 from ssl_vit.report.runs import fewshot_table, read_results
 from ssl_vit.study.jobs import finetunes, labels_tag, self_trainings
@@ -29,17 +30,18 @@ def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> 
     """Collect the jobs' results.json into summary.json and a markdown table summary.md."""
     rows, jobs = [], finetunes(cfg)
     labelled = bool(cfg.labels or cfg.finetune_seeds)
+    pre_dir, few_dir, ft_dir = (out / stage.name for stage in STAGES)
     for v in [None, *cfg.variants]:
         name = v.name if v else BASELINE
-        pre = read_results(out / "pretrain" / name) if v else {}
-        few = read_results(out / "fewshot" / (name if v else "random"))
+        pre = read_results(pre_dir / name) if v else {}
+        few = read_results(few_dir / (name if v else "random"))
         ft_name = name if v else "scratch"
-        ft = read_results(out / "finetune" / ft_name)
+        ft = read_results(ft_dir / ft_name)
         # One fine-tune per recipe: top-1 and wall time by recipe name.
-        by_recipe = {r.name: read_results(out / "finetune" / f"{ft_name}-{r.name}")
+        by_recipe = {r.name: read_results(ft_dir / f"{ft_name}-{r.name}")
                      for r in cfg.recipes} if not labelled else {}  # fmt: skip
         # Label budgets and seeds: one column per recipe x budget, its seeds' top-1 values.
-        runs = {tag: read_results(out / "finetune" / (ft_name + tag)) for tag, _ in jobs}
+        runs = {tag: read_results(ft_dir / (ft_name + tag)) for tag, _ in jobs}
         by_labels = labels_columns(cfg, runs) if labelled else {}
         rows.append({
             "variant": name,
@@ -55,14 +57,14 @@ def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> 
             "finetune_image_size": ft.get("image_size"),
             "finetune_by_recipe": {k: r.get("top1") for k, r in by_recipe.items()},
             "finetune_by_labels": by_labels,
-            "wall_time_s": {
-                "pretrain": pre.get("wall_time_s"),
-                "fewshot": few.get("wall_time_s"),
-                "finetune": _total([r.get("wall_time_s") for r in runs.values()]),
-            },
+            "wall_time_s": _by_stage(
+                pre.get("wall_time_s"),
+                few.get("wall_time_s"),
+                _total([r.get("wall_time_s") for r in runs.values()]),
+            ),
         })  # fmt: skip
         if v is not None and v.self_train and self_trainings(cfg):
-            rows += self_trained_rows(cfg, rows[-1], out / "finetune", ft_name)
+            rows += self_trained_rows(cfg, rows[-1], ft_dir, ft_name)
     check_controls(rows)
     walls = [w for r in rows for w in r["wall_time_s"].values() if w is not None]
     summary = {
@@ -75,6 +77,11 @@ def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> 
     (out / "summary.json").write_text(summary_json + "\n")
     (out / "summary.md").write_text(markdown_table(rows) + "\n")
     return summary
+
+
+def _by_stage(pretrain: float | None, fewshot: float | None, finetune: float | None) -> dict:
+    """A row's wall times by stage name (`jobs.STAGES`: pretrain, fewshot, finetune)."""
+    return {stage.name: t for stage, t in zip(STAGES, (pretrain, fewshot, finetune), strict=True)}
 
 
 def self_trained_rows(cfg: StudyConfig, encoder_row: dict, finetunes_dir: Path, name: str):
@@ -91,8 +98,8 @@ def self_trained_rows(cfg: StudyConfig, encoder_row: dict, finetunes_dir: Path, 
             **encoder_row,
             "variant": f"{encoder_row['variant']} + {method}",
             "finetune_by_labels": labels_columns(cfg, runs),
-            "wall_time_s": {"pretrain": None, "fewshot": None,
-                            "finetune": _total([r.get("wall_time_s") for r in runs.values()])},
+            "wall_time_s": _by_stage(None, None, _total([r.get("wall_time_s")
+                                                        for r in runs.values()])),
         })  # fmt: skip
     rows[1]["control"] = rows[0]["variant"]
     return rows

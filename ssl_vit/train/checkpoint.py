@@ -30,8 +30,10 @@ from torch import nn
 
 from ssl_vit.atomic import file_sha256, publish_dir, write_json, writing
 from ssl_vit.config.loader import to_dict
+from ssl_vit.errors import CheckpointError
 from ssl_vit.jsonfile import JsonFileError, parse_json, read_json
 from ssl_vit.model.pixels import pixel_norm_problem
+from ssl_vit.runs.occupancy import MANIFEST, STATE_FILE, is_checkpoint
 from ssl_vit.train.weights_file import WeightsFileError, check_finite, read_header, saved_model
 
 __all__ = [
@@ -42,7 +44,6 @@ __all__ = [
     "latest_valid_checkpoint",
     "resolve_checkpoint",
     "verify_checkpoint",
-    "is_checkpoint",
     "write_manifest",
     "save_weights",
     "save_encoder",
@@ -53,11 +54,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-ENCODER_FILE, STATE_FILE, MANIFEST = "encoder.safetensors", "state.pt", "manifest.json"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete, corrupted or of another model."""
+ENCODER_FILE = "encoder.safetensors"
 
 
 class PixelStats(NamedTuple):
@@ -122,11 +119,6 @@ def verify_if_checkpoint(path: str | Path) -> None:
     folder = path if path.is_dir() else path.parent
     if is_checkpoint(folder) or folder.name.startswith("step_"):
         verify_checkpoint(folder)
-
-
-def is_checkpoint(folder: Path) -> bool:
-    """`folder` holds a manifest or a training state: a training checkpoint."""
-    return (folder / MANIFEST).is_file() or (folder / STATE_FILE).is_file()
 
 
 def load_encoder(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from ssl_vit.atomic import replacing
-from ssl_vit.config.errors import ConfigError
 from ssl_vit.config.schema import ModelConfig
+from ssl_vit.errors import ConfigError, InputError
 from ssl_vit.jsonfile import parse_json
 from ssl_vit.model.pixels import pixel_norm_problem
 from ssl_vit.model.shapes import size_mismatch
@@ -50,7 +50,7 @@ EVAL_RESIZE = "shorter_side_bilinear_center_crop"
 _MAX_METADATA = 1 << 20  # bytes of JSON metadata a classifier may carry
 
 
-class ClassifierError(ValueError):
+class ClassifierError(InputError):
     """A file that is not a usable fine-tuned classifier: one line naming it."""
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ssl_vit.atomic import file_sha256, write_text
-from ssl_vit.config.errors import ConfigError
+from ssl_vit.errors import ConfigError
 from ssl_vit.jsonfile import read_json
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "distillation_loss",
     "frozen_teacher",
     "record_teacher",
+    "autocast_dtype",
 ]
 
 TEACHER_FILE = "teacher.json"  # in the run directory: which teacher, by path and checksum
@@ -62,19 +63,22 @@ def distill_forward(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     temperature: float,
     weight: float,
+    autocast: torch.dtype | None = None,
 ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], DistillLoss]:
     """forward+loss of one micro-batch: labelled images (uint8, or mixed [0, 1]) with their
     targets, and the unlabelled images (uint8) as the student sees them and as the teacher
     does (the same tensor but under `distill.views=weak_strong`). The student sees both in one
     forward pass; the teacher only the unlabelled ones, under no_grad, in the same (compiled)
-    region."""
+    region, autocast to `autocast` (`autocast_dtype`: the run's mixed precision; None: as
+    called)."""
 
     def forward_loss(images_B, targets, unlabelled_U, teacher_view_U) -> DistillLoss:
         if images_B.dtype != unlabelled_U.dtype:  # mixed labelled images are [0, 1] floats
             unlabelled_U = unlabelled_U.float() / 255.0
         logits = model(torch.cat([images_B, unlabelled_U]))
         logits_B, student_UK = logits[: len(images_B)], logits[len(images_B) :]
-        with torch.no_grad():
+        on = autocast is not None
+        with torch.no_grad(), torch.autocast(images_B.device.type, autocast, enabled=on):
             teacher_UK = teacher(teacher_view_U)  # uint8 or [0, 1]: PixelNorm takes both
         labelled = loss_fn(logits_B.float(), targets)
         distill = distillation_loss(student_UK, teacher_UK, temperature)
@@ -178,46 +182,53 @@ def record_teacher(run_dir: Path, teacher: Teacher) -> None:
     write_text(Path(run_dir) / TEACHER_FILE, json.dumps(teacher.record(), indent=1) + "\n")
 
 
+def autocast_dtype(mixed_precision: str) -> torch.dtype | None:
+    """The dtype the teacher's forward autocasts to: the run's mixed precision, as
+    Accelerate's `prepare` gives the student (the teacher is not prepared: without this it
+    ran in fp32 under bf16, at twice the memory and several times the time)."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision)
+
+
 class SelfTraining:
     """One fine-tuning run's self-training: the frozen teacher on the device, the unlabelled
-    stream (a side stream of the loop: its position is checkpointed apart, as elastic as the
-    labelled one) and its crops (in the workers, or on the device with the labelled stream's
-    `data.augment`; always on the device under `distill.views=weak_strong`, whose stream only
-    decodes and resizes, the teacher's view), each from a seed of its own (`seeds.UNLABELLED`)."""
+    stream's loader (the fine-tuning loop reads it beside the labelled one; its position is
+    checkpointed apart, as elastic as the labelled one) and its crops (in the workers, or on
+    the device with the labelled stream's `data.augment`; always on the device under
+    `distill.views=weak_strong`, whose stream only decodes and resizes, the teacher's view),
+    each from a seed of its own (`seeds.UNLABELLED`)."""
 
-    SIDE = "unlabelled"  # the loop's name for the stream (counter images_unlabelled)
+    NAME = "unlabelled"  # the stream's name (checkpoint key stream_unlabelled, images_unlabelled)
 
-    def __init__(self, cfg: Any, loop: Any, teacher: Teacher, device_augment: Any) -> None:
+    def __init__(self, cfg: Any, run: Any, teacher: Teacher, device_augment: Any, start: Any):
         from ssl_vit import seeds
         from ssl_vit.data.device_augment import build_device_augment
         from ssl_vit.data.train_stream import train_loader
         from ssl_vit.train.classifier_file import load_classifier
+        from ssl_vit.train.loop import stream_args
 
-        acc, d = loop.acc, cfg.distill
-        self.cfg, self.loop, self.device = cfg, loop, acc.device
-        self.teacher = frozen_teacher(load_classifier(teacher.file)[0], acc.device)
+        plan, d = run.plan, cfg.distill
+        self.cfg, self.device = cfg, run.acc.device
+        self.teacher = frozen_teacher(load_classifier(teacher.file)[0], self.device)
+        self.autocast = autocast_dtype(run.acc.mixed_precision)
         seed = seeds.derive(cfg.seed, seeds.UNLABELLED)
         self.augment, self.two_views = None, d.views == "weak_strong"
         if device_augment is not None or self.two_views:
-            rank, world = acc.process_index, acc.num_processes
             data = replace(cfg.data, augment="device")  # the labelled stream's, or ours
-            self.augment = build_device_augment(
-                data, cfg.model.image_size, acc.device, seed, rank, world
-            )
-        args = loop.stream_args(self.SIDE)
-        load = self.augment.load_size if self.augment is not None else None
-        args = replace(args, micro_batch=args.micro_batch * d.ratio, seed=seed, load_size=load)
+            size, micro = cfg.model.image_size, plan.global_unlabelled_micro
+            self.augment = build_device_augment(data, size, self.device, seed, plan.rank, micro)
+        args = stream_args(run, cfg, start, self.augment, self.NAME)
+        args = replace(args, global_micro=plan.global_unlabelled_micro, seed=seed)
         self.loader = train_loader(cfg.data, args, source=d.unlabelled)
 
     def forward(self, model: nn.Module, loss_fn: Callable) -> Callable:
         d = self.cfg.distill
-        return distill_forward(model, self.teacher, loss_fn, d.temperature, d.weight)
+        return distill_forward(model, self.teacher, loss_fn, d.temperature, d.weight, self.autocast)
 
-    def images(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next unlabelled micro-batch on the device (uint8): (the student's view, the
-        teacher's), cropped like the labelled; the teacher's only resized to the model's
-        size under `weak_strong` (antialiased, as the loaders resize)."""
-        x = self.loop.side[self.SIDE].next().images.to(self.device, non_blocking=True)
+    def views(self, images: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """An unlabelled micro-batch (uint8, as the loader gives it) on the device: (the
+        student's view, the teacher's), cropped like the labelled; the teacher's only resized
+        to the model's size under `weak_strong` (antialiased, as the loaders resize)."""
+        x = images.to(self.device, non_blocking=True)
         student = self.augment(x, index) if self.augment is not None else x
         if not self.two_views:
             return student, student

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from ssl_vit.config.frozen import validated
 from ssl_vit.config.schema import SHAPE_KEYS, ModelConfig
 from ssl_vit.config.variants import resolve_variant
 from ssl_vit.train.checkpoint import CheckpointError, load_encoder
@@ -66,6 +67,7 @@ def encoder_from_checkpoint(
         variant=saved.get("variant") or model_cfg.variant,
         **{k: saved[k] for k in SHAPE_KEYS},
     )
+    validated(resolved)  # the checks of a loaded config (image_size a multiple of the patch)
     encoder = build_vit(resolved)
     old = saved["image_size"] // saved["patch_size"]
     if state["pos_embed"].shape != encoder.pos_embed.shape:

@@ -4,7 +4,9 @@ A job that hangs burns its allocation and never reports failure, so the entry po
 `main` under `run_and_exit`, and the training loops take stop signals through `StopRequest`:
 
 - An exception, anywhere (a missing source, a dead loader worker, a failed rank, a bug), prints
-  one line `error: ...` naming the last good checkpoint, and the process exits 1.
+  one line `error: ...` naming the last good checkpoint, and the process exits 1. An error of
+  the user's making (`ssl_vit.errors.UserError`, a missing path) is that line alone; any other
+  (a bug) has its traceback first.
 - SIGTERM / SIGINT during training: the step finishes, every rank agrees, a checkpoint is
   written and the job exits 0 with `"preempted": true` in results.json (resume with --resume).
   During the final evaluation (the final checkpoint already written): exit 0 at once, without
@@ -44,8 +46,8 @@ from typing import Any, NoReturn
 
 import torch
 
-from ssl_vit.atomic import WriteError
-from ssl_vit.train.checkpoint import CheckpointError, latest_valid_checkpoint
+from ssl_vit.errors import JobError, UserError
+from ssl_vit.train.checkpoint import latest_valid_checkpoint
 from ssl_vit.watchdog import data_wait, dead_workers, exiting, hard_exit, kill_children
 
 __all__ = [
@@ -68,18 +70,17 @@ REPEAT_WINDOW_S = 2.0
 # missing after this will not come in time: 10 s leaves most of a scheduler's grace (SLURM's
 # KillWait, Kubernetes' termination grace: 30 s) to exit in, where `timeouts.stop_s` would not.
 STOP_DATA_GRACE_S = 10.0
-# Errors of the user's making: one line, no traceback.
+# Errors of the user's making: one line, no traceback. Besides the project's own (`errors`:
+# a bad config, input, checkpoint, a failed write), the OS's errors about a path: raised by an
+# open / stat / listdir of a path the user named (a data folder, --checkpoint, output_dir), and
+# their message names it; a bug almost never raises them, and wrapping every open() would not
+# say more. Anything else (a bare ValueError, KeyError, TypeError: a bug) prints its traceback.
 USER_ERRORS = (
-    *(FileNotFoundError, NotADirectoryError, PermissionError, ValueError, CheckpointError),
-    WriteError,  # disk full, quota, read-only: one line naming the file
+    UserError,
+    *(FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError),
 )
 
 _checkpoint_root: Path | None = None
-
-
-class JobError(RuntimeError):
-    """A condition library code detects that ends the job (e.g. too many bad steps in a row):
-    its message, which names what to do, is the job's one error line; exit 1."""
 
 
 class Preempted(BaseException):

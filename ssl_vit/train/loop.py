@@ -1,29 +1,88 @@
-"""The parts of the training loop (`runner.TrainLoop`): the batch stream with its counters,
-named step statistics, the bad-step guard, a lap's throughput figures.
+"""What a training loop is written with. The loop itself is in each pipeline, in plain sight
+(`pipelines/pretrain.py`, `pipelines/finetune.py`, as nanoGPT's train.py and MAE's
+engine_pretrain.py write theirs):
 
-Statistics stay on the device between log steps: no host sync inside a step for them.
+    start = read_resume_point(run, args.resume)     # step 0, or the newest valid checkpoint
+    ...                                             # model, optimizer, augmentation, parts
+    start.restore(run, model, optimizer, augment, parts)
+    model, optimizer = acc.prepare(model, optimizer)
+    ckpts = Checkpoints(run, cfg, model, optimizer, augment, parts)
+    loader = ...(stream_args(run, cfg, start, augment))                  # where the stream was
+    meter, batches = Meter(run, cfg, start, SHOWN), Batches(loader, start.counters, ...)
+    with StopRequest(...) as stop, batches:
+        for step in range(start.step + 1, steps + 1):
+            set_lr(...)
+            for index in plan.micro_steps(step): meter.add(**figures(train_step(...)))
+            meter.end_step(step, train_step)
+            if meter.logs(step): ... meter.log(row)   # then evaluation, stop, checkpoint
+        meter.end_loop(step); ckpts.save(step, ...)    # then the final evaluation
+
+No trainer class, no callbacks: these are the parts a loop calls. The checkpoint's resume-state
+keys are defined here and nowhere else: per rank (`rng_rank*.pt`) the RNG states, each stream's
+position (`stream`, `stream_<name>`: `StreamTracker`) and "augment" (the resolved augmentation
+mode and the device augmentation's generator, `run_state`); in the training state (main
+process) each of the job's `parts` under its name (its `state_dict()`), and "scaler" (fp16's
+loss scale). Statistics stay on the device between log steps: no host sync inside a step.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import DataLoader
 
+from ssl_vit.config import to_dict
 from ssl_vit.data import Batch
-from ssl_vit.train.checkpoint import latest_valid_checkpoint
-from ssl_vit.train.guard import JobError
-from ssl_vit.train.metrics import Stopwatch
+from ssl_vit.data.stages import end_workers
+from ssl_vit.data.stream_state import StreamArgs
+from ssl_vit.errors import JobError
+from ssl_vit.jsonfile import read_json
+from ssl_vit.progress import progress_bar
+from ssl_vit.train import checkpoint as ckpt
+from ssl_vit.train import run_state
+from ssl_vit.train.guard import note_checkpoints
+from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics
+from ssl_vit.train.rng import rng_state, set_rng_state
+from ssl_vit.train.rundir import check_resumed_config
+from ssl_vit.train.runtime import RunContext, replica_checksum, setup_logging
 from ssl_vit.watchdog import track_loader, waiting_for
 
-__all__ = ["BadSteps", "Batches", "StepStats", "TooManyBadStepsError", "lap_row", "new_counters"]
+__all__ = [
+    "BadSteps",
+    "Batches",
+    "Checkpoints",
+    "Meter",
+    "Resumed",
+    "StepStats",
+    "TooManyBadStepsError",
+    "due",
+    "end_preempted",
+    "finished_run",
+    "keys_file",
+    "new_counters",
+    "read_resume_point",
+    "stream_args",
+]
 
 log = logging.getLogger(__name__)
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> Any: ...
+    def load_state_dict(self, state: Any) -> None: ...
+
+
+def due(step: int, every: int) -> bool:
+    """Whether a period of `every` steps (0: never) ends at `step` (1-based, counted after it
+    ran). The last step's log, checkpoint and evaluation are the loop's own, after it."""
+    return every > 0 and step % every == 0
 
 
 def new_counters() -> dict[str, int]:
@@ -33,31 +92,164 @@ def new_counters() -> dict[str, int]:
     return dict.fromkeys(names, 0)
 
 
+# --- Start: a finished run, or where the run continues --------------------------------------
+
+
+@dataclass
+class Resumed:
+    """Where a job starts: step 0 with fresh counters, or a checkpoint's step, counters, this
+    rank's random state (with the streams and "augment") and the training state (model and
+    optimizer until `restore` puts them in place)."""
+
+    step: int = 0
+    counters: dict[str, int] = field(default_factory=new_counters)
+    rng: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+    path: str | None = None  # the checkpoint's
+
+    def restore(
+        self,
+        run: RunContext,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        augment: Stateful | None = None,
+        parts: dict[str, Stateful] | None = None,
+    ) -> None:
+        """Put the checkpoint in place (before Accelerate's `prepare`): `model`, `optimizer`,
+        the global random states, the device augmentation (`augment`, whose mode must be the
+        checkpoint's), the fp16 loss scale and each of the job's `parts` by key. A new run:
+        only the augmentation's generator starts."""
+        if self.path is None:
+            if augment is not None:
+                augment.load_state_dict(None)
+            return
+        model.load_state_dict(self.state.pop("model"))
+        optimizer.load_state_dict(self.state.pop("optimizer"))
+        set_rng_state(self.rng)
+        run_state.check_augment_mode(self.rng.get("augment"), augment, self.path)
+        run_state.load_scaler_state(run.acc, self.state.get("scaler"))
+        if augment is not None:
+            augment.load_state_dict(self.rng.get("augment"))
+        for key, part in (parts or {}).items():
+            if self.state.get(key) is None:
+                raise ckpt.CheckpointError(
+                    f"{self.path}: no {key!r} state to resume (the run was started without it)"
+                )
+            part.load_state_dict(self.state[key])
+
+
+def read_resume_point(run: RunContext, enabled: bool) -> Resumed:
+    """With --resume, the newest valid checkpoint, read (`Resumed.restore` puts it in place):
+    where the job continues. Without one, or without --resume: step 0."""
+    note_checkpoints(run.ckpt_dir)
+    path = ckpt.latest_valid_checkpoint(run.ckpt_dir) if enabled else None
+    if path is None:
+        if enabled:
+            log.info("--resume: no valid checkpoint in %s, starting from scratch", run.ckpt_dir)
+        return Resumed()
+    # latest_valid_checkpoint has just checked every file's SHA-256: not a second time.
+    state = ckpt.load_checkpoint(path, rank=run.acc.process_index, verified=True)
+    rng = state.pop("rng")
+    counters = {**new_counters(), **state.pop("counters", {})}  # (older checkpoints: none)
+    log.info("resumed from %s at step %d", path, state["step"])
+    return Resumed(state["step"], counters, rng, state, str(path))
+
+
+def finished_run(cfg: Any, resume: bool) -> dict[str, Any] | None:
+    """With --resume, the results of a run that already finished: its results.json records a
+    final step of `train.steps` or more, not a preemption, and that step's checkpoint passes
+    its manifest. Such a job has nothing to do: it writes nothing (no lock, no config.yaml, no
+    checkpoint, no evaluation) and says so in one line. None otherwise (no results.json, an
+    unreadable one, a preemption, a longer run; a damaged final checkpoint, which the resume
+    then rebuilds from the newest valid one).
+
+    Called before the Accelerator: each process reads the files itself (as each verifies the
+    checkpoint it resumes from), so every rank of a launch returns alike, with no collective
+    to wait on."""
+    if not resume:
+        return None
+    run_dir = Path(cfg.output_dir)
+    try:
+        results = read_json(run_dir / "results.json")
+    except (OSError, ValueError):
+        return None
+    step, steps = results.get("step"), cfg.train.steps
+    if results.get("preempted") or not isinstance(step, int) or step < steps:
+        return None
+    try:
+        ckpt.verify_checkpoint(run_dir / "checkpoints" / f"step_{step:08d}")
+    except (ckpt.CheckpointError, OSError):
+        return None
+    # Another kind of run, shape or stream is refused as for any --resume (one line).
+    check_resumed_config(run_dir, cfg, finished=True)
+    setup_logging(os.environ.get("RANK", "0") == "0")  # the launcher's rank: no process group
+    line = "%s: finished at step %d/%d; nothing to resume (results.json kept)"
+    log.info(line, cfg.output_dir, step, steps)
+    return results
+
+
+def stream_args(
+    run: RunContext, cfg: Any, start: Resumed, augment: Any, name: str = ""
+) -> StreamArgs:
+    """A training stream's arguments the plan and the checkpoint decide: the plan's global
+    micro-batch and workers, this rank's place, where a resumed stream continues (`name`: a
+    second stream read beside the main one, checkpointed apart), the device augmentation's
+    load size (the loader then only decodes and resizes)."""
+    plan = run.plan
+    return StreamArgs(
+        global_micro=plan.global_micro,
+        num_workers=plan.num_workers,
+        image_size=cfg.model.image_size,
+        seed=cfg.seed,
+        rank=plan.rank,
+        world_size=plan.world,
+        resume=start.rng.get(_stream_key(name)),  # where the consumed batches ended
+        load_size=augment.load_size if augment is not None else None,
+    )
+
+
+def keys_file(run: RunContext, cfg: Any) -> Path | None:
+    """Where this rank writes the keys of the samples it trains on (`data.record_keys`)."""
+    if not cfg.data.record_keys:
+        return None
+    return run.run_dir / f"keys_rank{run.acc.process_index}.txt"
+
+
+def _stream_key(name: str) -> str:
+    """The per-rank checkpoint key of a stream's position: "stream", "stream_<name>"."""
+    return f"stream_{name}" if name else "stream"
+
+
+# --- Data: the batch stream as a loop reads it ------------------------------------------------
+
+
 class Batches:
     """The training stream as a loop sees it: `next()` gives the next non-empty batch, adds
-    its loader's skips and the global image count to `counters`, records its stream position
-    (consumed batches only; prefetched ones do not count) and the time spent waiting for it.
+    its loader's skips and `images` (the global images a batch stands for, from the plan) to
+    `counters[count]`, records its stream position (consumed batches only; prefetched ones do
+    not count) and the time spent waiting for it.
 
     The loader workers start when the `with` block is entered (enter it after the stop handler
     is installed: a stop signal during their start-up is then a preemption, not the default
     action that would orphan them); `close()` (or leaving the block) shuts them down on every
-    exit path."""
+    exit path. `name`: the stream's name in the checkpoint ("": the main one)."""
 
     def __init__(
         self,
         loader: DataLoader,
         counters: dict[str, int],
-        world_size: int,
+        images: int,
         watch: Stopwatch,
         keys_file: Path | None = None,
-        what: str = "the training data",
-        count: str = "images",
+        name: str = "",
     ) -> None:
-        self.what, self.loader = what, loader
+        self.loader, self.name, self.images = loader, name, images
+        self.what = f"the {name} data" if name else "the training data"
+        self.count = f"images_{name}" if name else "images"
         self.it: Iterator[Batch] | None = None
         self.tracker = loader.tracker  # the stream's lane positions -> the checkpoint
-        self.counters, self.world_size, self.count = counters, world_size, count
-        counters.setdefault(count, 0)
+        self.counters = counters
+        counters.setdefault(self.count, 0)
         self.watch, self.keys_file = watch, keys_file
 
     def __enter__(self) -> Batches:
@@ -82,16 +274,17 @@ class Batches:
                     f.write("".join(k + "\n" for k in batch.keys))
             if len(batch.images):  # an empty batch only reports a worker's skipped samples
                 break
-        self.counters[self.count] += len(batch.images) * self.world_size
+        self.counters[self.count] += self.images
         self.watch.add("data", time.perf_counter() - t0)
         return batch
 
     def close(self) -> None:
-        # The same call DataLoader's own finalizer makes; done here because an exception's
-        # traceback keeps the iterator (and its workers) alive past the loop.
-        shutdown = getattr(self.it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        # Here, not left to DataLoader's finalizer: an exception's traceback keeps the iterator
+        # (and its workers) alive past the loop.
+        end_workers(self.it)
+
+
+# --- Each step: statistics, bad steps, the log ------------------------------------------------
 
 
 class StepStats:
@@ -144,7 +337,7 @@ class BadSteps:
     error naming the last good checkpoint (none is written during such a run).
 
     The counts stay on the device (`update` takes the step's applied flag as a tensor: no
-    sync); the loop reads them (`check`) at log and checkpoint steps (`runner.Schedule`): a
+    sync); the loop reads them (`check`) at log and checkpoint steps (`Meter.end_step`): a
     run of bad steps stops the job at the next of those at the latest, and `in_a_row` is
     current whenever a checkpoint is due."""
 
@@ -200,17 +393,156 @@ class BadSteps:
             raise TooManyBadStepsError(
                 f"at least {self.max_bad_steps} steps in a row with a non-finite loss "
                 f"or gradient ({longest} by step {step}); stopping. Last good checkpoint: "
-                f"{latest_valid_checkpoint(self.ckpt_dir)}"
+                f"{ckpt.latest_valid_checkpoint(self.ckpt_dir)}"
             )
 
 
-def lap_row(watch: Stopwatch, steps: int, batch_size: int, counters: dict[str, int]) -> dict:
-    """What both jobs log at a log step besides their own figures: throughput and the share of
-    time spent waiting for data since the last log step, and the run's counters."""
-    elapsed, waits = watch.lap()
-    return {
-        "img_per_s": steps * batch_size / elapsed,
-        "data_wait": waits.get("data", 0.0) / elapsed,
-        **{k: v for k, v in counters.items() if k != "images"},
-        "images_seen": counters["images"],
-    }
+class Meter:
+    """A run's bookkeeping between steps: the step statistics (`StepStats`), the bad-step
+    guard (`BadSteps`), the lap's stopwatch, metrics.jsonl (rows after the resumed step
+    dropped) and the progress bar. `logs(step)` is the log period (and the last step)."""
+
+    def __init__(self, run: RunContext, cfg: Any, start: Resumed, shown: tuple[str, ...]):
+        tc, acc = cfg.train, run.acc
+        self.acc, self.shown, self.counters = acc, shown, start.counters
+        self.steps, self.log_every, self.ckpt_every = tc.steps, tc.log_every, tc.checkpoint_every
+        self.global_batch = run.plan.global_batch
+        self.metrics = MetricsWriter(
+            run.run_dir, enabled=acc.is_main_process, log_with=cfg.trackers, config=to_dict(cfg)
+        )
+        self.metrics.truncate_after(start.step)
+        self.bad = BadSteps(tc.max_bad_steps, run.ckpt_dir, self.counters, acc.device)
+        self.stats: StepStats | None = None  # sized by the first micro-batch's figures
+        self.bar = progress_bar(tc.steps, start.step, acc.is_main_process)
+        self.watch = Stopwatch()  # the first lap starts here, with the loader built
+        self.last_log = start.step
+
+    def logs(self, step: int) -> bool:
+        return due(step, self.log_every) or step == self.steps
+
+    def add(self, **values: torch.Tensor | float) -> None:
+        """One micro-batch's figures (named slots, sized by the first micro-batch's)."""
+        if self.stats is None:
+            sizes = {k: v.numel() if torch.is_tensor(v) else 1 for k, v in values.items()}
+            self.stats = StepStats(sizes, self.acc.device)
+        self.stats.add(**values)
+
+    def end_step(self, step: int, train_step: Any) -> None:
+        """After the optimizer step: keep its figures if it was applied, count a bad one (on
+        the device); read the counts at log and checkpoint steps (a run of bad steps stops
+        the job there)."""
+        applied = train_step.applied
+        self.stats.end_step(applied)  # a skipped step counts in no logged mean
+        self.bad.update(applied, train_step.scaler_skipped)  # fp16 overflows: not bad steps
+        if self.logs(step) or due(step, self.ckpt_every):
+            self.bad.check(step)
+        self.bar.update(1)
+
+    def lap(self, step: int, lr: float) -> tuple[dict[str, Any], dict[str, Any]]:
+        """At a log step: (the lap's sums over ranks, what every row has: lr, throughput and
+        the share of time spent waiting for data since the last log step, the counters)."""
+        elapsed, waits = self.watch.lap()
+        steps, self.last_log = step - self.last_log, step
+        figures = {
+            "lr": lr,
+            "img_per_s": steps * self.global_batch / elapsed,
+            "data_wait": waits.get("data", 0.0) / elapsed,
+            **{k: v for k, v in self.counters.items() if k != "images"},
+            "images_seen": self.counters["images"],
+        }
+        return self.stats.reduce(self.acc), figures
+
+    def log(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Write a metrics row (main process) and show it on the progress bar."""
+        row = self.metrics.log(row)
+        self.bar.write(format_metrics(row, self.shown))
+        return row
+
+    def paused(self):
+        """Time spent inside (evaluation, checkpointing) is left out of the lap."""
+        return self.watch.paused()
+
+    def end_loop(self, step: int) -> None:
+        self.bar.close()
+        self.bad.sync(step)  # (the last step may not have been a log step: a preemption)
+
+    def finish(self, results: dict[str, Any]) -> dict[str, Any]:
+        """results.json (and the trackers closed); the Accelerator's end."""
+        self.metrics.write_results(results)
+        self.acc.end_training()
+        return results
+
+
+def end_preempted(meter: Meter, step: int) -> dict[str, Any]:
+    """A stop signal ended the loop and the checkpoint of `step` is written: say so (in
+    results.json too, so nothing takes the run for finished)."""
+    log.info("stopped by a signal after step %d; checkpoint written, resume with --resume", step)
+    return meter.finish({"step": step, "preempted": True})
+
+
+def announce(run: RunContext, cfg: Any) -> None:
+    plan = run.plan
+    log.info(
+        "training %s for %d steps, global batch %d (%d per process x %d processes x %d "
+        "accumulation) on %s",
+        *(cfg.output_dir, cfg.train.steps, plan.global_batch, plan.local_micro),
+        *(plan.world, plan.grad_accum, plan.device),
+    )
+
+
+# --- Checkpoints --------------------------------------------------------------------------------
+
+
+class Checkpoints:
+    """`save(step, *streams)`: the checkpoint of `step`, on every rank at the same step (the
+    training state's entries are gathered on every rank: replica checksums and the colour
+    histogram are collectives). Built after Accelerate's `prepare` (`model`: the prepared
+    model). parts: the job's stateful parts by key (as given to `resume`); record: further
+    entries of every training state (e.g. label names)."""
+
+    def __init__(
+        self,
+        run: RunContext,
+        cfg: Any,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        augment: Stateful | None = None,
+        parts: dict[str, Stateful] | None = None,
+        record: dict[str, Any] | None = None,
+    ) -> None:
+        self.run, self.cfg, self.model, self.optimizer = run, cfg, model, optimizer
+        self.raw = run.acc.unwrap_model(model)
+        self.augment, self.parts, self.record = augment, parts or {}, record or {}
+
+    def save(self, step: int, counters: dict[str, int], *streams: Batches) -> None:
+        acc, cfg, t0 = self.run.acc, self.cfg, time.perf_counter()
+        state = {
+            "model": self.raw.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "counters": counters,
+            "config": to_dict(cfg),
+            **self.record,
+            **{k: p.state_dict() for k, p in self.parts.items()},
+            "replica_checksums": replica_checksum(self.model, acc),  # raises if they diverged
+            "scaler": run_state.scaler_state(acc),  # fp16's loss scale (None without fp16)
+        }
+        rng = {
+            **rng_state(),
+            **{_stream_key(b.name): b.tracker.state_dict() for b in streams},
+            "augment": run_state.augment_state(self.augment),  # the resolved mode (+ generator)
+        }
+        path = ckpt.save_checkpoint(
+            self.run.ckpt_dir,
+            step,
+            encoder=self.raw.encoder,
+            model_config=to_dict(cfg.model),
+            # What fine-tuning and few-shot evaluation of this encoder normalise pixels with.
+            pixels=ckpt.PixelStats(tuple(cfg.data.mean), tuple(cfg.data.std)),
+            state=state,
+            rng=rng,
+            rank=acc.process_index,
+            is_main=acc.is_main_process,
+            barrier=acc.wait_for_everyone,
+            keep=cfg.train.keep_checkpoints,
+        )
+        log.info("checkpoint step %d written in %.1fs: %s", step, time.perf_counter() - t0, path)

@@ -23,6 +23,7 @@ import torch
 
 from ssl_vit.atomic import read_jsonl, write_text, writing
 from ssl_vit.config.loader import flat_keys
+from ssl_vit.errors import ConfigError
 from ssl_vit.jsonfile import dump_json
 
 __all__ = [
@@ -71,7 +72,7 @@ def check_trackers(names: Sequence[str]) -> None:
     for name in names:
         if name not in LOGGER_TYPE_TO_CLASS:
             known = sorted(LOGGER_TYPE_TO_CLASS)
-            raise ValueError(f"log_with: unknown tracker {name!r}, one of {known}")
+            raise ConfigError(f"log_with: unknown tracker {name!r}, one of {known}")
         if name not in available:
             raise ImportError(f"log_with: {name} needs its package: pip install {name}")
 

@@ -1,12 +1,19 @@
-"""The run plan: every value a job derives from its config and the launch (processes, device),
-derived and checked here once, right after the config is loaded and checked; every module reads
-it instead of re-deriving.
+"""The run plan: every value a job derives from its config and the launch (processes, rank,
+device; the precision is the Accelerator's, `acc.mixed_precision`), derived and checked here
+once, right after the config is loaded and checked; every module reads it instead of
+re-deriving. The only place batch sizes are multiplied or divided.
 
-`train.batch_size` is GLOBAL. It splits over `processes` x `grad_accum`:
+Each batch figure is named by its scope: `global_` (all processes together) or `local_` (one
+process). `train.batch_size` is GLOBAL; it splits over `world` processes x `grad_accum`
+micro-steps:
 
-    global_batch = processes x grad_accum x process_micro
-    micro_batch  = processes x process_micro      (the global micro-batch: one forward pass)
-    process_batch = grad_accum x process_micro    (one process, one optimizer step)
+    global_batch = world x grad_accum x local_micro      (train.batch_size: one optimizer step)
+    global_micro = world x local_micro                   (one forward pass of every process)
+    local_micro                                          (one process's loader batch)
+    local_eval   = local_micro                           (one process's evaluation batch)
+
+`local_micro` is what the user sizes to fit memory (with gradients), so an evaluation
+batch (no gradients) of that size fits too.
 """
 
 from __future__ import annotations
@@ -24,55 +31,62 @@ __all__ = ["RunPlan", "build_plan"]
 class RunPlan:
     """The derived values of a training run (a frozen record: read it, never patch it)."""
 
-    processes: int
+    world: int  # processes
+    rank: int  # this process's index among them
     global_batch: int  # train.batch_size: images per optimizer step, all processes
     grad_accum: int  # micro-steps per optimizer step (gradients summed)
-    micro_batch: int  # the global micro-batch: one forward pass of every process together
-    process_micro: int  # one process's micro-batch (its loader's batch)
-    process_batch: int  # one process's images per optimizer step
-    eval_batch: int  # one process's evaluation batch (the global batch split over processes)
+    global_micro: int  # one forward pass of every process together (the training stream's)
+    local_micro: int  # one process's micro-batch (its loader's batch)
+    local_eval: int  # one process's evaluation batch: local_micro (sized to fit memory)
     num_workers: int  # loader workers per process (data.num_workers, -1 resolved)
-    mixed_precision: str  # what the Accelerator runs: 'no', 'bf16' or 'fp16' ('auto' resolved)
     device: str  # e.g. 'cuda:0' or 'cpu'
     paired: bool = False  # mixup / cutmix pair images of a micro-batch (BatchMixer)
+    # Self-training (distill.enabled): the unlabelled stream's global micro-batch,
+    # distill.ratio x global_micro (0: no unlabelled stream).
+    global_unlabelled_micro: int = 0
+
+    def micro_steps(self, step: int) -> range:
+        """The micro-batches of optimizer step `step` (1-based), numbered over the run
+        (their draws are seeded by that number: the same on any number of processes)."""
+        return range((step - 1) * self.grad_accum, step * self.grad_accum)
 
 
-def build_plan(
-    cfg: Any, processes: int, *, mixed_precision: str = "no", device: str = "cpu"
-) -> RunPlan:
-    """The plan of `cfg` (a checked job config) on `processes` processes; an impossible split
-    is one ConfigError line naming the key."""
+def build_plan(cfg: Any, world: int, *, rank: int = 0, device: str = "cpu") -> RunPlan:
+    """The plan of `cfg` (a checked job config) for process `rank` of `world`; an impossible
+    split is one ConfigError line naming the key."""
     tc = cfg.train
-    per_step = processes * tc.grad_accum
+    per_step = world * tc.grad_accum
     if tc.batch_size % per_step:
         raise ConfigError(
             f"train.batch_size: {tc.batch_size} is not divisible by processes x grad_accum "
-            f"= {processes} x {tc.grad_accum}"
+            f"= {world} x {tc.grad_accum}"
         )
-    micro = tc.batch_size // tc.grad_accum
+    global_micro, local_micro = tc.batch_size // tc.grad_accum, tc.batch_size // per_step
     parts = getattr(cfg, "parts", None)
     paired = parts is not None and parts.mixes
-    if paired and micro % 2:
+    if paired and global_micro % 2:
         # Mixing pairs images within a lane's share of the micro-batch (BatchMixer); the
         # training stream checks that share once it has resolved its lanes.
         raise ConfigError(
             f"parts.mixup/cutmix: need an even batch per step, got train.batch_size / "
-            f"train.grad_accum = {micro}"
+            f"train.grad_accum = {global_micro}"
         )
     distill = getattr(cfg, "distill", None)
+    unlabelled = 0
     if distill is not None and distill.enabled:  # ratio x as many unlabelled images beside
         size = cfg.model.image_size
-        check_batch_memory("distill.ratio", distill.ratio, tc.batch_size // per_step, size)
+        check_batch_memory("distill.ratio", distill.ratio, local_micro, size)
+        unlabelled = global_micro * distill.ratio
     return RunPlan(
-        processes=processes,
+        world=world,
+        rank=rank,
         global_batch=tc.batch_size,
         grad_accum=tc.grad_accum,
-        micro_batch=micro,
-        process_micro=tc.batch_size // per_step,
-        process_batch=tc.batch_size // processes,
-        eval_batch=tc.batch_size // processes,
+        global_micro=global_micro,
+        local_micro=local_micro,
+        local_eval=local_micro,
         num_workers=auto_num_workers(cfg.data.num_workers),
-        mixed_precision=mixed_precision,
         device=device,
         paired=paired,
+        global_unlabelled_micro=unlabelled,
     )

@@ -13,19 +13,24 @@ import re
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ssl_vit.config import ConfigError
-from ssl_vit.config.frozen import freeze
+from ssl_vit.config import ConfigError, ModelConfig
+from ssl_vit.config.frozen import freeze, validated
 from ssl_vit.data import open_source, resolve_shards
 from ssl_vit.data.sources import ShardSource
 
+if TYPE_CHECKING:
+    from ssl_vit.model.vit import ViT
+
 __all__ = [
+    "FrozenEncoder",
     "check_labelled_source",
     "check_same_labels",
     "check_shards",
     "check_writable",
     "init_from_checkpoint",
+    "load_frozen_encoder",
     "load_init_encoder",
     "resolve_pixel_norm",
 ]
@@ -154,27 +159,78 @@ def load_init_encoder(
         raise ConfigError(f"{key}={path!r}: {e}") from None
 
 
+class FrozenEncoder(NamedTuple):
+    """An encoder to read features with: the checkpoint it came from (a run directory resolved
+    to its newest valid checkpoint), its input side and pixel normalisation."""
+
+    encoder: ViT
+    checkpoint: str
+    image_size: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+
+def load_frozen_encoder(key: str, path: str, image_size: int = 0) -> FrozenEncoder:
+    """The encoder of a pretraining run or checkpoint at `path` (or imported weights), at
+    `image_size` (0: the resolution it was trained at), as fine-tuning and few-shot read it
+    (`load_init_encoder`: one-line errors naming `key`; a fine-tuned classifier is
+    refused), with the pixel normalisation it stores (else the default)."""
+    from ssl_vit.config.pixels import PIXEL_NORM
+    from ssl_vit.train.checkpoint import CheckpointError, read_pixel_norm
+    from ssl_vit.train.encoder_init import encoder_from_checkpoint
+
+    path, trained = _trained_size(path)
+    model = ModelConfig(image_size=image_size or trained or 224, mlp_ratio=None, norm_eps=None)
+    path, loaded = load_init_encoder(key, path, model, "bicubic", "auto")
+    if not image_size and loaded.saved["image_size"] != model.image_size:  # imported weights
+        model = dataclasses.replace(model, image_size=loaded.saved["image_size"])
+        loaded = encoder_from_checkpoint(path, model)
+    try:
+        stored = read_pixel_norm(path)
+    except CheckpointError as e:
+        raise ConfigError(f"{key}={path!r}: {e}") from None
+    mean, std = stored if stored is not None else (PIXEL_NORM, PIXEL_NORM)
+    return FrozenEncoder(loaded.encoder, path, model.image_size, tuple(mean), tuple(std))
+
+
+def _trained_size(path: str) -> tuple[str, int | None]:
+    """(the checkpoint a run directory stands for, the image size its metadata records); (path,
+    None) when it is no ssl-vit checkpoint: `load_init_encoder` then says what it is."""
+    from ssl_vit.jsonfile import parse_json
+    from ssl_vit.train.checkpoint import ENCODER_FILE, resolve_checkpoint
+    from ssl_vit.train.weights_file import read_header
+
+    try:
+        ckpt = resolve_checkpoint(path)
+        file = ckpt / ENCODER_FILE if ckpt.is_dir() else ckpt
+        saved = parse_json(read_header(file)[0]["model_config"], f"{file}: model_config")
+        return str(ckpt), int(saved["image_size"])
+    except Exception:  # noqa: BLE001 - missing, damaged or foreign: named by the loader
+        return path, None
+
+
 def init_from_checkpoint(key: str, cfg: Any, path: str) -> tuple[Any, Any, str]:
     """A job's config resolved for the encoder at `path` (named by `key`; `load_init_encoder`)
-    -> (the config, frozen, with init.checkpoint the checkpoint used, recorded as such in
-    config.yaml, and the checkpoint's shape and pixel normalisation; the `LoadedEncoder`;
-    the line to log about it)."""
+    -> (the config, checked again and frozen, with init.checkpoint the checkpoint used,
+    recorded as such in config.yaml, and the checkpoint's shape and pixel normalisation; the
+    `LoadedEncoder`; the line to log about it)."""
     i = cfg.init
     path, loaded = load_init_encoder(key, path, cfg.model, i.pos_interp, i.format)
-    data = dataclasses.replace(cfg.data)  # its null mean / std: the checkpoint's
-    pixels_from = resolve_pixel_norm(data, path)
+    data, pixels_from = resolve_pixel_norm(cfg.data, path)  # null mean / std: the checkpoint's
     init = dataclasses.replace(i, checkpoint=path)
-    # The checkpoint's shape (at this image size) and pixel normalisation: a resolved copy.
-    cfg = freeze(dataclasses.replace(cfg, init=init, model=loaded.model_config, data=data))
+    # The checkpoint's shape (at this image size) and pixel normalisation: a resolved copy,
+    # checked as the loader checks a config.
+    resolved = dataclasses.replace(cfg, init=init, model=loaded.model_config, data=data)
+    cfg = freeze(validated(resolved))
     return cfg, loaded, checkpoint_note(key, cfg, pixels_from)
 
 
-def resolve_pixel_norm(data: Any, checkpoint: str | None) -> str:
-    """Set `data.mean` / `data.std` (a job's data config) for the encoder of `checkpoint`
-    (None: a new encoder): null ones become the pixel normalisation the checkpoint stores
-    (its pretraining's), else the default 0.5; a given one that disagrees with the stored one
-    is a one-line ConfigError naming both. Returns where they came from, for the log."""
-    from ssl_vit.config.pixels import complete_pixel_norm
+def resolve_pixel_norm(data: Any, checkpoint: str | None) -> tuple[Any, str]:
+    """(a copy of `data`, a job's data config, with `mean` / `std` for the encoder of
+    `checkpoint` (None: a new encoder), where they came from, for the log): null ones become
+    the pixel normalisation the checkpoint stores (its pretraining's), else the default 0.5; a
+    given one that disagrees with the stored one is a one-line ConfigError naming both."""
+    from ssl_vit.config.pixels import completed_pixel_norm
     from ssl_vit.train.checkpoint import CheckpointError, read_pixel_norm
 
     try:
@@ -182,8 +238,8 @@ def resolve_pixel_norm(data: Any, checkpoint: str | None) -> str:
     except CheckpointError as e:
         raise ConfigError(str(e)) from None
     if stored is None:
-        complete_pixel_norm(data)
-        return "the checkpoint stores none: the config's" if checkpoint else "the config's"
+        where = "the checkpoint stores none: the config's" if checkpoint else "the config's"
+        return completed_pixel_norm(data), where
     for key, value in zip(("mean", "std"), stored, strict=True):
         given = getattr(data, key)
         if given is not None and not all(map(math.isclose, given, value)):
@@ -191,8 +247,8 @@ def resolve_pixel_norm(data: Any, checkpoint: str | None) -> str:
                 f"data.{key}={list(given)} disagrees with the checkpoint {checkpoint} "
                 f"({key} {list(value)})"
             )
-        setattr(data, key, tuple(value))
-    return "the checkpoint's"
+    mean, std = (tuple(value) for value in stored)
+    return dataclasses.replace(data, mean=mean, std=std), "the checkpoint's"
 
 
 def checkpoint_note(key: str, cfg: Any, pixels_from: str) -> str:

@@ -11,9 +11,11 @@ scale fitted for cross-entropy. Deterministic: the evaluation transform, no rand
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from accelerate.utils import broadcast
 
 from ssl_vit.data import eval_loader
 from ssl_vit.eval.fewshot import BIAS_CONSTANT, STD_EPS, ridge_solve
@@ -52,25 +54,33 @@ def probe_head_weights(
 
 
 @torch.no_grad()
-def fit_probe_head(
-    model: Classifier,
-    source: str,
-    image_size: int,
-    *,
-    batch_size: int,
-    num_workers: int,
-    device: torch.device,
+def fit_probe_head(model: Classifier, source: str, image_size: int, run: Any) -> dict | None:
+    """Set `model.head` to the probe of its frozen encoder on `source`, the images normalized
+    as the model does (`model.pixels`), in the run's precision and per-process evaluation
+    batch (`run.plan`). The main process fits it (deterministic: one fit is every rank's) and
+    gives it to the others (one broadcast), so the EMA copy and every replica start from the
+    same head. -> its figures on those images (main process; None elsewhere)."""
+    acc, plan = run.acc, run.plan
+    figures = None
+    if acc.is_main_process:
+        figures = _fit(model, source, image_size, plan, acc.mixed_precision)
+    if plan.world > 1:
+        broadcast(model.head.weight.data, from_process=0)
+        broadcast(model.head.bias.data, from_process=0)
+    return figures
+
+
+def _fit(
+    model: Classifier, source: str, image_size: int, plan: Any, precision: str
 ) -> dict[str, float]:
-    """Set `model.head` to the probe of its frozen encoder on `source` (every process reads
-    all of it: the same head everywhere, no collective), the images normalized as the model
-    does (`model.pixels`). -> its figures on those images."""
     num_classes = model.head.out_features
     loader = eval_loader(
-        source, batch_size, image_size, num_workers=num_workers, num_classes=num_classes
+        source, plan.local_eval, image_size, num_workers=plan.num_workers, num_classes=num_classes
     )
     batches = ((b.images, b.labels) for b in loader)
     mean, std = tuple(model.pixels.mean.tolist()), tuple(model.pixels.std.tolist())
-    how = Extraction(mean, std, device, precision="no")
+    device = next(model.parameters()).device
+    how = Extraction(mean, std, device, precision=precision)
     feats_ND, labels_N = extract_features(model.encoder, batches, how, model.pool)
     weight_KD, bias_K, scale = probe_head_weights(feats_ND, labels_N, num_classes)
     model.head.weight.copy_(weight_KD)

@@ -1,6 +1,6 @@
 """A run directory belongs to one job at a time and holds one run.
 
-- `run_lock.lock_run_dir`: the job holds its run directory's lock for its life.
+- `runs.lock.lock_run_dir`: the job holds its run directory's lock for its life.
 - `claim_run_dir`: starting over a directory that holds a run needs `--resume` (continue it)
   or `--overwrite` (its run files are removed first); two runs are never mixed in one directory.
   With `--resume`, a config that changes the model's shape or the data stream's sample order
@@ -13,51 +13,38 @@
   changes what a later `--resume` reads. A `--resume` into a run of another kind (pretraining,
   fine-tuning, few-shot), or of another model shape than its newest checkpoint when config.yaml
   is missing, is refused first.
-- No command writes into, replaces or removes what another job reads: `check_not_source`
-  refuses an `--overwrite` whose target is, contains or is inside a source of the job (a
-  checkpoint stands for its whole run directory); `occupant` names a run directory, checkpoint
-  or shard dataset that an export or import must not replace or write into.
+- No command writes into, replaces or removes what another job reads
+  (`runs.occupancy.check_not_source`, `occupant`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+from ssl_vit import jobs
 from ssl_vit.atomic import clean_temporary
 from ssl_vit.config import ConfigError, to_dict
-from ssl_vit.config.loader import flat_keys, read_yaml_file, run_kind, save_config
+from ssl_vit.config.loader import flat_keys, read_yaml_file, save_config
 from ssl_vit.config.schema import SHAPE_KEYS
-from ssl_vit.data.format import INDEX_NAME
 from ssl_vit.data.stream_state import check_same_stream
 from ssl_vit.jsonfile import parse_json
-from ssl_vit.train.checkpoint import ENCODER_FILE, checkpoint_dirs, is_checkpoint
-from ssl_vit.train.run_lock import RunLock, lock_held, lock_run_dir
+from ssl_vit.runs.lock import RunLock, lock_run_dir
+from ssl_vit.runs.occupancy import check_not_source, read_paths
+from ssl_vit.train.checkpoint import ENCODER_FILE, checkpoint_dirs
 from ssl_vit.train.weights_file import read_header
 
 __all__ = [
-    "check_not_source",
     "check_resumed_config",
     "claim_run_dir",
-    "occupant",
     "release_new_run",
     "run_files",
 ]
 
 log = logging.getLogger(__name__)
 
-# What the jobs write into a run directory (pipelines, metrics trackers); --overwrite removes
-# these and nothing else, so a mistyped output_dir never loses unrelated files.
-RUN_FILES = (
-    *("config.yaml", "metrics.jsonl", "results.json", "checkpoints"),
-    *("model.safetensors", "labels.json", "keys_rank*.txt", "events.out.tfevents.*"),
-    *("mlruns", "wandb", "labelled", "labelled.json", "predictions.jsonl", "predictions.csv"),
-    "teacher.json",
-)
 # Keys whose change on --resume would load a checkpoint into another architecture.
 _RESUME_SHAPE = (
     *(f"model.{k}" for k in ("variant", "image_size", *SHAPE_KEYS)),
@@ -76,7 +63,7 @@ _CHECKPOINT_SHAPE = ("image_size", *SHAPE_KEYS)
 
 def run_files(run_dir: Path) -> list[Path]:
     """The files of a run that `run_dir` holds (empty `checkpoints/` excluded)."""
-    found = sorted({p for pattern in RUN_FILES for p in run_dir.glob(pattern)})
+    found = sorted({p for pattern in jobs.RUN_FILES for p in run_dir.glob(pattern)})
     return [p for p in found if not (p.is_dir() and not any(p.iterdir()))]
 
 
@@ -93,11 +80,11 @@ def check_resumed_config(run_dir: Path, cfg: Any, *, finished: bool = False) -> 
     saved_tree = read_yaml_file(saved_file) or {}  # bounded in size, depth and values
     if not isinstance(saved_tree, dict):
         raise ConfigError(f"{saved_file}: unreadable (not a mapping of config keys)")
-    kinds = run_kind(saved_tree), run_kind(to_dict(cfg))
-    if None not in kinds and kinds[0] != kinds[1]:
+    saved_job, job = jobs.by_config(saved_tree), jobs.by_config(to_dict(cfg))
+    if None not in (saved_job, job) and saved_job is not job:
         raise ConfigError(
-            f"--resume: output_dir={str(run_dir)!r} holds a {kinds[0]} run, not a {kinds[1]} "
-            "run; start this job in another output_dir"
+            f"--resume: output_dir={str(run_dir)!r} holds a {saved_job.title} run, not a "
+            f"{job.title} run; start this job in another output_dir"
         )
     saved, new = flat_keys(saved_tree), flat_keys(to_dict(cfg))
     if finished:
@@ -159,7 +146,7 @@ def claim_run_dir(
     lock = lock_run_dir(run_dir)
     try:
         _apply_policy(run_dir, cfg, resume, overwrite)
-        for p in clean_temporary(run_dir, RUN_FILES):  # locked: a killed job's, none live
+        for p in clean_temporary(run_dir, jobs.RUN_FILES):  # locked: a killed job's, none live
             log.info("removed %s, left by a killed job", p)
         save_config(cfg, run_dir / "config.yaml")  # atomic
     except BaseException:
@@ -198,112 +185,3 @@ def release_new_run(run_dir: str | Path) -> None:
     own (`claim_run_dir` found none or removed them), so the same command starts it again."""
     for path in run_files(Path(run_dir)):
         _remove(path)
-
-
-# --- what a command must not write into, replace or remove ------------------------------------
-
-_NOT_PATHS = ("", "none", "random")  # init.checkpoint / --checkpoint values that name no path
-_WALK_LIMIT = 10_000  # directories looked at below a target before giving up (a huge tree)
-
-
-def is_run_dir(folder: str | Path) -> bool:
-    """`folder` is a job's run directory: config.yaml with checkpoints/ or a job's results,
-    or a lock a live job holds."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return False
-    outputs = ("checkpoints", "results.json", "metrics.jsonl")
-    has_run = (folder / "config.yaml").is_file() and any((folder / n).exists() for n in outputs)
-    return has_run or lock_held(folder)
-
-
-def _holds(folder: Path) -> str | None:
-    if is_run_dir(folder):
-        return "a run directory"
-    if is_checkpoint(folder):
-        return "a training checkpoint"
-    if (folder / INDEX_NAME).is_file() or any(folder.glob("shard-*.tar")):
-        return "a shard dataset"
-    return None
-
-
-def occupant(target: str | Path) -> str | None:
-    """What makes `target` a directory no export or import may replace or write into: it is,
-    or holds, a run directory, a training checkpoint or a shard dataset, or it lies in a
-    checkpoint or a run's checkpoints/ folder. None when it is free."""
-    target = Path(target).expanduser().resolve()
-    what = _holds(target) if target.is_dir() else None
-    if what is not None:
-        return f"is {what}"
-    for d in (target, *target.parents):
-        if d != target and is_checkpoint(d):
-            return f"is inside the checkpoint {d}"
-        if d.name == "checkpoints" and is_run_dir(d.parent):
-            return f"{'is' if d == target else 'is inside'} {d}, the checkpoints of a run"
-    for seen, (root, _, _) in enumerate(os.walk(target)):
-        if seen >= _WALK_LIMIT:
-            return f"holds more than {_WALK_LIMIT} folders (not looked through)"
-        what = _holds(Path(root)) if seen else None
-        if what is not None:
-            return f"holds {what} ({root})"
-    return None
-
-
-def source_root(path: str | Path) -> Path:
-    """The directory a read of `path` depends on: the run directory holding it (a checkpoint
-    in runs/x/checkpoints/ -> runs/x), else the path itself (absolute)."""
-    path = Path(path).expanduser().resolve()
-    for d in (path, *path.parents):
-        if is_run_dir(d):
-            return d
-    return path
-
-
-def read_paths(cfg: Any) -> dict[str, str]:
-    """{key: path} of the local sources a job's config names (data, init checkpoint)."""
-    keys = ("data.train_shards", "data.train", "data.eval", "fewshot.train", "fewshot.eval")
-    keys += ("distill.teacher", "distill.unlabelled")
-    found: dict[str, str] = {}
-    for key in (*keys, "init.checkpoint"):
-        section, _, name = key.partition(".")
-        value = getattr(getattr(cfg, section, None), name, None)
-        if isinstance(value, str) and value.strip().lower() not in _NOT_PATHS:
-            found[key] = value
-    return found
-
-
-def _local_path(spec: str) -> Path | None:
-    """The local file or folder a source spec names (a brace pattern or glob: the folder it
-    starts in); None when there is none here (a remote source: pipe:, a URL)."""
-    head = re.split(r"[{*?\[]", spec, maxsplit=1)[0]
-    if not head.strip():
-        return None
-    path = Path(head).expanduser()
-    if path.exists():
-        return path.resolve()
-    return path.parent.resolve() if head != spec and path.parent.is_dir() else None
-
-
-def check_not_source(key: str, target: str | Path, sources: dict[str, str]) -> None:
-    """ConfigError unless `target` (a directory to be replaced) is apart from every source
-    {key: path}: not one of them, not holding one, not inside one; a checkpoint counts as its
-    whole run directory."""
-    t = Path(target).expanduser().resolve()
-    for name, spec in sources.items():
-        local = _local_path(str(spec)) if spec else None
-        if local is None:
-            continue
-        root = source_root(local)
-        if t == root:
-            how = "is"
-        elif root.is_relative_to(t):
-            how = "contains"
-        elif t.is_relative_to(root):
-            how = "is inside"
-        else:
-            continue
-        what = f"{name}={str(spec)!r}" + (f" (its run {root})" if root != local else "")
-        raise ConfigError(
-            f"{key}={str(target)!r}: {how} {what}, which this job reads; --overwrite would "
-            "destroy it: pick another directory"
-        )

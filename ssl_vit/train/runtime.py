@@ -5,31 +5,28 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import (
     DistributedType,
     InitProcessGroupKwargs,
-    broadcast_object_list,
     parse_flag_from_env,
     set_seed,
 )
 
 from ssl_vit import seeds
 from ssl_vit.config import ConfigError
+from ssl_vit.config.run import CollectiveTimeoutConfig
+from ssl_vit.runs.lock import RunLock, on_main
 from ssl_vit.train.guard import StopRequest
 from ssl_vit.train.plan import RunPlan, build_plan
-from ssl_vit.train.run_lock import RunLock
 from ssl_vit.train.rundir import claim_run_dir
 from ssl_vit.watchdog import set_data_timeout
-
-T = TypeVar("T")
 
 __all__ = [
     "RunContext",
@@ -41,7 +38,6 @@ __all__ = [
     "resolve_mixed_precision",
     "setup_logging",
     "claim_on_main",
-    "on_main",
     "start_run",
 ]
 
@@ -85,11 +81,14 @@ def refuse_fsdp(distributed_type: Any = None) -> None:
         raise ConfigError(FSDP_REFUSED)
 
 
-def make_accelerator(
-    mixed_precision: str, grad_accum: int = 1, dist_timeout_s: float = 1800.0, tf32: bool = True
-) -> Accelerator:
-    """The job's Accelerator; `tf32` (`train.tf32`): TF32 matmuls and convolutions for the
-    float32 work on a CUDA GPU (all of it with mixed_precision 'no'); False: true fp32."""
+def make_accelerator(mixed_precision: str, timeouts: Any = None, tf32: bool = True) -> Accelerator:
+    """The job's Accelerator; `timeouts` (the config's, None: the defaults): a batch waited for
+    `data_s`, a collective `dist_s`, ends the job. `tf32` (`train.tf32`): TF32 matmuls and
+    convolutions for the float32 work on a CUDA GPU (all of it with mixed_precision 'no');
+    False: true fp32. Gradient accumulation is the run plan's (`start_run` sets it once the
+    plan is made)."""
+    timeouts = timeouts or CollectiveTimeoutConfig()
+    set_data_timeout(timeouts.data_s)
     refuse_fsdp()
     # Launched as several processes on a machine without a GPU (`accelerate launch --multi_gpu`
     # on CPU): Accelerate only uses its gloo CPU backend when asked for the CPU explicitly;
@@ -98,10 +97,9 @@ def make_accelerator(
     acc = Accelerator(
         cpu=multi_process and not torch.cuda.is_available(),
         mixed_precision=resolve_mixed_precision(mixed_precision),
-        gradient_accumulation_steps=grad_accum,
         # Every collective (gradient all-reduce, barrier, stop flag) fails after this long
         # instead of waiting forever for a rank that died.
-        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=dist_timeout_s))],
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=timeouts.dist_s))],
     )
     refuse_fsdp(acc.distributed_type)
     # Denormal floats (tiny gradients and Adam moments late in training) make CPU matmuls
@@ -165,18 +163,21 @@ def start_run(
     Accelerate's default Accelerator (a process that already ran a job with another precision,
     tests or notebooks, keeps its state) and `cfg.seed` as is (its random-init encoder)."""
     tc = getattr(cfg, "train", None)
-    set_data_timeout(cfg.timeouts.data_s)
     if tc is None:
+        set_data_timeout(cfg.timeouts.data_s)
         acc = Accelerator()
     else:
-        acc = make_accelerator(tc.mixed_precision, tc.grad_accum, cfg.timeouts.dist_s, tc.tf32)
+        acc = make_accelerator(tc.mixed_precision, cfg.timeouts, tc.tf32)
     setup_logging(acc.is_main_process)
     warn_if_launcher_returns_early()
     plan = None
     if tc is not None:
-        plan = build_plan(
-            cfg, acc.num_processes, mixed_precision=acc.mixed_precision, device=str(acc.device)
-        )
+        where = dict(rank=acc.process_index, device=str(acc.device))
+        plan = build_plan(cfg, acc.num_processes, **where)
+        # The plan's accumulation, never the config's nor Accelerate's own setting (its
+        # ACCELERATE_GRADIENT_ACCUMULATION_STEPS would override a constructor argument): the
+        # loop runs plan.grad_accum micro-steps, and the Accelerator syncs after that many.
+        acc.gradient_accumulation_steps = plan.grad_accum
     run_dir = Path(cfg.output_dir)
     lock = claim_on_main(acc, run_dir, cfg, resume=resume, overwrite=overwrite, reads=reads)
     seed = cfg.seed if tc is None else seeds.process(cfg.seed, acc.process_index)
@@ -198,23 +199,6 @@ def claim_on_main(
     return on_main(
         acc, lambda: claim_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite, reads=reads)
     )
-
-
-def on_main(acc: Accelerator, claim: Callable[[], T]) -> T | None:
-    """`claim()` on the main process (None elsewhere); its ConfigError or OSError reaches every
-    process as a ConfigError (one broadcast), so no process starts where the main one could not
-    claim what the job writes."""
-    result, error = None, None
-    if acc.is_main_process:
-        try:
-            result = claim()
-        except (ConfigError, OSError) as e:
-            error = str(e)
-    if acc.num_processes > 1:
-        error = broadcast_object_list([error])[0]
-    if error is not None:
-        raise ConfigError(error if acc.is_main_process else f"main process: {error}")
-    return result
 
 
 def replica_checksum(model: torch.nn.Module, acc: Accelerator) -> list[float]:

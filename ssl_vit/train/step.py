@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ssl_vit.train.compile import maybe_compile
+from ssl_vit.model.compile import maybe_compile
 from ssl_vit.train.optim import apply_step
 
 __all__ = ["TrainStep"]

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ssl_vit.config.errors import ConfigError
 from ssl_vit.config.schema import ModelConfig
+from ssl_vit.errors import ConfigError, InputError
 from ssl_vit.jsonfile import parse_json
 from ssl_vit.model.shapes import shape_mismatch
 
@@ -29,7 +29,7 @@ __all__ = ["WeightsFileError", "check_finite", "read_header", "saved_model"]
 Shapes = dict[str, tuple[int, ...]]
 
 
-class WeightsFileError(ValueError):
+class WeightsFileError(InputError):
     """A weights file that is unreadable or whose metadata does not fit its tensors: one line
     naming it."""
 

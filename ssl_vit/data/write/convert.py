@@ -33,6 +33,7 @@ from ssl_vit.data.sources import FolderSource, open_raw_source
 from ssl_vit.data.write import parts
 from ssl_vit.data.write.prepare import Prepared, StoreSettings, prepare_image
 from ssl_vit.data.write.writer import ShardWriter, check_output, check_replaceable
+from ssl_vit.errors import ConfigError, InputError
 from ssl_vit.progress import progress_iter
 
 __all__ = ["cap_workers", "make_shards"]
@@ -48,7 +49,7 @@ def cap_workers(workers: int) -> int:
     CPUs only compete for them, each with its own copy of the source's listing. ValueError
     (one line) below 1."""
     if workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {workers}")
+        raise ConfigError(f"--workers must be >= 1, got {workers}")
     cpus = available_cpus()
     if workers > cpus:
         log.warning("--workers %d: capped at the %d CPUs available", workers, cpus)
@@ -238,9 +239,9 @@ def make_shards(
     part, target = _target(output, part, overwrite)
     src = open_raw_source(str(source), split=split, source_format=source_format)
     if len(src) == 0:
-        raise ValueError(f"no images found in {source}")
+        raise InputError(f"no images found in {source}")
     if not part and not overwrite and os.path.isdir(target) and os.listdir(target):
-        raise ValueError(f"--output {target}: holds a dataset; pass --overwrite to replace it")
+        raise InputError(f"--output {target}: holds a dataset; pass --overwrite to replace it")
     fields: dict[str, Any] = {}  # a part's identity, checked before anything is written
     if part:
         fields = _part_fields(src, source, output, target, split, source_format, settings, part)
@@ -265,7 +266,7 @@ def _target(
     if part:
         target = parts.check_new_part(output, *part, overwrite=overwrite)
     elif parts_in(output):
-        raise ValueError(f"--output {output} holds parts (part-*-of-*): give --part I/N")
+        raise InputError(f"--output {output} holds parts (part-*-of-*): give --part I/N")
     else:
         target = output
     check_output(target)
@@ -289,7 +290,7 @@ def _part_fields(
     `output` already holds."""
     i, n = part
     if n > len(src):
-        raise ValueError(
+        raise InputError(
             f"--part {i}/{n}: {source} has {len(src)} images, fewer than the {n} parts (some "
             f"would be empty and the split could never be completed): use at most {len(src)}"
         )
@@ -343,7 +344,7 @@ def _write_dataset(
             writer.write(key, image.ext, image.data, label if labelled else None)
             sizes.append(image.size)
         if skipped == total:
-            raise ValueError(f"all {skipped} images in {job.source} failed verification")
+            raise InputError(f"all {skipped} images in {job.source} failed verification")
         extra: dict[str, Any] = {}
         if job.part:
             # The same part, or one that disagrees, written meanwhile by another job.

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ssl_vit.data.format import INDEX_NAME, PART_DIR, difference, part_dir, parts_in
+from ssl_vit.errors import ConfigError, InputError
 from ssl_vit.jsonfile import read_json
 
 __all__ = ["check_agrees_with_written", "check_new_part", "parse_part", "part_indices"]
@@ -29,10 +30,10 @@ def parse_part(spec: str) -> tuple[int, int]:
     """'I/N' -> (I, N), 0 <= I < N (I counts from 0, as a SLURM array task id does)."""
     m = re.fullmatch(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*", str(spec))
     if m is None:
-        raise ValueError(f"--part {spec!r}: expected I/N, e.g. 0/16 (I counts from 0)")
+        raise ConfigError(f"--part {spec!r}: expected I/N, e.g. 0/16 (I counts from 0)")
     i, n = int(m.group(1)), int(m.group(2))
     if not 0 <= i < n or n > 99999:
-        raise ValueError(f"--part {spec}: need 0 <= I < N <= 99999 (I counts from 0)")
+        raise ConfigError(f"--part {spec}: need 0 <= I < N <= 99999 (I counts from 0)")
     return i, n
 
 
@@ -52,7 +53,7 @@ def check_agrees_with_written(root: str | os.PathLike, new: Path, fields: dict[s
         written = read_json(index)
         diff = difference(fields, written)
         if diff is not None:
-            raise ValueError(
+            raise InputError(
                 f"{new} would not be one dataset with {index.parent} ({diff}): write it to "
                 "another --output, or remove the parts written before"
             )
@@ -64,18 +65,18 @@ def check_new_part(root: str | os.PathLike, i: int, n: int, overwrite: bool = Fa
     overlap or miss samples), or anything but parts (`_check_only_parts`)."""
     root = Path(root)
     if root.exists() and not root.is_dir():
-        raise ValueError(f"--output {root}: exists and is not a directory")
+        raise InputError(f"--output {root}: exists and is not a directory")
     _check_only_parts(root)
     parts = parts_in(root)
     other = sorted({m for _, m in parts.values() if m != n})
     if other:
-        raise ValueError(
+        raise InputError(
             f"{root} holds parts of a split into {other[0]}, not {n}: write the {n} parts to "
             "another directory (or remove the old parts)"
         )
     target = part_dir(root, i, n)
     if target.name in parts and not overwrite:
-        raise ValueError(
+        raise InputError(
             f"part {i}/{n} is already written ({target}); pass --overwrite to write it again"
         )
     return target
@@ -87,7 +88,7 @@ def _check_only_parts(root: Path) -> None:
     if not root.is_dir():
         return
     if (root / INDEX_NAME).is_file():
-        raise ValueError(f"{root} holds a whole dataset (index.json), not parts")
+        raise InputError(f"{root} holds a whole dataset (index.json), not parts")
     with os.scandir(root) as entries:
         others = sorted(
             e.name
@@ -97,7 +98,7 @@ def _check_only_parts(root: Path) -> None:
         )
     if others:
         listed = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
-        raise ValueError(
+        raise InputError(
             f"--output {root}: holds {listed}, not parts (part-IIIII-of-NNNNN): write the parts "
             "to a new or empty folder"
         )

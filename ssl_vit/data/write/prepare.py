@@ -14,6 +14,7 @@ from typing import NamedTuple
 from PIL import Image
 
 from ssl_vit.data.decode import check_pixels, exif_orientation, pil_to_rgb8, upright_pil
+from ssl_vit.errors import ConfigError
 
 __all__ = ["Prepared", "StoreSettings", "image_error", "prepare_image", "shrink"]
 
@@ -34,9 +35,9 @@ class StoreSettings:
 
     def __post_init__(self) -> None:
         if self.max_size is not None and self.max_size < 1:
-            raise ValueError(f"--max-size must be >= 1, got {self.max_size}")
+            raise ConfigError(f"--max-size must be >= 1, got {self.max_size}")
         if not 1 <= self.quality <= 100:
-            raise ValueError(f"--quality must be in [1, 100], got {self.quality}")
+            raise ConfigError(f"--quality must be in [1, 100], got {self.quality}")
 
     def record(self) -> dict | None:
         """The setting as index.json records it (None: images stored as given)."""

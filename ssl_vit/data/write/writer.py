@@ -14,6 +14,7 @@ import webdataset as wds
 
 from ssl_vit.atomic import staged_dir
 from ssl_vit.data.format import INDEX_NAME, SHARD_FORMAT, SHARD_NAME, check_key, shard_name
+from ssl_vit.errors import ConfigError, InputError
 from ssl_vit.jsonfile import dump_json, read_json
 
 __all__ = ["ShardWriter", "check_output", "check_replaceable"]
@@ -28,7 +29,7 @@ def check_output(output: str | os.PathLike) -> None:
     built beside it and renamed over it, which would put the new folder in place of the link
     and leave the user's link renamed, not write into the folder it points to."""
     if os.path.islink(output):
-        raise ValueError(
+        raise InputError(
             f"{output} is a symbolic link (to {os.readlink(output)}): name the folder itself"
         )
 
@@ -66,7 +67,7 @@ def check_replaceable(output: str | os.PathLike) -> None:
     there (notes, a source folder, a run's files, a FIFO) would be lost or copied."""
     others = _others_in(output)
     if others:
-        raise ValueError(
+        raise InputError(
             f"{output}: holds {', '.join(others)}, not a shard dataset's own files "
             "(shard-NNNNNN.tar, index.json): write the shards to a new or empty folder"
         )
@@ -86,7 +87,7 @@ class ShardWriter:
 
     def __init__(self, output: str | os.PathLike, shard_size: int = 10000) -> None:
         if shard_size < 1:
-            raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+            raise ConfigError(f"shard_size must be >= 1, got {shard_size}")
         check_output(output)
         check_replaceable(output)
         self.target = Path(output)
@@ -109,7 +110,7 @@ class ShardWriter:
         """Add one sample: `{key}.{ext}` = `data` and, if `label` is not None, `{key}.cls`."""
         check_key(key, ext)
         if key in self._keys:
-            raise ValueError(f"duplicate sample key {key!r}")
+            raise InputError(f"duplicate sample key {key!r}")
         if self._tar is None or self.shards[-1]["num_samples"] == self.shard_size:
             self._finish_shard()
             self.shards.append({"name": shard_name(len(self.shards)), "num_samples": 0})

@@ -1,7 +1,8 @@
 """A run directory belongs to one job at a time: an exclusive `flock` on `<run dir>/.lock`,
 held for the job's life. The OS drops it when the process ends in any way (a crash, SIGKILL),
 so it is never left held; a second job on the same directory fails at once with one line
-naming it and the holder."""
+naming it and the holder. `on_main` claims on the main process only, and tells every process
+whether it could."""
 
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ import fcntl
 import os
 import socket
 import weakref
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
-from ssl_vit.config import ConfigError
+from ssl_vit.errors import ConfigError
 
-__all__ = ["LOCK_NAME", "RunLock", "lock_held", "lock_run_dir"]
+__all__ = ["LOCK_NAME", "RunLock", "lock_held", "lock_run_dir", "on_main"]
+
+T = TypeVar("T")
 
 LOCK_NAME = ".lock"
 _held: weakref.WeakValueDictionary[Path, RunLock] = weakref.WeakValueDictionary()
@@ -80,3 +85,22 @@ def lock_held(folder: Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+def on_main(acc: Any, claim: Callable[[], T]) -> T | None:
+    """`claim()` on the main process (None elsewhere); its ConfigError or OSError reaches every
+    process as a ConfigError (one broadcast), so no process starts where the main one could not
+    claim what the job writes."""
+    result, error = None, None
+    if acc.is_main_process:
+        try:
+            result = claim()
+        except (ConfigError, OSError) as e:
+            error = str(e)
+    if acc.num_processes > 1:
+        from accelerate.utils import broadcast_object_list  # (torch: only when distributed)
+
+        error = broadcast_object_list([error])[0]
+    if error is not None:
+        raise ConfigError(error if acc.is_main_process else f"main process: {error}")
+    return result
