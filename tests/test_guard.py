@@ -15,6 +15,7 @@ import pytest
 from test_distributed import LAUNCH
 from test_pipelines import ROOT, pretrain_args
 
+from ssl_vit import errors
 from ssl_vit.train.checkpoint import latest_valid_checkpoint
 
 BOUND_S = 60  # the issue's bound for a dead loader worker; every fault here must meet it
@@ -246,55 +247,55 @@ def test_a_library_stop_is_the_jobs_one_error_line_and_exit_1(capsys):
     assert err == "error: at least 3 steps in a row ...; Last good checkpoint: ck/step_4\n"
 
 
-_JOB = """
-import sys
-from ssl_vit import errors
-from ssl_vit.train.guard import run_and_exit
-
-def main(argv):
-    raise {raise_}
-
-run_and_exit(main, [])
-"""
+def _raise(exc: BaseException) -> None:
+    raise exc  # the line a traceback names
 
 
-def _run_job(raise_: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    job = tmp_path / "job.py"  # a file, so that the traceback shows the raising line
-    job.write_text(_JOB.format(raise_=raise_))
-    return subprocess.run([sys.executable, str(job)], capture_output=True, text=True)
+def _reported(exc: BaseException, capsys, monkeypatch) -> tuple[int, str]:
+    """What `run_and_exit` prints and exits with for a job that raised `exc` (its `_report`,
+    in this process: the decision between one line and a traceback is made there), for a job
+    with no checkpoint folder (another test in this process may have noted one)."""
+    from ssl_vit.train import guard
+
+    monkeypatch.setattr(guard, "_checkpoint_root", None)
+    try:
+        _raise(exc)
+    except BaseException as e:  # noqa: BLE001
+        code = guard._report(e)
+    return code, capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
-    "raise_, last",
+    "exc, last",
     [
-        ('ValueError("boom")', "error: ValueError: boom"),
-        ("KeyError('k')", "error: KeyError: 'k'"),
-        ('TypeError("bad call")', "error: TypeError: bad call"),
+        (ValueError("boom"), "error: ValueError: boom"),
+        (KeyError("k"), "error: KeyError: 'k'"),
+        (TypeError("bad call"), "error: TypeError: bad call"),
     ],
 )
-def test_a_bug_in_a_job_prints_its_traceback_then_one_line(raise_, last, tmp_path):
+def test_a_bug_in_a_job_prints_its_traceback_then_one_line(exc, last, capsys, monkeypatch):
     """A builtin ValueError / KeyError / TypeError is a programming error, not a bad input: its
     traceback (naming the raising line) comes first, then the one error line, exit 1."""
-    proc = _run_job(raise_, tmp_path)
-    assert proc.returncode == 1, proc.stderr
-    assert "Traceback (most recent call last)" in proc.stderr, proc.stderr
-    assert f"raise {raise_}" in proc.stderr, proc.stderr  # the line that raised it
-    assert proc.stderr.rstrip().splitlines()[-1] == last, proc.stderr
+    code, err = _reported(exc, capsys, monkeypatch)
+    assert code == 1
+    assert "Traceback (most recent call last)" in err, err
+    assert "raise exc  # the line a traceback names" in err, err
+    assert err.rstrip().splitlines()[-1] == last, err
 
 
 @pytest.mark.parametrize(
-    "raise_, line",
+    "exc, line",
     [
-        ('errors.ConfigError("train.steps: expected int")', "ConfigError: train.steps: expected"),
-        ('errors.InputError("photos/: no images found")', "InputError: photos/: no images found"),
-        ('errors.CheckpointError("no encoder at x")', "CheckpointError: no encoder at x"),
-        ("FileNotFoundError(2, 'No such file', 'x.yaml')", "FileNotFoundError: [Errno 2]"),
+        (errors.ConfigError("train.steps: expected int"), "ConfigError: train.steps: expected"),
+        (errors.InputError("photos/: no images found"), "InputError: photos/: no images found"),
+        (errors.CheckpointError("no encoder at x"), "CheckpointError: no encoder at x"),
+        (FileNotFoundError(2, "No such file", "x.yaml"), "FileNotFoundError: [Errno 2]"),
     ],
 )
-def test_a_user_error_in_a_job_is_one_line_and_exit_1(raise_, line, tmp_path):
-    proc = _run_job(raise_, tmp_path)
-    assert proc.returncode == 1, proc.stderr
-    assert proc.stderr.startswith(f"error: {line}") and proc.stderr.count("\n") == 1, proc.stderr
+def test_a_user_error_in_a_job_is_one_line_and_exit_1(exc, line, capsys, monkeypatch):
+    code, err = _reported(exc, capsys, monkeypatch)
+    assert code == 1
+    assert err.startswith(f"error: {line}") and err.count("\n") == 1, err
 
 
 def test_one_line_errors_passes_a_bug_through():

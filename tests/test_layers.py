@@ -10,6 +10,7 @@ cannot be understood, tested or moved apart).
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +74,7 @@ def _layer(module: str) -> int:
     raise AssertionError(f"{module}: no layer for {group!r}; add it to LAYERS")
 
 
+@functools.cache  # parsed once for the three tests (it reads every module)
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     return {name: _imports(name, path, modules) for name, path in modules.items()}
