@@ -23,13 +23,14 @@ from ssl_vit.errors import ConfigError
 from ssl_vit.jsonfile import read_json
 
 __all__ = [
+    "SelfTraining",
     "Teacher",
+    "autocast_dtype",
     "check_teacher",
     "distill_forward",
     "distillation_loss",
     "frozen_teacher",
     "record_teacher",
-    "autocast_dtype",
 ]
 
 TEACHER_FILE = "teacher.json"  # in the run directory: which teacher, by path and checksum

@@ -62,6 +62,7 @@ __all__ = [
     "Resumed",
     "StepStats",
     "TooManyBadStepsError",
+    "announce",
     "due",
     "end_preempted",
     "finished_run",
@@ -481,6 +482,7 @@ def end_preempted(meter: Meter, step: int) -> dict[str, Any]:
 
 
 def announce(run: RunContext, cfg: Any) -> None:
+    """The run's first line: how the global batch splits (the plan's figures)."""
     plan = run.plan
     log.info(
         "training %s for %d steps, global batch %d (%d per process x %d processes x %d "

@@ -71,7 +71,7 @@ def check_resumed_config(run_dir: Path, cfg: Any, *, finished: bool = False) -> 
     """Refuse another kind of run or a changed shape on --resume; log every other changed
     key. Without config.yaml, the shape is compared with the newest checkpoint's.
 
-    finished: the run has ended (`runner.finished_run`): `cfg` as loaded, so its keys left
+    finished: the run has ended (`loop.finished_run`): `cfg` as loaded, so its keys left
     null (an init checkpoint's, never read for it) are not compared, and nothing is logged."""
     saved_file = run_dir / "config.yaml"
     if not saved_file.is_file():
