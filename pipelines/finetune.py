@@ -182,10 +182,12 @@ def main(argv: list[str] | None = None) -> dict:
     if plan.paired:
         mixer = BatchMixer(cfg.parts, num_classes, cfg.seed, loader.lane_share)
     meter = Meter(run, cfg, start, SHOWN)  # step statistics, bad steps, metrics.jsonl, the bar
-    streams = [Batches(loader, start.counters, plan.global_micro, meter.watch, keys_file(run, cfg))]
-    if selftrain is not None:  # named in the checkpoint, counted in images_unlabelled
+    labelled = Batches(loader, start.counters, plan.global_micro, meter.watch, keys_file(run, cfg))
+    unlabelled = None  # self-training's: named in the checkpoint, counted in images_unlabelled
+    if selftrain is not None:
         u = selftrain.loader, start.counters, plan.global_unlabelled_micro, meter.watch
-        streams.append(Batches(*u, name=selftrain.NAME))
+        unlabelled = Batches(*u, name=selftrain.NAME)
+    streams = [b for b in (labelled, unlabelled) if b is not None]  # what a checkpoint records
 
     # --- The loop ---------------------------------------------------------------------------
     announce(run, cfg)
@@ -197,8 +199,11 @@ def main(argv: list[str] | None = None) -> dict:
     model.train()
     step, row = start.step, {}
     # The stop handler first: a signal while the loader workers start is a preemption.
-    with StopRequest(plan.world, cfg.timeouts.stop_s) as stop, contextlib.ExitStack() as open_:
-        labelled, *unlabelled = [open_.enter_context(b) for b in streams]
+    with (
+        StopRequest(plan.world, cfg.timeouts.stop_s) as stop,
+        labelled,
+        unlabelled if unlabelled is not None else contextlib.nullcontext(),
+    ):
         for step in range(start.step + 1, tc.steps + 1):
             lr = warmup_cosine(step - 1, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr)
             set_lr(optimizer, lr)
@@ -213,7 +218,7 @@ def main(argv: list[str] | None = None) -> dict:
                 if selftrain is None:
                     out, more = train_step(x, target), {}
                 else:  # the unlabelled micro-batch beside it, with the teacher's soft targets
-                    views = selftrain.views(unlabelled[0].next().images, index)
+                    views = selftrain.views(unlabelled.next().images, index)
                     out = train_step(x, target, *views)
                     more = {"distill": out.distill, "agree": out.agree, "unlabelled": len(views[0])}
                 correct = (out.logits.argmax(-1) == y).sum()

@@ -19,11 +19,11 @@ def flag_overrides(flags: dict[str, tuple[str, Any]], overrides: Sequence[str]) 
     one key say one setting twice: equal values are fine, different ones are a ConfigError
     naming both, wherever each stands on the command line (neither wins silently)."""
     items = {shown: f"{key}={json.dumps(value)}" for shown, (key, value) in flags.items()}
+    said = [(other, flat_keys(parse_overrides([other]))) for other in overrides]
     for shown, item in items.items():
         [(key, value)] = flat_keys(parse_overrides([item])).items()
-        for other in overrides:
-            said = flat_keys(parse_overrides([other]))
-            if key in said and said[key] != value:
+        for other, keys in said:
+            if key in keys and keys[key] != value:
                 raise ConfigError(f"{shown} and {other} disagree")
     return [*items.values(), *overrides]
 
