@@ -26,6 +26,7 @@ __all__ = [
     "PROCESS",
     "SHARDS",
     "SHUFFLE",
+    "STRONG_AUGMENT",
     "UNLABELLED",
     "derive",
     "process",
@@ -44,6 +45,7 @@ MIXUP = 10  # mixup / cutmix of a micro-batch: its lam, mode and box (train.reci
 LABELS = 11  # which K images of a class form the labelled subset (data.labelled)
 LABELS_ORDER = 12  # the order of the labelled subset's copy in its shards
 UNLABELLED = 13  # self-training's unlabelled stream: its seed (order, crops) derives from this
+STRONG_AUGMENT = 14  # the strong view of an unlabelled micro-batch (data.strong_augment)
 
 
 _MASK = 2**64 - 1

@@ -32,7 +32,13 @@ from ssl_vit import seeds
 from ssl_vit.config.schema import FinetuneDataConfig, PretrainDataConfig
 from ssl_vit.data.images import fallback_box
 
-__all__ = ["DeviceAugment", "build_device_augment", "load_size", "resolve_augment"]
+__all__ = [
+    "DeviceAugment",
+    "StreamDraws",
+    "build_device_augment",
+    "load_size",
+    "resolve_augment",
+]
 
 log = logging.getLogger(__name__)
 TRIES = 10  # torchvision's RandomResizedCrop.get_params
@@ -57,7 +63,42 @@ def load_size(requested: int, image_size: int) -> int:
     return image_size if image_size <= 64 else -(-image_size * 8 // 7 // 8) * 8
 
 
-class DeviceAugment:
+class StreamDraws:
+    """The randomness of a batched augmentation on the device, shared by `DeviceAugment` and
+    `strong_augment.StrongAugment`: with `stream` (seed, rank, global_micro) and micro-batch
+    `index`, `generator` is reseeded from (seed, `stream_id`, index) and draws the uniforms of
+    the whole global micro-batch, of which this rank keeps its rows (a sample's draws depend on
+    its place in the global stream only); without them the draws continue `generator`'s
+    sequence. Its state is the generator's."""
+
+    stream_id = seeds.DEVICE_AUGMENT
+    generator: torch.Generator
+    stream: tuple[int, int, int] | None
+
+    def stream_uniforms(
+        self, batch: int, width: int, device: torch.device | str, index: int | None = None
+    ) -> torch.Tensor:
+        """[B, width] uniforms in [0, 1) for this rank's `batch` samples."""
+        if index is None or self.stream is None:
+            return torch.rand((batch, width), generator=self.generator, device=device)
+        seed, rank, global_micro = self.stream
+        self.generator.manual_seed(seeds.derive(seed, self.stream_id, index))
+        full = torch.rand((global_micro, width), generator=self.generator, device=device)
+        return full[rank * batch : (rank + 1) * batch]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """The saved generator state, when it is one for this generator's device type: in
+        training it is reseeded per micro-batch from (seed, index) anyway, so a run resumed
+        on another device type (a GPU run on the CPU) needs none."""
+        saved = None if state is None else state.get("generator")
+        if saved is not None and saved.numel() == self.generator.get_state().numel():
+            self.generator.set_state(saved)
+
+
+class DeviceAugment(StreamDraws):
     """uint8 [B,3,L,L] -> uint8 [B,3,S,S] on the images' device: per-sample random resized
     crop (torchvision's box distribution) and horizontal flip with probability 1/2.
 
@@ -84,15 +125,8 @@ class DeviceAugment:
         self.log_ratio = [float(v) for v in torch.log(torch.tensor(ratio))]
 
     def uniforms(self, batch: int, device: torch.device, index: int | None = None) -> torch.Tensor:
-        """[B, 2T + 3] uniforms of a batch: the generator's next ones, or (with `stream` and
-        micro-batch `index`) this rank's rows of the global micro-batch's draws."""
-        shape = (batch, 2 * TRIES + 3)
-        if index is None or self.stream is None:
-            return torch.rand(shape, generator=self.generator, device=device)
-        seed, rank, global_micro = self.stream
-        self.generator.manual_seed(seeds.derive(seed, seeds.DEVICE_AUGMENT, index))
-        full = torch.rand((global_micro, shape[1]), generator=self.generator, device=device)
-        return full[rank * batch : (rank + 1) * batch]
+        """[B, 2T + 3] uniforms of a batch (`StreamDraws.stream_uniforms`)."""
+        return self.stream_uniforms(batch, 2 * TRIES + 3, device, index)
 
     def boxes(
         self, batch: int, height: int, width: int, device: torch.device, index: int | None = None
@@ -143,17 +177,6 @@ class DeviceAugment:
         if images_B3LL.dtype == torch.uint8:  # uint8 in, uint8 out: the targets stay exact
             return out.round_().clamp_(0, 255).to(torch.uint8)
         return out
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        """The saved generator state, when it is one for this generator's device type: in
-        training it is reseeded per micro-batch from (seed, index) anyway, so a run resumed
-        on another device type (a GPU run on the CPU) needs none."""
-        saved = None if state is None else state.get("generator")
-        if saved is not None and saved.numel() == self.generator.get_state().numel():
-            self.generator.set_state(saved)
 
 
 def build_device_augment(
