@@ -103,16 +103,19 @@ def test_autocontrast_stretches_each_channel():
     assert out[2, 0].tolist() == [0, 128, 255]
 
 
-def test_equalize_is_pil_equalize():
-    x = _image(13, batch=6, seed=4).to(torch.uint8)
-    x[0] = torch.randint(100, 104, (3, 13, 13))  # few values
+@pytest.mark.parametrize("size", [13, 40])  # 169 pixels: PIL's step is 0 (unchanged); 1600: 6
+def test_equalize_is_pil_equalize(size):
+    x = _image(size, batch=6, seed=4).to(torch.uint8)
+    x[0] = torch.randint(100, 104, (3, size, size))  # few values
     x[1, 1] = 7  # a flat channel
     x[2, :, :4] = 255  # many at the top value
+    x[3] = x[3] // 2  # a dark image
     for i in range(6):
         ref = np.asarray(ImageOps.equalize(Image.fromarray(x[i].permute(1, 2, 0).numpy())))
         got = equalize(x[i : i + 1].float())[0].permute(1, 2, 0).to(torch.uint8).numpy()
         assert (ref == got).all(), i
     assert torch.equal(_op(x.float(), "equalize", 0.7), equalize(x.float()))
+    assert torch.equal(equalize(x.float()), x.float()) == (size == 13)
 
 
 def test_sharpness_blends_with_the_smoothed_image():
