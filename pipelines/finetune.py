@@ -60,7 +60,17 @@ from ssl_vit.train.step import TrainStep
 from ssl_vit.watchdog import watched
 
 log = logging.getLogger("finetune")
-SHOWN = ("step", "loss", "train_acc", "distill_loss", "top1", "top1_ema", "lr", "img_per_s")
+SHOWN = (
+    "step",
+    "loss",
+    "train_acc",
+    "distill_loss",
+    "pseudo_used",
+    "top1",
+    "top1_ema",
+    "lr",
+    "img_per_s",
+)
 
 
 def parse_args(argv: list[str] | None) -> Namespace:
@@ -75,7 +85,7 @@ class Checked(NamedTuple):
     loaded: Any  # the loaded encoder (preflight.load_init_encoder), None for random init
     subset: Any  # the label budget's subset, None for every label
     note: str | None  # the line to log about the checkpoint
-    teacher: Any  # the self-training teacher, None without distill.teacher
+    teacher: Any  # the offline teacher (distill.teacher), None without one
 
 
 def check(cfg: FinetuneConfig, resume: bool) -> Checked:
@@ -154,15 +164,18 @@ def main(argv: list[str] | None = None) -> dict:
     ema = EMA(model, cfg.ema) if cfg.ema else None  # updated on the device, no sync
     augment = device_augment(cfg, plan, acc.device)
     parts = {"ema": ema} if ema is not None else {}  # the training state beside the model's
+    # Training on the unlabelled images too (distill.unlabelled): the teacher (offline: the
+    # frozen classifier; online: the student's EMA, in `parts`) and the unlabelled stream.
+    selftrain = None
+    if cfg.distill.enabled:
+        selftrain = SelfTraining(cfg, run, job.teacher, augment, start, model)
+        parts.update(selftrain.parts)
     start.restore(run, model, optimizer, augment, parts)
     model, optimizer = acc.prepare(model, optimizer)
     raw = acc.unwrap_model(model)
-    # Self-training (distill.teacher): the frozen teacher and the unlabelled stream.
-    selftrain = None
-    if job.teacher is not None:
-        selftrain = SelfTraining(cfg, run, job.teacher, augment, start)
     forward = classifier_forward(model, cfg)
     if selftrain is not None:
+        selftrain.start(raw, start.step)
         forward = selftrain.forward(model, recipe_loss(cfg.parts))
     c = cfg.compile
     train_step = TrainStep(
@@ -217,15 +230,17 @@ def main(argv: list[str] | None = None) -> dict:
                     x, target = mixer(x.float() / 255.0, y, index)
                 if selftrain is None:
                     out, more = train_step(x, target), {}
-                else:  # the unlabelled micro-batch beside it, with the teacher's soft targets
-                    views = selftrain.views(unlabelled.next().images, index)
-                    out = train_step(x, target, *views)
-                    more = {"distill": out.distill, "agree": out.agree, "unlabelled": len(views[0])}
+                else:  # the unlabelled micro-batch beside it: the student's and teacher's views
+                    u = unlabelled.next()
+                    out = train_step(x, target, *selftrain.views(u.images, index))
+                    more = selftrain.counts(out, u.labels)  # u.labels: only scored, if any
                 correct = (out.logits.argmax(-1) == y).sum()
                 meter.add(loss=out.loss, micro=1, correct=correct, seen=len(y), **more)
             meter.end_step(step, train_step)  # on the device; read at log and checkpoint steps
             if ema is not None:
                 ema.update(raw, train_step.applied)
+            if selftrain is not None:  # online: the teacher follows the student
+                selftrain.follow(raw, train_step.applied)
             due_row = None
             if meter.logs(step):
                 row = due_row = log_row(selftrain, *meter.lap(step, lr), step)
@@ -257,8 +272,8 @@ def main(argv: list[str] | None = None) -> dict:
             summary = confusion_summary(confusion, label_names)
             results.update(per_class_top1=summary["per_class_top1"])
             results.update(confusion_matrix=summary["confusion_matrix"])
-        if job.teacher is not None:
-            results["distill"] = distill_results(cfg, job.teacher, start.counters)
+        if selftrain is not None:
+            results["distill"] = distill_results(cfg, job.teacher, start.counters, row)
         results["wall_time_s"] = time.time() - t_start
         if acc.is_main_process:  # the averaged weights when there are any (what top1_ema scored)
             save_final(ema.module if ema is not None else raw, cfg, label_names)
@@ -280,12 +295,11 @@ def build_classifier(cfg: FinetuneConfig, loaded, num_classes: int, train_data, 
 
 
 def log_row(selftrain, sums: dict, lap: dict, step: int) -> dict:
-    """A lap's row: loss and training accuracy (with self-training, its term and agreement)."""
+    """A lap's row: loss and training accuracy (and the unlabelled images' columns)."""
     out = {"step": step, "loss": ratio(sums["loss"], sums["micro"])}
     out.update(train_acc=ratio(sums["correct"], sums["seen"]), **lap)
-    if selftrain is not None:  # the distillation term, and how often student = teacher
-        out.update(distill_loss=ratio(sums["distill"], sums["micro"]))
-        out.update(teacher_agree=ratio(sums["agree"], sums["unlabelled"]))
+    if selftrain is not None:
+        out.update(selftrain.row(sums))
     return out
 
 
@@ -335,18 +349,19 @@ def final_results(cfg: FinetuneConfig, row: dict, counters: dict, subset, label_
     }
 
 
-def distill_results(cfg: FinetuneConfig, teacher, counters: dict) -> dict:
-    """What results.json says of self-training: the teacher (path, checksum, its top-1), the
-    unlabelled source and how many of its images the run saw (all processes)."""
+def distill_results(cfg: FinetuneConfig, teacher, counters: dict, row: dict) -> dict:
+    """What results.json says of the unlabelled images' use: the mode, the unlabelled source
+    and how many of its images the run saw (all processes); offline, the teacher (path,
+    checksum, its top-1); online, the momentum, threshold and the last lap's pseudo-labels."""
     d = cfg.distill
-    return {
-        **teacher.record(),
-        "unlabelled": d.unlabelled,
-        "unlabelled_images_seen": counters.get("images_unlabelled", 0),
-        "temperature": d.temperature,
-        "weight": d.weight,
-        "ratio": d.ratio,
-    }
+    out = {"mode": d.mode, "unlabelled": d.unlabelled}
+    out.update(unlabelled_images_seen=counters.get("images_unlabelled", 0))
+    out.update(weight=d.weight, ratio=d.ratio)
+    if not d.online:
+        return {**teacher.record(), **out, "temperature": d.temperature}
+    out.update(momentum=d.momentum, threshold=d.threshold, strong_ops=d.strong_ops)
+    out.update(strong_magnitude=d.strong_magnitude)
+    return {**out, "pseudo_used": row.get("pseudo_used"), "pseudo_acc": row.get("pseudo_acc")}
 
 
 def evaluate_all(model, ema, cfg: FinetuneConfig, run, label_names) -> dict[str, Any]:

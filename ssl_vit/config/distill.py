@@ -1,14 +1,23 @@
-"""The `distill` section of fine-tuning: self-training on the unlabelled images (beyond the
-paper). A fine-tuned classifier (the teacher) labels the unlabelled images softly, on the same
-augmented images the student sees, and the student fits those targets besides the labelled
-micro-batch's true labels (SimCLRv2's distillation loss, Chen et al. 2020, section 2.3)."""
+"""The `distill` section of fine-tuning: training on the unlabelled images too (beyond the
+paper), in one of two forms.
+
+`offline` (self-training): a fixed fine-tuned classifier (the teacher) labels the unlabelled
+images softly, on the same augmented images the student sees, and the student fits those
+targets besides the labelled micro-batch's true labels (SimCLRv2's distillation loss, Chen et
+al. 2020, section 2.3).
+
+`online` (semi-supervised, FixMatch, Sohn et al. 2020; Semi-ViT, Cai et al. 2022): the teacher
+is an exponential moving average of the student itself, so it improves as the student trains;
+its argmax on a weak view of an unlabelled image is that image's pseudo-label where its
+confidence reaches `threshold`, and the student must reach it from a strong view (RandAugment-
+style ops and erasing, on the device). Labelled and unlabelled micro-batches share each step."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-from ssl_vit.config.checks import check_min, check_positive
+from ssl_vit.config.checks import check_fraction, check_min, check_positive
 from ssl_vit.config.frozen import Frozen
 from ssl_vit.errors import ConfigError
 
@@ -17,18 +26,30 @@ __all__ = ["DistillConfig"]
 
 @dataclass
 class DistillConfig(Frozen):
-    """Off unless `teacher` is set."""
+    """Off unless `unlabelled` is set."""
 
-    # A fine-tuned classifier: a fine-tuning run directory or its model.safetensors.
+    # `offline`: a fixed fine-tuned teacher (`teacher`); `online`: the student's own EMA.
+    mode: Literal["offline", "online"] = "offline"
+    # offline: a fine-tuned classifier: a fine-tuning run directory or its model.safetensors.
     teacher: str = ""
-    # The unlabelled images: any source (labels, if it has any, are ignored).
+    # The unlabelled images: any source (labels, if it has any, only score the pseudo-labels).
     unlabelled: str = ""
-    # Softmax temperature of teacher and student on the unlabelled images (SimCLRv2: 1).
+    # offline: softmax temperature of teacher and student on the unlabelled images (SimCLRv2: 1).
     temperature: float = 1.0
-    # Weight of the distillation loss; the labelled cross-entropy has weight 1.
+    # Weight of the unlabelled loss; the labelled cross-entropy has weight 1 (FixMatch: 1).
     weight: float = 1.0
-    # Unlabelled images per labelled image in each micro-batch.
+    # Unlabelled images per labelled image in each micro-batch (FixMatch's mu: 7).
     ratio: int = 1
+    # online: the teacher's weights follow the student's, t <- m t + (1 - m) s after each
+    # applied step. Semi-ViT uses 0.9999 over 100k+ steps; the window 1 / (1 - m) steps must be
+    # well inside the run (0.99 is a 100-step window for a run of a few hundred steps).
+    momentum: float = 0.999
+    # online: a pseudo-label counts where the teacher's softmax maximum is at least this
+    # (FixMatch: 0.95; Semi-ViT: 0.7-0.9); below it the image adds nothing to the loss.
+    threshold: float = 0.95
+    # online: RandAugment-style ops per strong view and their largest magnitude (of 10).
+    strong_ops: int = 2
+    strong_magnitude: int = 10
     # What the teacher sees: `same`, the student's augmented image (SimCLRv2); `weak_strong`,
     # the image only resized while the student sees it randomly cropped and flipped (on the
     # device, at data.crop_scale): the teacher's targets are its best guesses and the student
@@ -37,12 +58,28 @@ class DistillConfig(Frozen):
 
     @property
     def enabled(self) -> bool:
-        return bool(self.teacher.strip())
+        return bool(self.unlabelled.strip())
+
+    @property
+    def online(self) -> bool:
+        return self.enabled and self.mode == "online"
 
     def validate(self) -> None:
-        check_positive("distill.", self, ("temperature", "ratio"))
+        check_positive("distill.", self, ("temperature", "ratio", "strong_ops"))
         check_min("distill.", self, ("weight",), 0)
-        if self.enabled != bool(self.unlabelled.strip()):
+        check_fraction("distill.momentum", self.momentum, low_open=False)
+        check_fraction("distill.threshold", self.threshold)
+        if not 0 <= self.strong_magnitude <= 10:
+            raise ConfigError(
+                f"distill.strong_magnitude={self.strong_magnitude}: give 0 to 10 (RandAugment's)"
+            )
+        teacher = bool(self.teacher.strip())
+        if self.mode == "offline" and teacher != self.enabled:
             raise ConfigError(
                 "distill.teacher and distill.unlabelled: give both (self-training) or neither"
+            )
+        if self.mode == "online" and teacher:
+            raise ConfigError(
+                "distill.teacher: distill.mode=online has no fixed teacher (its teacher is the "
+                "student's moving average); drop distill.teacher or use distill.mode=offline"
             )

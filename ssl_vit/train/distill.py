@@ -1,7 +1,17 @@
-"""Self-training on the unlabelled images (beyond the paper): a fine-tuned classifier, the
-teacher, labels them softly and the student fits those targets besides the labelled images'
-true labels. SimCLRv2's distillation loss (Chen et al. 2020, eq. 2): the cross-entropy of the
-student's temperature-scaled softmax against the teacher's, on the same augmented images.
+"""Training on the unlabelled images too (beyond the paper), in the fine-tuning loop.
+
+Offline (`distill.mode=offline`, self-training): a fine-tuned classifier, the teacher, labels
+them softly and the student fits those targets besides the labelled images' true labels.
+SimCLRv2's distillation loss (Chen et al. 2020, eq. 2): the cross-entropy of the student's
+temperature-scaled softmax against the teacher's, on the same augmented images.
+
+Online (`distill.mode=online`, semi-supervised: FixMatch, Sohn et al. 2020; Semi-ViT, Cai et
+al. 2022): the teacher is the student's EMA (`ema.EMA`, updated after each applied step); its
+argmax on a weak view (the labelled stream's crop and flip) is the pseudo-label where its
+softmax maximum reaches `distill.threshold`, and the student's cross-entropy to it is taken on
+a strong view of the same image (`strong_augment`: RandAugment-style ops and erasing on the
+device, no second decode). An image below the threshold adds nothing; the mean is over all U
+images (FixMatch's normalisation), so the unlabelled term grows as the teacher grows confident.
 
 Shape legend: B labelled images, U unlabelled images, K classes.
 """
@@ -21,15 +31,19 @@ from torch import nn
 from ssl_vit.atomic import file_sha256, write_text
 from ssl_vit.errors import ConfigError
 from ssl_vit.jsonfile import read_json
+from ssl_vit.train.metrics import ratio
 
 __all__ = [
     "SelfTraining",
     "Teacher",
     "autocast_dtype",
     "check_teacher",
+    "check_unlabelled",
     "distill_forward",
     "distillation_loss",
     "frozen_teacher",
+    "online_forward",
+    "pseudo_label_loss",
     "record_teacher",
 ]
 
@@ -89,6 +103,57 @@ def distill_forward(
     return forward_loss
 
 
+def pseudo_label_loss(
+    student_UK: torch.Tensor, teacher_UK: torch.Tensor, threshold: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, pseudo_U, used_U): FixMatch's unlabelled term, the mean over all U images of
+    used_u x cross-entropy(student_u, pseudo_u), where pseudo_u is the teacher's argmax and
+    used_u whether its softmax maximum is >= `threshold` (no gradient reaches the teacher)."""
+    confidence_U, pseudo_U = F.softmax(teacher_UK.detach().float(), dim=-1).max(dim=-1)
+    used_U = confidence_U >= threshold
+    ce_U = F.cross_entropy(student_UK.float(), pseudo_U, reduction="none")
+    return (ce_U * used_U).mean(), pseudo_U, used_U
+
+
+class OnlineLoss(NamedTuple):
+    loss: torch.Tensor  # labelled cross-entropy + weight x pseudo-label term
+    logits: torch.Tensor  # [B, K] the student's on the labelled images
+    labelled: torch.Tensor
+    distill: torch.Tensor  # the pseudo-label term (named as offline's: one log column)
+    pseudo: torch.Tensor  # [U] the teacher's argmax on the weak views
+    used: torch.Tensor  # [U] bool: confident enough to count
+
+
+def online_forward(
+    model: nn.Module,
+    teacher: nn.Module,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    threshold: float,
+    weight: float,
+    autocast: torch.dtype | None = None,
+) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], OnlineLoss]:
+    """forward+loss of one micro-batch: labelled images with their targets, the unlabelled
+    images' strong views (the student's) and weak views (the teacher's). One student forward
+    over both; the teacher (the EMA module) under no_grad in the same compiled region, autocast
+    as `distill_forward`'s."""
+
+    def forward_loss(images_B, targets, strong_U, weak_U) -> OnlineLoss:
+        if images_B.dtype != strong_U.dtype:  # mixed labelled images are [0, 1] floats
+            strong_U = strong_U.float() / 255.0
+        logits = model(torch.cat([images_B, strong_U]))
+        logits_B, student_UK = logits[: len(images_B)], logits[len(images_B) :]
+        on = autocast is not None
+        with torch.no_grad(), torch.autocast(images_B.device.type, autocast, enabled=on):
+            teacher_UK = teacher(weak_U)
+        labelled = loss_fn(logits_B.float(), targets)
+        unlabelled, pseudo_U, used_U = pseudo_label_loss(student_UK, teacher_UK, threshold)
+        return OnlineLoss(
+            labelled + weight * unlabelled, logits_B, labelled, unlabelled, pseudo_U, used_U
+        )
+
+    return forward_loss
+
+
 class Teacher(NamedTuple):
     """The teacher as checked before any compute: its classifier file, the file's SHA-256 and
     its fine-tune's top-1 (None when its run has no results.json)."""
@@ -101,15 +166,17 @@ class Teacher(NamedTuple):
         return {"teacher": str(self.file), "teacher_sha256": self.sha256, "teacher_top1": self.top1}
 
 
-def check_teacher(cfg: Any, label_names: list[str], resume: bool) -> Teacher:
-    """distill.teacher is a fine-tuned classifier for data.train's classes at model.image_size,
-    distill.unlabelled a readable source holding a step's unlabelled images (distill.ratio),
-    and on --resume the teacher the run started with: each a one-line ConfigError before any
-    compute."""
-    from ssl_vit.data.sources import open_source
+def check_teacher(cfg: Any, label_names: list[str], resume: bool) -> Teacher | None:
+    """distill.teacher is a fine-tuned classifier for data.train's classes at model.image_size
+    (None under `distill.mode=online`: the student's EMA is its teacher), distill.unlabelled a
+    readable source holding a step's unlabelled images (distill.ratio), and on --resume the
+    teacher the run started with: each a one-line ConfigError before any compute."""
     from ssl_vit.train.classifier_file import ClassifierError, find_classifier, read_classifier_spec
 
     d = cfg.distill
+    check_unlabelled(cfg)
+    if d.online:
+        return None
     try:
         spec = read_classifier_spec(d.teacher)
         file = find_classifier(d.teacher).resolve()
@@ -125,6 +192,17 @@ def check_teacher(cfg: Any, label_names: list[str], resume: bool) -> Teacher:
             f"distill.teacher={d.teacher!r}: takes {spec.image_size} px images, the student "
             f"{cfg.model.image_size} px (model.image_size); give them the same resolution"
         )
+    teacher = Teacher(file, file_sha256(file), _teacher_top1(file.parent))
+    if resume:
+        _check_same_teacher(Path(cfg.output_dir) / TEACHER_FILE, teacher)
+    return teacher
+
+
+def check_unlabelled(cfg: Any) -> None:
+    """distill.unlabelled: a readable source with at least a step's unlabelled images."""
+    from ssl_vit.data.sources import open_source
+
+    d = cfg.distill
     try:
         images = len(open_source(d.unlabelled, labels="ignored"))  # as the stream reads it
         if images == 0:
@@ -132,10 +210,6 @@ def check_teacher(cfg: Any, label_names: list[str], resume: bool) -> Teacher:
     except (OSError, ValueError) as e:
         raise ConfigError(f"distill.unlabelled={d.unlabelled!r}: {e}") from None
     _check_ratio(d.ratio, cfg.train.batch_size, images)
-    teacher = Teacher(file, file_sha256(file), _teacher_top1(file.parent))
-    if resume:
-        _check_same_teacher(Path(cfg.output_dir) / TEACHER_FILE, teacher)
-    return teacher
 
 
 def _check_ratio(ratio: int, batch_size: int, images: int) -> None:
@@ -191,46 +265,74 @@ def autocast_dtype(mixed_precision: str) -> torch.dtype | None:
 
 
 class SelfTraining:
-    """One fine-tuning run's self-training: the frozen teacher on the device, the unlabelled
-    stream's loader (the fine-tuning loop reads it beside the labelled one; its position is
-    checkpointed apart, as elastic as the labelled one) and its crops (in the workers, or on
-    the device with the labelled stream's `data.augment`; always on the device under
-    `distill.views=weak_strong`, whose stream only decodes and resizes, the teacher's view),
-    each from a seed of its own (`seeds.UNLABELLED`)."""
+    """One fine-tuning run's training on the unlabelled images: its teacher on the device (the
+    frozen classifier offline; online, the student's EMA, checkpointed as `parts["teacher"]`),
+    the unlabelled stream's loader (the fine-tuning loop reads it beside the labelled one; its
+    position is checkpointed apart, as elastic as the labelled one) and its views: crops in the
+    workers, or on the device with the labelled stream's `data.augment`; always on the device
+    under `distill.views=weak_strong` (whose stream only decodes and resizes: the teacher's
+    view) and online (weak: crop and flip; strong: those, then `strong_augment`), each from a
+    seed of its own (`seeds.UNLABELLED`).
+
+    Built before the checkpoint is restored (`parts` joins the training state); the loop calls
+    `start` once, `views` and `counts` per micro-batch, `follow` after each step, `row` at log
+    steps."""
 
     NAME = "unlabelled"  # the stream's name (checkpoint key stream_unlabelled, images_unlabelled)
 
-    def __init__(self, cfg: Any, run: Any, teacher: Teacher, device_augment: Any, start: Any):
+    def __init__(
+        self, cfg: Any, run: Any, teacher: Teacher | None, device_augment: Any, start: Any,
+        student: nn.Module,
+    ) -> None:  # fmt: skip
         from ssl_vit import seeds
         from ssl_vit.data.device_augment import build_device_augment
+        from ssl_vit.data.strong_augment import build_strong_augment
         from ssl_vit.data.train_stream import train_loader
         from ssl_vit.train.classifier_file import load_classifier
+        from ssl_vit.train.ema import EMA
         from ssl_vit.train.loop import stream_args
 
         plan, d = run.plan, cfg.distill
-        self.cfg, self.device = cfg, run.acc.device
-        self.teacher = frozen_teacher(load_classifier(teacher.file)[0], self.device)
+        self.cfg, self.device, self.online = cfg, run.acc.device, d.online
         self.autocast = autocast_dtype(run.acc.mixed_precision)
         seed = seeds.derive(cfg.seed, seeds.UNLABELLED)
-        self.augment, self.two_views = None, d.views == "weak_strong"
-        if device_augment is not None or self.two_views:
+        micro = plan.global_unlabelled_micro
+        self.parts: dict[str, nn.Module] = {}
+        self.strong = None
+        if self.online:  # the student's EMA, from the student's weights at step 0
+            self.ema = EMA(student, d.momentum, copy_first=False)
+            self.teacher = self.ema.module.eval()
+            self.parts["teacher"] = self.ema
+            opts = {"ops": d.strong_ops, "magnitude": d.strong_magnitude / 10}  # of (0, 1)
+            self.strong = build_strong_augment(seed, plan.rank, micro, self.device, **opts)
+        else:
+            self.teacher = frozen_teacher(load_classifier(teacher.file)[0], self.device)
+        self.augment, self.two_views = None, d.views == "weak_strong" and not self.online
+        if device_augment is not None or self.two_views or self.online:
             data = replace(cfg.data, augment="device")  # the labelled stream's, or ours
-            size, micro = cfg.model.image_size, plan.global_unlabelled_micro
+            size = cfg.model.image_size
             self.augment = build_device_augment(data, size, self.device, seed, plan.rank, micro)
         args = stream_args(run, cfg, start, self.augment, self.NAME)
-        args = replace(args, global_micro=plan.global_unlabelled_micro, seed=seed)
+        args = replace(args, global_micro=micro, seed=seed)
         self.loader = train_loader(cfg.data, args, source=d.unlabelled)
 
     def forward(self, model: nn.Module, loss_fn: Callable) -> Callable:
         d = self.cfg.distill
+        if self.online:
+            return online_forward(
+                model, self.teacher, loss_fn, d.threshold, d.weight, self.autocast
+            )
         return distill_forward(model, self.teacher, loss_fn, d.temperature, d.weight, self.autocast)
 
     def views(self, images: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """An unlabelled micro-batch (uint8, as the loader gives it) on the device: (the
-        student's view, the teacher's), cropped like the labelled; the teacher's only resized
-        to the model's size under `weak_strong` (antialiased, as the loaders resize)."""
+        student's view, the teacher's). Offline: cropped like the labelled; the teacher's only
+        resized to the model's size under `weak_strong` (antialiased, as the loaders resize).
+        Online: (strong, weak), the strong made from the weak."""
         x = images.to(self.device, non_blocking=True)
         student = self.augment(x, index) if self.augment is not None else x
+        if self.online:
+            return self.strong(student, index), student
         if not self.two_views:
             return student, student
         size = self.cfg.model.image_size
@@ -238,3 +340,40 @@ class SelfTraining:
             x = F.interpolate(x.float(), size=(size, size), mode="bilinear", antialias=True)
             x = x.round().clamp_(0, 255).to(torch.uint8)
         return student, x
+
+    def counts(self, out: Any, labels: torch.Tensor) -> dict[str, torch.Tensor | int]:
+        """A micro-batch's figures for the log (on the device). Online: pseudo-labels used and,
+        where the unlabelled source has labels (>= 0), how many used ones are right: those
+        labels are read here only, never by the loss."""
+        if not self.online:
+            return {"distill": out.distill, "agree": out.agree, "unlabelled": len(labels)}
+        labels = labels.to(self.device, non_blocking=True)
+        known = out.used & (labels >= 0)
+        right = known & (out.pseudo == labels)
+        return {
+            "distill": out.distill, "unlabelled": len(labels), "used": out.used.sum(),
+            "known": known.sum(), "right": right.sum(),
+        }  # fmt: skip
+
+    @torch.no_grad()
+    def start(self, student: nn.Module, step: int) -> None:
+        """After `prepare`, before the first step: online, a new run's teacher is the student
+        as DDP broadcast it from rank 0 (each process built its own random init; a resumed
+        run's teacher is the checkpoint's)."""
+        if self.online and step == 0:
+            torch._foreach_copy_(list(self.teacher.parameters()), list(student.parameters()))
+
+    def follow(self, student: nn.Module, applied: torch.Tensor | bool) -> None:
+        """After a step: online, the teacher moves toward the student (if the step applied)."""
+        if self.online:
+            self.ema.update(student, applied)
+
+    def row(self, sums: dict) -> dict[str, float | None]:
+        """A log row's unlabelled columns: the unlabelled loss; offline, how often the student's
+        top-1 is the teacher's; online, the share of pseudo-labels used and their accuracy
+        (NaN in a lap that used none, or where the source has no labels)."""
+        out = {"distill_loss": ratio(sums["distill"], sums["micro"])}
+        if not self.online:
+            return {**out, "teacher_agree": ratio(sums["agree"], sums["unlabelled"])}
+        out["pseudo_used"] = ratio(sums["used"], sums["unlabelled"])
+        return {**out, "pseudo_acc": ratio(sums["right"], sums["known"])}

@@ -19,14 +19,16 @@ __all__ = ["EMA"]
 class EMA(nn.Module):
     """`module`: a copy of the model whose parameters follow
     ema <- decay * ema + (1 - decay) * param after each applied step (the first applied step
-    copies them, as AveragedModel does)."""
+    copies them, as AveragedModel does, unless `copy_first` is False: then the copy made here,
+    the model's weights before training, is the average's start, as a mean teacher's is)."""
 
-    def __init__(self, model: nn.Module, decay: float) -> None:
+    def __init__(self, model: nn.Module, decay: float, copy_first: bool = True) -> None:
         super().__init__()
         self.module = copy.deepcopy(model).requires_grad_(False)
         self.decay = decay
         device = next(model.parameters()).device
-        self.register_buffer("n_averaged", torch.zeros((), dtype=torch.long, device=device))
+        start = torch.tensor(0 if copy_first else 1, dtype=torch.long, device=device)
+        self.register_buffer("n_averaged", start)
 
     @torch.no_grad()
     def update(self, model: nn.Module, applied: torch.Tensor | bool = True) -> None:

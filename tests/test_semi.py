@@ -1,0 +1,182 @@
+"""The online semi-supervised stage (`distill.mode=online`: FixMatch / Semi-ViT): the EMA
+teacher gets no gradient and follows the student by the momentum rule; a pseudo-label below
+the threshold adds nothing (hand-computed loss and gradient); the step is one graph with no
+host sync; stop and --resume bit-identical with both streams and the teacher; 2 processes as
+1; the offline and paper paths untouched by the new keys."""
+
+import json
+import math
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import pipeline
+from safetensors.torch import load_file
+from test_compile import Backend, _losses
+from test_distill import _tiny_classifier
+from test_distributed import LAUNCH
+from test_faults import stop_after_step
+from test_pipelines import ROOT, finetune_args
+from test_step_sync import EVERY, STEPS, _between_log_steps, _run_counting
+
+from ssl_vit.config import ConfigError, FinetuneConfig, from_dict
+from ssl_vit.model import compile as compile_mod
+from ssl_vit.train.distill import online_forward, pseudo_label_loss
+from ssl_vit.train.ema import EMA
+
+# A low threshold: the smoke runs' 8 steps from scratch use some pseudo-labels.
+ONLINE = ["distill.mode=online", "distill.momentum=0.5", "distill.threshold=0.11"]
+
+
+def online_args(shards, out, *extra):
+    more = [f"distill.unlabelled={shards}", *ONLINE]
+    return finetune_args(shards, out, "train.steps=8", "train.log_every=4", *more, *extra)
+
+
+def test_the_pseudo_label_loss_by_hand():
+    """Teacher row 0: softmax (0.8, 0.1, 0.1) -> pseudo-label 0, confidence 0.8 >= 0.7: used.
+    Row 1: (1/3, 1/3, 1/3) -> 0.33 < 0.7: not used. The student's row 0 logits (0, 0, 0): its
+    cross-entropy to class 0 is ln 3; the mean over both rows: ln 3 / 2."""
+    teacher = torch.tensor([[math.log(8.0), 0.0, 0.0], [0.0, 0.0, 0.0]])
+    student = torch.tensor([[0.0, 0.0, 0.0], [5.0, -1.0, 2.0]], requires_grad=True)
+    loss, pseudo, used = pseudo_label_loss(student, teacher, 0.7)
+    assert loss.item() == pytest.approx(math.log(3.0) / 2, rel=1e-6)
+    assert pseudo.tolist() == [0, 0] and used.tolist() == [True, False]
+    loss.backward()
+    # d/dz of CE(z, 0) / 2 at z = 0: (softmax - onehot) / 2 = (1/3 - 1, 1/3, 1/3) / 2.
+    want = torch.tensor([[-1 / 3, 1 / 6, 1 / 6], [0.0, 0.0, 0.0]])
+    assert torch.allclose(student.grad, want, atol=1e-6)  # the unused row: no gradient at all
+    # Over the threshold nothing is used: the term is exactly 0 whatever the student says.
+    assert pseudo_label_loss(student, teacher, 0.81)[0].item() == 0.0
+
+
+def test_the_ema_teacher_gets_no_gradient_and_follows_the_student_by_the_momentum_rule():
+    student = _tiny_classifier(0)
+    ema = EMA(student, 0.9, copy_first=False)
+    teacher = ema.module.eval()
+    start = {k: v.clone() for k, v in teacher.state_dict().items()}
+    assert all(torch.equal(start[k], v) for k, v in student.state_dict().items())
+    forward = online_forward(student, teacher, F.cross_entropy, 0.0, 1.0)
+    opt = torch.optim.SGD(student.parameters(), lr=0.5)
+    images = torch.randint(0, 256, (6, 3, 16, 16), dtype=torch.uint8)
+    out = forward(images[:2], torch.tensor([0, 2]), images[2:4], images[4:])
+    with torch.no_grad():  # the loss: the teacher's argmax on the weak views, all used (0.0)
+        pseudo = teacher(images[4:]).argmax(-1)
+        want = F.cross_entropy(student(images[2:4]), pseudo)
+    assert out.distill.item() == pytest.approx(want.item(), rel=1e-5)
+    assert out.used.all() and torch.equal(out.pseudo, pseudo)
+    out.loss.backward()
+    opt.step()
+    assert all(p.grad is None and not p.requires_grad for p in teacher.parameters())
+    assert all(torch.equal(start[k], v) for k, v in teacher.state_dict().items())
+    ema.update(student, torch.tensor(False))  # a skipped step: the teacher stays
+    assert all(torch.equal(start[k], v) for k, v in teacher.state_dict().items())
+    ema.update(student, torch.tensor(True))  # t <- 0.9 t + 0.1 s, from the first step on
+    now = student.state_dict()
+    for k, v in teacher.state_dict().items():
+        if v.is_floating_point():
+            assert torch.allclose(v, 0.9 * start[k] + 0.1 * now[k], atol=1e-6), k
+
+
+def test_the_online_keys_are_checked():
+    def cfg(**distill):
+        return from_dict(FinetuneConfig, {"data": {"train": "x"}, "distill": distill})
+
+    assert cfg(unlabelled="u", mode="online").distill.online
+    assert not cfg(unlabelled="u", teacher="t").distill.online
+    with pytest.raises(ConfigError, match=r"^distill.teacher: distill.mode=online has no"):
+        cfg(unlabelled="u", mode="online", teacher="t")
+    with pytest.raises(ConfigError, match=r"^distill.teacher and distill.unlabelled: give both"):
+        cfg(unlabelled="u")  # offline needs its teacher
+    with pytest.raises(ConfigError, match=r"^distill.momentum: must be in \[0, 1\), got 1.0$"):
+        cfg(unlabelled="u", mode="online", momentum=1.0)
+    with pytest.raises(ConfigError, match=r"^distill.threshold: must be in \(0, 1\], got 0.0$"):
+        cfg(unlabelled="u", mode="online", threshold=0.0)
+
+
+@pytest.mark.system
+def test_an_online_step_is_one_graph_and_never_waits_on_the_host(
+    synthetic_shards, tmp_path, monkeypatch
+):
+    every = [f"train.log_every={EVERY}", f"train.checkpoint_every={EVERY}"]
+    args = online_args(synthetic_shards, tmp_path / "sync", *every)
+    args = [a for a in args if a != "train.log_every=4"] + [f"train.steps={STEPS}"]
+    assert _between_log_steps(_run_counting(monkeypatch, pipeline("finetune"), args)) == []
+    backend = Backend()
+    monkeypatch.setattr(compile_mod, "BACKEND", backend)
+    main = pipeline("finetune")
+    torch.manual_seed(0)
+    main(online_args(synthetic_shards, tmp_path / "c", "compile.enabled=true"))
+    assert backend.graphs == 1  # fullgraph=True: a graph break would have raised
+    torch.manual_seed(0)
+    main(online_args(synthetic_shards, tmp_path / "e", "compile.enabled=false"))
+    assert _losses(tmp_path / "c") == pytest.approx(_losses(tmp_path / "e"), rel=1e-4)
+
+
+@pytest.mark.system
+def test_stopped_and_resumed_online_continues_exactly(synthetic_shards, tmp_path, monkeypatch):
+    """Uninterrupted with 2 workers and with 0; stopped after step 3 with 2 workers and resumed
+    with 1: the same losses, pseudo-label use and final weights, bit for bit (the teacher's
+    weights at the stop come back from the checkpoint: a fresh copy would score otherwise)."""
+    main = pipeline("finetune")
+    one = "train.log_every=1"
+
+    def rows(out):
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+        return [(r["loss"], r["distill_loss"], r["pseudo_used"]) for r in map(json.loads, lines)]
+
+    for name, workers in (("w2", "data.num_workers=2"), ("w0", "data.num_workers=0")):
+        torch.manual_seed(0)
+        main(online_args(synthetic_shards, tmp_path / name, workers, one))
+    assert rows(tmp_path / "w2") == rows(tmp_path / "w0")
+    stop_after_step(monkeypatch, 3)
+    torch.manual_seed(0)
+    out = tmp_path / "stopped"
+    assert main(online_args(synthetic_shards, out, "data.num_workers=2", one))["step"] == 3
+    main(online_args(synthetic_shards, out, "data.num_workers=1", one, "--resume"))
+    assert len(rows(out)) == 8 and rows(out) == rows(tmp_path / "w2")
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("w2", "stopped"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(r[2] > 0 for r in rows(out))  # some pseudo-labels were used: the test sees them
+    results = json.loads((out / "results.json").read_text())["distill"]
+    assert results["mode"] == "online" and results["unlabelled_images_seen"] == 8 * 32
+    assert 0.0 <= results["pseudo_acc"] <= 1.0  # the shards have labels: scored, not used
+    assert not (out / "teacher.json").exists()
+
+
+@pytest.mark.system
+def test_two_processes_train_online_as_one(synthetic_shards, tmp_path):
+    """Every pseudo-label used (a threshold near 0): a confidence within float error of the
+    threshold would flip an image in or out between the all-reduce's rounding and one
+    process's, a difference of the discrete rule, not of the processes (the threshold itself:
+    the hand-computed test and the exact resume above)."""
+    every = "distill.threshold=1e-6"
+    torch.manual_seed(0)
+    pipeline("finetune")(online_args(synthetic_shards, tmp_path / "one", every))
+    cmd = [*LAUNCH, str(ROOT / "pipelines/finetune.py")]
+    cmd += online_args(synthetic_shards, tmp_path / "two", "data.num_workers=1", every)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+    assert two == pytest.approx(one, rel=1e-4)  # the all-reduce's float error only
+
+
+@pytest.mark.system
+def test_the_online_keys_leave_the_offline_and_paper_paths_alone(synthetic_shards, tmp_path):
+    """The same process: the paper's fine-tune with and without the online knobs set (no
+    unlabelled source: off), offline self-training with and without them: the same losses."""
+    main = pipeline("finetune")
+    knobs = ["distill.threshold=0.5", "distill.momentum=0.5", "distill.strong_ops=3"]
+    teacher = tmp_path / "teacher"
+    main(finetune_args(synthetic_shards, teacher, "train.steps=4"))
+    offline = [f"distill.teacher={teacher}", f"distill.unlabelled={synthetic_shards}"]
+    losses = {}
+    for name, extra in (("paper", []), ("off", offline)):
+        for tag, more in ((name, []), (name + "_k", knobs)):
+            torch.manual_seed(0)
+            args = ["train.steps=4", "train.log_every=1", *extra, *more]
+            main(finetune_args(synthetic_shards, tmp_path / tag, *args))
+            losses[tag] = _losses(tmp_path / tag)
+    assert losses["paper"] == losses["paper_k"] and losses["off"] == losses["off_k"]
+    assert losses["off"] != losses["paper"]  # the teacher's term is there
