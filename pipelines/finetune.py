@@ -82,11 +82,20 @@ def check(cfg: FinetuneConfig, resume: bool) -> Checked:
     """Everything the job will touch, before any compute: sources with labels, the init
     checkpoint (loaded: the config's copy takes its shape and pixel normalisation, given ones
     must agree), the label budget's subset, the output directory."""
+    from ssl_vit.data.labelled import choose_random, choose_typiclust  # (the lead's imports)
+
     label_names = preflight.check_labelled_source("data.train", cfg.data.train)
     # Drawn on every process (labels only; the same on all): a class too small fails here.
-    subset = None
-    if cfg.data.labels_per_class:
-        subset = choose_labelled(cfg.data.train, cfg.data.labels_per_class, cfg.data.labels_seed)
+    # random: keys only, the same on all. typiclust: a budget larger than the source fails
+    # here; its picks need the encoder's features (`labelled_data`), or are the run's own.
+    d, subset = cfg.data, None
+    if d.labels_select == "balanced" and d.labels_per_class:
+        subset = choose_labelled(d.train, d.labels_per_class, d.labels_seed)
+    elif d.labels_select == "random":
+        subset = choose_random(d.train, d.labels_budget, d.labels_seed)
+    elif d.labels_select == "typiclust":
+        where = cfg.output_dir if resume else None
+        subset = choose_typiclust(d.train, d.labels_budget, d.labels_seed, where)
     if resume:  # the run's own subset (or none), or one error line before anything is written
         check_recorded(subset, cfg.output_dir)
     if cfg.data.eval:
@@ -329,6 +338,8 @@ def final_results(cfg: FinetuneConfig, row: dict, counters: dict, subset, label_
         "recipe": cfg.recipe,
         "seed": cfg.seed,
         "labels_per_class": cfg.data.labels_per_class,  # 0: every label of data.train
+        "labels_select": cfg.data.labels_select,  # balanced, or N images picked unlabelled
+        "labels_budget": cfg.data.labels_budget,  # that N (0: balanced)
         "num_labelled": subset.num_labelled if subset else _source_size(cfg.data.train),
         "num_classes": len(label_names),
         "label_names": list(label_names),
@@ -380,9 +391,13 @@ def labelled_data(cfg: FinetuneConfig, subset, run, resume: bool) -> FinetuneDat
     into the run directory by the main process, which every process then reads (config.yaml
     keeps the source's name). A new run whose copy fails or is stopped (SIGTERM) keeps no run
     files, so the same command starts it again."""
+    from ssl_vit.train.label_picks import pick_typiclust  # (the lead's imports)
+
     if subset is None:
         return cfg.data
     try:
+        if not subset.picked:  # typiclust: its keys and indices set, the same on each process
+            pick_typiclust(subset, cfg, run)
         spec = use_labelled(subset, run.run_dir, write=run.acc.is_main_process)
     except BaseException:
         if run.acc.is_main_process and not resume:
