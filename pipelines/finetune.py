@@ -30,7 +30,13 @@ from ssl_vit.config import FinetuneConfig, load_config, to_dict
 from ssl_vit.config.schema import FinetuneDataConfig
 from ssl_vit.data import eval_loader, open_source, train_loader
 from ssl_vit.data.device_augment import build_device_augment
-from ssl_vit.data.labelled import check_recorded, choose_labelled, use_labelled
+from ssl_vit.data.labelled import (
+    check_recorded,
+    choose_labelled,
+    choose_random,
+    choose_typiclust,
+    use_labelled,
+)
 from ssl_vit.eval.confusion import add_confusion, confusion_summary
 from ssl_vit.model import Classifier, PixelNorm, build_vit
 from ssl_vit.train import preflight
@@ -38,6 +44,7 @@ from ssl_vit.train.classifier_file import CLASSIFIER_FILE, ClassifierSpec, save_
 from ssl_vit.train.distill import SelfTraining, check_teacher, record_teacher
 from ssl_vit.train.ema import EMA
 from ssl_vit.train.guard import StopRequest, one_line_errors, run_and_exit
+from ssl_vit.train.label_picks import pick_typiclust
 from ssl_vit.train.loop import (
     Batches,
     Checkpoints,
@@ -94,9 +101,16 @@ def check(cfg: FinetuneConfig, resume: bool) -> Checked:
     must agree), the label budget's subset, the output directory."""
     label_names = preflight.check_labelled_source("data.train", cfg.data.train)
     # Drawn on every process (labels only; the same on all): a class too small fails here.
-    subset = None
-    if cfg.data.labels_per_class:
-        subset = choose_labelled(cfg.data.train, cfg.data.labels_per_class, cfg.data.labels_seed)
+    # random: keys only, the same on all. typiclust: a budget larger than the source fails
+    # here; its picks need the encoder's features (`labelled_data`), or are the run's own.
+    d, subset = cfg.data, None
+    if d.labels_select == "balanced" and d.labels_per_class:
+        subset = choose_labelled(d.train, d.labels_per_class, d.labels_seed)
+    elif d.labels_select == "random":
+        subset = choose_random(d.train, d.labels_budget, d.labels_seed)
+    elif d.labels_select == "typiclust":
+        where = cfg.output_dir if resume else None
+        subset = choose_typiclust(d.train, d.labels_budget, d.labels_seed, where)
     if resume:  # the run's own subset (or none), or one error line before anything is written
         check_recorded(subset, cfg.output_dir)
     if cfg.data.eval:
@@ -343,6 +357,8 @@ def final_results(cfg: FinetuneConfig, row: dict, counters: dict, subset, label_
         "recipe": cfg.recipe,
         "seed": cfg.seed,
         "labels_per_class": cfg.data.labels_per_class,  # 0: every label of data.train
+        "labels_select": cfg.data.labels_select,  # balanced, or N images picked unlabelled
+        "labels_budget": cfg.data.labels_budget,  # that N (0: balanced)
         "num_labelled": subset.num_labelled if subset else _source_size(cfg.data.train),
         "num_classes": len(label_names),
         "label_names": list(label_names),
@@ -398,6 +414,8 @@ def labelled_data(cfg: FinetuneConfig, subset, run, resume: bool) -> FinetuneDat
     if subset is None:
         return cfg.data
     try:
+        if not subset.picked:  # typiclust: its keys and indices set, the same on each process
+            pick_typiclust(subset, cfg, run)
         spec = use_labelled(subset, run.run_dir, write=run.acc.is_main_process)
     except BaseException:
         if run.acc.is_main_process and not resume:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import math
 import time
 from pathlib import Path
 
@@ -30,11 +29,10 @@ from ssl_vit.config.checks import auto_num_workers
 from ssl_vit.config.flags import flag_overrides, given_flags
 from ssl_vit.config.frozen import freeze, validated
 from ssl_vit.data.image_source import ImageSource
-from ssl_vit.data.predict_stream import num_batches, predict_loader
+from ssl_vit.data.predict_stream import predict_loader
 from ssl_vit.data.sources import open_source
-from ssl_vit.eval.predictions import gather_on_main
 from ssl_vit.eval.readouts import Extraction
-from ssl_vit.eval.select_features import FeatureWriter, choose, embed_batch
+from ssl_vit.eval.select_features import FeatureWriter, choose, embed_rounds
 from ssl_vit.eval.select_output import (
     FEATURES,
     TO_LABEL,
@@ -45,12 +43,10 @@ from ssl_vit.eval.select_output import (
     source_names,
     write_selection,
 )
-from ssl_vit.progress import progress_bar
 from ssl_vit.train.guard import one_line_errors, run_and_exit
 from ssl_vit.train.metrics import MetricsWriter
 from ssl_vit.train.preflight import FrozenEncoder, load_frozen_encoder
 from ssl_vit.train.runtime import make_accelerator, resolve_mixed_precision, setup_logging
-from ssl_vit.watchdog import watched
 
 log = logging.getLogger("select")
 FLAGS = {  # command-line flag -> config key
@@ -135,7 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
     dim = frozen.encoder.width * (2 if cfg.pool == "cls+gap" else 1)
     writer = FeatureWriter(out / FEATURES, n, dim) if acc.is_main_process else None
     t_loop = time.time()
-    table = run_rounds(frozen.encoder.to(acc.device), loader, n, cfg, how, acc, writer)
+    encoder = frozen.encoder.to(acc.device)
+    table = embed_rounds(encoder, loader, n, cfg.batch_size, cfg.pool, how, acc, writer)
     if table is None:
         return {}  # not the main process: it chooses and writes alone
     t_choose = time.time()
@@ -160,31 +157,6 @@ def main(argv: list[str] | None = None) -> dict:
     }  # fmt: skip
     write_results(out, cfg, results)
     return results
-
-
-def run_rounds(encoder, loader, n: int, cfg: SelectConfig, how, acc, writer):
-    """Every process embeds its batch of round i (global batches iR .. iR + R - 1); the main
-    process appends them to features.npy in source order. -> its `FeatureTable` (None
-    elsewhere)"""
-    R, batches = acc.num_processes, num_batches(n, cfg.batch_size)
-    bar = progress_bar(n, enabled=acc.is_main_process, desc="select", unit="img", every_s=30)
-    it = iter(watched(loader, "--source"))  # a stalled source ends the job
-    try:
-        for i in range(math.ceil(batches / R)):
-            g = i * R + acc.process_index  # the last round may leave some processes out
-            batch = next(it) if g < batches else None
-            first = g * cfg.batch_size
-            part = None if batch is None else embed_batch(encoder, batch, how, cfg.pool, first)
-            for p in gather_on_main(part, acc):
-                writer.write(p)
-                bar.update(len(p.names) + len(p.skipped))
-    except BaseException:
-        if writer is not None:
-            writer.abort()  # no partial features file is left under the real name
-        raise
-    finally:
-        bar.close()
-    return writer.close() if writer is not None else None
 
 
 def write_results(out: Path, cfg: SelectConfig, results: dict) -> None:

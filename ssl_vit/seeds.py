@@ -21,6 +21,7 @@ __all__ = [
     "EPOCH",
     "LABELS",
     "LABELS_ORDER",
+    "LABELS_RANDOM",
     "LOADER",
     "MIXUP",
     "PROCESS",
@@ -46,6 +47,7 @@ LABELS = 11  # which K images of a class form the labelled subset (data.labelled
 LABELS_ORDER = 12  # the order of the labelled subset's copy in its shards
 UNLABELLED = 13  # self-training's unlabelled stream: its seed (order, crops) derives from this
 STRONG_AUGMENT = 14  # the strong view of an unlabelled micro-batch (data.strong_augment)
+LABELS_RANDOM = 15  # data.labels_select=random: which N images of the source are labelled
 
 
 _MASK = 2**64 - 1

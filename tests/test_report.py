@@ -426,6 +426,25 @@ def test_a_control_is_a_line_of_its_own(tmp_path):
     }
 
 
+def test_labels_picked_without_labels_are_a_line_of_their_own(tmp_path):
+    """A fine-tune on N images picked by data.labels_select (K = 0 in its results) is never
+    averaged with the encoder's fine-tunes on every label, nor moves where those sit."""
+    from ssl_vit.report.budget import all_labels_per_class, labels_curves
+
+    root = _budget_runs(tmp_path)
+    runs_before = load_runs([root])
+    picked = {"labels_per_class": 0, "labels_select": "typiclust", "labels_budget": 100}
+    for seed, top1 in enumerate((0.3, 0.35)):
+        results = {"top1": top1, "init": CKPT, "num_labelled": 100, "num_classes": 10, **picked}
+        config = {"init": {"checkpoint": CKPT}, "data": picked, "seed": seed}
+        _fake_run(root / f"ft-mpp-l100-typiclust-s{seed}", config, results, ({"step": 1},))
+    runs = load_runs([root])
+    curves = labels_curves(runs)
+    assert sorted(curves.pop("paper_mpp [100 labels by typiclust]")[0]) == [0.3, 0.35]
+    assert curves == labels_curves(runs_before)
+    assert all_labels_per_class(runs) == all_labels_per_class(runs_before) == 600
+
+
 @pytest.mark.system
 def test_report_that_fails_writing_keeps_the_earlier_one(tmp_path):
     """Issue 29 #13: a write that fails (a file-size limit: EFBIG) leaves the earlier report as

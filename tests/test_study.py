@@ -386,8 +386,11 @@ def test_self_training_follows_its_teacher_and_gets_a_row(tmp_path, capsys):
         run.mkdir(parents=True)
         (run / "results.json").write_text(json.dumps({"top1": top1, "num_labelled": 100}))
     rows = study.summarize(cfg, cfg.full, tmp_path, "full")["rows"]
-    names = ["random init", v, f"{v} + control", f"{v} + self-trained"]
+    # (the quick start's 100 labels picked by typiclust and at random: rows of their own)
+    picked = [f"{v} + 100 labels chosen by typiclust", f"{v} + 100 random labels"]
+    names = ["random init", v, *picked, f"{v} + control", f"{v} + self-trained"]
     assert [r["variant"] for r in rows] == names
+    rows = [r for r in rows if r["variant"] not in picked]
     assert rows[1]["finetune_by_labels"]["10/class"]["top1"] == [0.25, 0.27]
     assert rows[2]["finetune_by_labels"]["10/class"]["top1"] == [0.29, 0.28]
     assert rows[3]["finetune_by_labels"]["10/class"]["top1"] == [0.3, 0.32]
@@ -410,6 +413,69 @@ def test_every_method_row_stands_beside_a_control_that_exists():
         check_controls([*rows[:2], {"variant": "v + st", "control": "v + ctl"}])
     with pytest.raises(ConfigError, match="control"):
         check_controls([rows[0], rows[2]])  # the control row left out
+
+
+def test_labels_picked_by_typiclust_stand_beside_their_random_control(tmp_path, capsys):
+    """`{budget: N, select: typiclust}` plans finetune/<encoder>-lN-typiclust[-s<seed>] for
+    each pretrained encoder (none from scratch), its random control -lN-random the same way;
+    the summary shows them as rows "<encoder> + N labels chosen by typiclust" (naming its
+    control) and "+ N random labels", in an "N labels" column. A typiclust entry without the
+    random one of its budget and fine-tuning overrides is refused in one line."""
+    study = load_study()
+    base = ["--config", str(REPO / "configs/study/quickstart.yaml"), "--dry-run"]
+    over = [f"full.output_dir={tmp_path}"]
+    study.main([*base, *over])
+    plan = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[plan]")]
+    names = [line.split(":")[0].removeprefix("[plan] ") for line in plan]
+    v = "mean_color_50"
+    picked = [f"finetune/{v}-l100-{m}-s{s}" for m in ("typiclust", "random") for s in (0, 1)]
+    assert [n for n in names if "l100" in n] == picked
+    for name in picked:
+        line = plan[names.index(name)]
+        method = name.split("-")[-2]
+        assert line.endswith(f"data.labels_select={method} data.labels_budget=100 "
+                             f"train.steps=60 seed={name[-1]}")  # fmt: skip
+        assert "init.checkpoint=<final checkpoint" in line
+    cfg = study.load_config(StudyConfig, REPO / "configs/study/quickstart.yaml", over)
+    made = [("l100-typiclust-s0", 0.5), ("l100-typiclust-s1", 0.6), ("l100-random-s0", 0.4)]
+    for name, top1 in made:
+        run = tmp_path / "finetune" / f"{v}-{name}"
+        run.mkdir(parents=True)
+        (run / "results.json").write_text(json.dumps({"top1": top1, "num_labelled": 100}))
+    rows = {r["variant"]: r for r in study.summarize(cfg, cfg.full, tmp_path, "full")["rows"]}
+    typiclust, random = (
+        rows[f"{v} + 100 labels chosen by typiclust"],
+        rows[f"{v} + 100 random labels"],
+    )
+    assert typiclust["control"] == f"{v} + 100 random labels" and "control" not in random
+    assert typiclust["finetune_by_labels"]["100 labels"]["top1"] == [0.5, 0.6]
+    assert random["finetune_by_labels"]["100 labels"]["top1"] == [0.4]
+    assert random["finetune_by_labels"]["100 labels"]["labels_budget"] == 100
+    assert rows[v]["finetune_by_labels"]["100 labels"]["top1"] == []
+    assert typiclust["finetune_by_labels"]["10/class"]["top1"] == []
+    table = (tmp_path / "summary.md").read_text()
+    assert "| fine-tune 100 labels (%) |" in table.splitlines()[0]
+    assert (
+        f"| {v} + 100 labels chosen by typiclust |" in table and "| 55.0 (50.0 / 60.0) |" in table
+    )
+    refused = [
+        "labels=[{budget: 100, select: typiclust}]",
+        "labels=[{budget: 100, select: typiclust}, {budget: 50, select: random}]",
+        "labels=[{budget: 100, select: typiclust, finetune: [train.steps=9]}, "
+        "{budget: 100, select: random}]",
+    ]
+    for labels in refused:
+        with pytest.raises(SystemExit) as e:
+            study.main([*base, *over, labels])
+        assert "needs its equal-compute control {budget: 100, select: random}" in str(e.value)
+        assert "\n" not in str(e.value)
+    for labels, key in [
+        ("labels=[{budget: 100}]", "budget needs select: random or typiclust"),
+        ("labels=[{select: random}]", "needs a budget >= 1"),
+        ("labels=[{budget: 5, select: random, per_class: 2}]", "needs a budget >= 1, and no"),
+    ]:
+        with pytest.raises(ConfigError, match=key):
+            load_config(StudyConfig, REPO / "configs/study/quickstart.yaml", [*over, labels])
 
 
 def test_a_variant_fine_tunes_its_own_way_and_only_the_chosen_one_self_trains(tmp_path, capsys):

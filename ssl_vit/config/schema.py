@@ -261,10 +261,33 @@ class FinetuneDataConfig(Frozen):
     # class-balanced subset for every init, seed and process count (ssl_vit.data.labelled).
     labels_per_class: int = 0
     labels_seed: int = 0  # which K per class (smaller budgets are inside larger ones)
+    # How the labelled images are chosen (beyond the paper, issue 49): balanced is the
+    # labels_per_class subset above; random and typiclust pick `labels_budget` images of
+    # data.train without reading their labels (a user's question: which N images to label),
+    # uniformly or by TypiClust on the init encoder's features (`ssl-vit select`'s), seeded by
+    # labels_seed.
+    labels_select: Literal["balanced", "random", "typiclust"] = "balanced"
+    labels_budget: int = 0  # images labelled in all, with labels_select random or typiclust
     record_keys: bool = False  # append each rank's consumed sample keys to keys_rank{R}.txt
 
     def validate(self) -> None:
-        check_min("data.", self, ("shuffle_buffer", "lanes", "max_eval", "labels_per_class"), 0)
+        keys = ("shuffle_buffer", "lanes", "max_eval", "labels_per_class", "labels_budget")
+        check_min("data.", self, keys, 0)
+        if self.labels_select == "balanced" and self.labels_budget:
+            raise ConfigError(
+                f"data.labels_budget={self.labels_budget}: with data.labels_select=random or "
+                "typiclust only (balanced draws data.labels_per_class images of each class)"
+            )
+        if self.labels_select != "balanced" and self.labels_per_class:
+            raise ConfigError(
+                f"data.labels_per_class={self.labels_per_class}: with data.labels_select="
+                f"{self.labels_select}, which picks data.labels_budget images in all; set one"
+            )
+        if self.labels_select != "balanced" and not self.labels_budget:
+            raise ConfigError(
+                f"data.labels_budget: the number of images data.labels_select="
+                f"{self.labels_select} picks, >= 1; got {self.labels_budget}"
+            )
         check_pixels_norm("data.", self.std, self.crop_scale)
         check_data_loading(self.num_workers, self.load_size)
 
@@ -342,6 +365,11 @@ class FinetuneConfig(Frozen):
         check_fraction("ema", self.ema, low_open=False)
         check_min("", self, ("eval_every",), 0)
         check_adamw_lr(self.parts, self.train.lr, self.train.batch_size)
+        if self.data.labels_select == "typiclust" and self.init.scratch:
+            raise ConfigError(
+                "data.labels_select=typiclust: picks by the init encoder's features; "
+                "init.checkpoint=none has none (use random, or a pretrained init.checkpoint)"
+            )
         if self.parts.randaugment and self.data.augment == "device":
             raise ConfigError(
                 "data.augment=device: parts.randaugment runs per sample in the loader workers "

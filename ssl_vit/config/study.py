@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ssl_vit.config.frozen import Frozen
 from ssl_vit.config.loader import ConfigError, parse_overrides
@@ -20,6 +21,7 @@ __all__ = [
     "StudyLabels",
     "StudyRecipe",
     "StudyVariant",
+    "check_selected",
 ]
 
 
@@ -63,6 +65,13 @@ class StudyLabels(Frozen):
     the recipe's (e.g. fewer steps for a small labelled set)."""
 
     per_class: int = 0  # labelled images per class (0: every label)
+    # Beyond the paper (issue 49: which N images should a user label?): `budget` images of
+    # data.train picked without their labels (`data.labels_select` random or typiclust,
+    # `data.labels_budget`), each pretrained encoder fine-tuned on them (not the scratch one:
+    # typiclust picks by the encoder's features). A typiclust entry needs its equal-compute
+    # control: the random entry of the same budget and `finetune`.
+    budget: int = 0
+    select: Literal["balanced", "random", "typiclust"] = "balanced"  # balanced: per_class
     finetune: list[str] = field(default_factory=list)  # overrides after the budget's and recipe's
     # Self-training at this budget (beyond the paper): after each pretrained encoder's
     # fine-tune (the teacher, per seed), a fine-tune of the same encoder with distill.teacher
@@ -142,7 +151,8 @@ class StudyConfig(Frozen):
             raise ConfigError(
                 "variants: 'random', 'scratch' and 'baseline' name the random-init baselines"
             )
-        budgets = [b.per_class for b in self.labels]
+        check_selected(self.labels)
+        budgets = [b.per_class for b in self.labels if b.select == "balanced"]
         for key, values in (
             ("labels: per_class", budgets),
             ("finetune_seeds", self.finetune_seeds),
@@ -154,4 +164,29 @@ class StudyConfig(Frozen):
             raise ConfigError(
                 f"recipes: need unique names that are simple identifiers (letters, digits, _), "
                 f"got {recipes}"
+            )
+
+
+def check_selected(labels: list[StudyLabels]) -> None:
+    """The label entries picked without labels (`select` random or typiclust): a budget, no
+    per_class or self_train, one entry per budget and method, and each typiclust entry beside
+    its equal-compute control (the random one of its budget and fine-tuning overrides): its
+    gain is only read against that row."""
+    picked = [b for b in labels if b.select != "balanced"]
+    for b in labels:
+        what = f"labels: {{budget: {b.budget}, select: {b.select}}}"
+        if b.select == "balanced" and b.budget:
+            raise ConfigError(f"{what}: budget needs select: random or typiclust")
+        if b.select != "balanced" and (b.budget < 1 or b.per_class or b.self_train is not None):
+            raise ConfigError(f"{what}: needs a budget >= 1, and no per_class or self_train")
+    pairs = [(b.budget, b.select) for b in picked]
+    if len(set(pairs)) != len(pairs):
+        raise ConfigError(f"labels: one entry per budget and select, got {pairs}")
+    for b in (b for b in picked if b.select == "typiclust"):
+        if not any(c.select == "random" and (c.budget, c.finetune) == (b.budget, b.finetune)
+                   for c in picked):  # fmt: skip
+            raise ConfigError(
+                f"labels: {{budget: {b.budget}, select: typiclust}} needs its equal-compute "
+                f"control {{budget: {b.budget}, select: random}} with the same finetune "
+                f"{b.finetune}: a method's gain is only read against its control"
             )

@@ -16,6 +16,15 @@ copied: one training could not decode is left out, named in the log and in `labe
 (`unusable`), and `num_labelled` counts the images trained on. A stop signal during the copy
 removes the partial copy and ends the job in one line.
 
+Beyond the paper (issue 49: which N images should a user label?), `data.labels_select`
+random or typiclust picks `data.labels_budget` images of the source without reading a label:
+`choose_random` from the sorted keys by `seeds.derive(labels_seed, LABELS_RANDOM)`, on every
+process (keys only: exact, the same everywhere); `choose_typiclust` only checks the budget
+and, on --resume, takes the run's recorded picks (a second feature pass could differ in the
+last bit on another device), else leaves the picks to `ssl_vit.train.label_picks` once the
+run has its processes. `picked_subset` then reads the picks' labels (what labelling them
+gives), and the copy and its record are those of a balanced subset.
+
 Both files are the run's own, derived from the source: `check_recorded` (on --resume, before
 anything is written) refuses another K or seed, and a source that no longer gives the same
 subset, in one line naming what changed (which class, how many images); a moved source that
@@ -49,6 +58,7 @@ from ssl_vit.data.labelled_record import (
     copy_problem,
     listed,
     read_record,
+    recorded,
 )
 from ssl_vit.data.sources import open_source
 from ssl_vit.data.write.writer import ShardWriter
@@ -62,6 +72,9 @@ __all__ = [
     "LabelledSubset",
     "check_recorded",
     "choose_labelled",
+    "choose_random",
+    "choose_typiclust",
+    "picked_subset",
     "use_labelled",
 ]
 
@@ -108,6 +121,73 @@ def choose_labelled(spec: str, labels_per_class: int, seed: int = 0) -> Labelled
         chosen[name] = [keys[i] for i in members[order]]
         indices += members[order].tolist()
     return LabelledSubset(spec, labels_per_class, seed, names, available, chosen, sorted(indices))
+
+
+def choose_random(spec: str, budget: int, seed: int = 0) -> LabelledSubset:
+    """`budget` images of source `spec` drawn uniformly from its sorted keys by `seed`, without
+    reading a label (data.labels_select=random)."""
+    source = _sized(spec, budget, "random")
+    keys = sorted(source.sample_keys())  # the draw is of keys, not of the source's order
+    rng = np.random.default_rng(seeds.derive(seed, seeds.LABELS_RANDOM))
+    picks = [keys[i] for i in rng.permutation(len(keys))[:budget].tolist()]
+    return picked_subset(spec, "random", budget, seed, picks)
+
+
+def choose_typiclust(spec: str, budget: int, seed: int, resume_dir: str | None) -> LabelledSubset:
+    """The typiclust subset before its features: its budget checked against the source; on
+    --resume (`resume_dir`) of a run that recorded picks of this budget and seed, those picks
+    (ConfigError naming a key the source no longer has), else none yet (`picked` False)."""
+    source = _sized(spec, budget, "typiclust")
+    had, where = recorded(Path(resume_dir)) if resume_dir else (None, None)
+    how = [(had or {}).get(k) for k in ("labels_select", "labels_budget", "labels_seed")]
+    if how != ["typiclust", budget, seed]:  # another record: check_recorded names the change
+        names = list(source.label_names)
+        return LabelledSubset(
+            spec, 0, seed, names, {}, labels_select="typiclust", labels_budget=budget
+        )
+    picks = [k for keys in (had.get("keys") or had.get("copy_keys") or {}).values() for k in keys]
+    gone = sorted(set(picks) - set(source.sample_keys()))
+    if gone:
+        raise ConfigError(
+            f"--resume: data.train={spec!r} no longer has {len(gone)} of the images the run in "
+            f"{resume_dir} picked by typiclust (e.g. {gone[0]!r}; {where}): restore that "
+            "source, or start a new run in another output_dir"
+        )
+    return picked_subset(spec, "typiclust", budget, seed, picks)
+
+
+def picked_subset(
+    spec: str, method: str, budget: int, seed: int, picks: list[str]
+) -> LabelledSubset:
+    """The subset of the images of source `spec` with keys `picks` (in pick order) that
+    `method` picked: the picks' labels read (labelling them), each class's picks in pick order
+    (a class may have none). ConfigError naming data.train if a pick is not a labelled image."""
+    source = open_source(spec)
+    names, labels = list(source.label_names), source.labels()
+    where = {k: i for i, k in enumerate(source.sample_keys())}
+    chosen: dict[str, list[str]] = {name: [] for name in names}
+    for key in picks:
+        i = where.get(key, -1)
+        if i < 0 or not 0 <= labels[i] < len(names):
+            raise ConfigError(
+                f"data.labels_select={method}: data.train={spec!r} has no labelled image "
+                f"{key!r}, which it picked; label every image of the source"
+            )
+        chosen[names[labels[i]]].append(key)
+    indices = sorted(where[k] for k in picks)
+    how = {"labels_select": method, "labels_budget": budget}
+    return LabelledSubset(spec, 0, seed, names, {}, chosen, indices, **how)
+
+
+def _sized(spec: str, budget: int, method: str) -> ImageSource:
+    """Source `spec`, which must hold at least `budget` images (one line before compute)."""
+    source = open_source(spec)
+    if budget > len(source):
+        raise ConfigError(
+            f"data.labels_budget={budget}: more than the {len(source)} images of "
+            f"data.train={spec!r} (data.labels_select={method})"
+        )
+    return source
 
 
 def use_labelled(subset: LabelledSubset, run_dir: str | Path, write: bool) -> str:
@@ -200,7 +280,7 @@ def _write_shards(
         if records and len(unusable) == len(records):
             raise ConfigError(
                 f"data.train={subset.source!r}: none of the {len(records)} images drawn for "
-                f"data.labels_per_class={subset.labels_per_class} can be decoded (e.g. "
+                f"{_budget(subset)} can be decoded (e.g. "
                 f"{next(iter(unusable.items()))})"
             )
         writer.close(
@@ -208,7 +288,9 @@ def _write_shards(
             source=subset.source,
             labels_per_class=subset.labels_per_class,
             labels_seed=subset.labels_seed,
-        )
+            **({} if subset.labels_select == "balanced" else {
+                "labels_select": subset.labels_select, "labels_budget": subset.labels_budget}),
+        )  # fmt: skip
     subset.unusable = unusable
     if unusable:
         left = [f"{k} ({why})" for k, why in sorted(unusable.items())]
@@ -218,11 +300,18 @@ def _write_shards(
             *(len(unusable), len(records), listed(left), subset.num_labelled),
         )
     log.info(
-        "labelled subset: %d images (%d per class) of %s written to %s in %.1f s",
-        *(subset.num_labelled, subset.labels_per_class, subset.source, out, time.time() - t0),
+        "labelled subset: %d images (%s) of %s written to %s in %.1f s",
+        *(subset.num_labelled, _budget(subset), subset.source, out, time.time() - t0),
     )
     files = {p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in _files(out)}
     return {"content": digests, "files": files}
+
+
+def _budget(subset: LabelledSubset) -> str:
+    """How the subset was chosen, as its config keys say."""
+    if subset.labels_select == "balanced":
+        return f"data.labels_per_class={subset.labels_per_class}"
+    return f"data.labels_select={subset.labels_select}, data.labels_budget={subset.labels_budget}"
 
 
 def _files(folder: Path) -> list[Path]:

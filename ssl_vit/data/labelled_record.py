@@ -30,15 +30,23 @@ __all__ = [
     "copy_problem",
     "listed",
     "read_record",
+    "recorded",
 ]
 
 LABELLED_DIR, LABELLED_RECORD = "labelled", "labelled.json"  # inside the run directory
+# How a subset was chosen, with the value a record without the key (balanced) stands for.
+_HOW = {"labels_select": "balanced", "labels_budget": 0, "labels_per_class": 0, "labels_seed": 0}
 _SHOWN = 3  # classes (or keys) named in one line before "and N more"
 
 
 @dataclass
 class LabelledSubset:
-    """The chosen subset; `keys[name]`: the chosen keys of class `name`, in draw order."""
+    """The chosen subset; `keys[name]`: the chosen keys of class `name`, in draw order.
+    Picked without the labels (`labels_select` random or typiclust: `labels_budget` images in
+    all, `labels_per_class` 0), `available` is empty (the source's labels are not counted) and
+    `keys` holds the picks by the class they turn out to have, none for some classes maybe;
+    a typiclust subset is picked once the run has its processes (`keys`, `indices` empty
+    until then: `picked`)."""
 
     source: str
     labels_per_class: int
@@ -50,6 +58,13 @@ class LabelledSubset:
     # Chosen keys training cannot use (key -> why: not decodable), left out of the copy; known
     # once the copy is made or read back (`use_labelled`).
     unusable: dict[str, str] = field(default_factory=dict, repr=False)
+    labels_select: str = "balanced"  # data.labels_select
+    labels_budget: int = 0  # data.labels_budget (0: balanced)
+
+    @property
+    def picked(self) -> bool:
+        """The images are known (a typiclust subset: once its features are computed)."""
+        return bool(self.indices)
 
     @property
     def num_labelled(self) -> int:
@@ -59,6 +74,8 @@ class LabelledSubset:
     def record(self) -> dict:
         """What `labelled.json` holds (everything but the source indices)."""
         rec = {k: v for k, v in asdict(self).items() if k not in ("indices", "unusable")}
+        if self.labels_select == "balanced":  # labelled.json as before the other methods
+            del rec["labels_select"], rec["labels_budget"]
         rec["counts"] = {
             name: sum(k not in self.unusable for k in keys) for name, keys in self.keys.items()
         }
@@ -84,20 +101,23 @@ def check_recorded(subset: LabelledSubset | None, run_dir: str | Path) -> None:
                 f"--resume: {path} is a symbolic link (to {os.readlink(path)}), not the run's own "
                 "file: remove the link (--resume rebuilds the labelled copy from data.train)"
             )
-    had, where = _recorded(run_dir)
+    had, where = recorded(run_dir)
     if had is None:
         return
-    k, seed = (subset.labels_per_class, subset.labels_seed) if subset else (0, had["labels_seed"])
-    now = {"labels_per_class": k, "labels_seed": seed}
-    diffs = [f"data.{key} {had[key]} -> {value}" for key, value in now.items() if had[key] != value]
+    was = {key: had.get(key, default) for key, default in _HOW.items()}
+    now = {key: getattr(subset, key) for key in _HOW} if subset else {**_HOW}
+    now["labels_seed"] = subset.labels_seed if subset else was["labels_seed"]
+    diffs = [f"data.{key} {was[key]} -> {value}" for key, value in now.items() if was[key] != value]
     if diffs:
+        how = f"{was['labels_per_class']} per class"
+        if was["labels_select"] != "balanced":
+            how = f"{was['labels_budget']} images by {was['labels_select']}"
         raise ConfigError(
             f"--resume: the run in {run_dir} was started on another labelled subset and cannot "
-            f"continue with {', '.join(diffs)} ({where}: {had['labels_per_class']} per class, "
-            f"seed {had['labels_seed']}); resume with those values, or start a new run in "
-            "another output_dir"
+            f"continue with {', '.join(diffs)} ({where}: {how}, seed {was['labels_seed']}); "
+            "resume with those values, or start a new run in another output_dir"
         )
-    if subset is None:  # (a record of K = 0: nothing was drawn)
+    if subset is None or not subset.picked:  # (a record of K = 0: nothing was drawn)
         return
     changes = _changes(had, subset)
     if changes:
@@ -125,7 +145,7 @@ def read_record(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
     return (None, f"{path}: not a labelled record ({why})") if why else (rec, None)
 
 
-def _recorded(run_dir: Path) -> tuple[dict[str, Any] | None, Path | None]:
+def recorded(run_dir: Path) -> tuple[dict[str, Any] | None, Path | None]:
     """What the run was started on and the file that says so: labelled.json, else the copy's
     index.json (K, seed, label names, source) with the copy's keys per class (`copy_keys`);
     (None, None) when neither is readable."""
@@ -139,6 +159,7 @@ def _recorded(run_dir: Path) -> tuple[dict[str, Any] | None, Path | None]:
         return None, None
     fields = ("labels_per_class", "labels_seed", "label_names", "source")
     had = {k: index.get(k) for k in fields}
+    had.update({k: index[k] for k in ("labels_select", "labels_budget") if k in index})
     if _record_problem(had, full=False):
         return None, None
     had["copy_keys"] = _copy_keys(out, had["label_names"])
@@ -168,7 +189,7 @@ def _changes(had: dict[str, Any], subset: LabelledSubset) -> list[str]:
         return [f"label names {had['label_names']} -> {subset.label_names}"]
     changes = []
     for name in subset.label_names if "available" in had else []:  # labelled.json
-        before, now = had["available"].get(name), subset.available[name]
+        before, now = had["available"].get(name), subset.available.get(name)  # picked: none
         if before != now:
             changes.append(f"class {name!r}: {before} -> {now} images")
         elif had["keys"].get(name) != subset.keys[name]:
@@ -213,6 +234,10 @@ def _record_problem(rec: dict[str, Any], full: bool = True) -> str | None:
     index.json holds too (K, seed, label names, source)."""
     if not all(_is_int(rec.get(k)) for k in ("labels_per_class", "labels_seed")):
         return "labels_per_class / labels_seed are not integers"
+    if not isinstance(rec.get("labels_select", ""), str) or not _is_int(
+        rec.get("labels_budget", 0)
+    ):
+        return "labels_select / labels_budget are not a name and an integer"
     names = rec.get("label_names")
     if not isinstance(rec.get("source"), str) or not _list_of(names, str):
         return "source / label_names are not a path and a list of names"

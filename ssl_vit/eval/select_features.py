@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import io
+import math
 import shutil
 from pathlib import Path
 from typing import NamedTuple
@@ -25,11 +26,15 @@ import torch
 
 from ssl_vit.atomic import WriteError, replacing, writing
 from ssl_vit.data.predict_stream import PredictBatch
+from ssl_vit.data.predict_stream import num_batches as num_batches_of
 from ssl_vit.errors import InputError
 from ssl_vit.eval.fewshot_job import extract_features
+from ssl_vit.eval.predictions import gather_on_main
 from ssl_vit.eval.readouts import Extraction
 from ssl_vit.eval.selection import Picks, normalised, select
 from ssl_vit.model.vit import ViT
+from ssl_vit.progress import progress_bar
+from ssl_vit.watchdog import watched
 
 __all__ = [
     "Embedded",
@@ -38,6 +43,7 @@ __all__ = [
     "choose",
     "content_keys",
     "embed_batch",
+    "embed_rounds",
 ]
 
 _WEIGHTS: dict[tuple[int, str], torch.Tensor] = {}
@@ -86,6 +92,43 @@ def embed_batch(
         feats = extract_features(encoder, [(images, batch.labels)], how, pool)[0]
         feats = feats.to(torch.float16).numpy()
     return Embedded(batch.index, first, batch.names, feats, keys, batch.skipped)
+
+
+def embed_rounds(
+    encoder: ViT,
+    loader,
+    n: int,
+    batch_size: int,
+    pool: str,
+    how: Extraction,
+    acc,
+    writer,
+    source_key: str = "--source",
+) -> FeatureTable | None:
+    """Every process embeds its batch of round i (global batches iR .. iR + R - 1 of
+    `predict_loader`'s `batch_size`); the main process appends them to `writer` (a
+    `FeatureWriter`, None elsewhere) in source order. -> its `FeatureTable` (None elsewhere).
+    A stalled source ends the job naming `source_key`; on any failure the partial features
+    file is removed."""
+    R, batches = acc.num_processes, num_batches_of(n, batch_size)
+    bar = progress_bar(n, enabled=acc.is_main_process, desc="select", unit="img", every_s=30)
+    it = iter(watched(loader, source_key))
+    try:
+        for i in range(math.ceil(batches / R)):
+            g = i * R + acc.process_index  # the last round may leave some processes out
+            batch = next(it) if g < batches else None
+            first = g * batch_size
+            part = None if batch is None else embed_batch(encoder, batch, how, pool, first)
+            for p in gather_on_main(part, acc):
+                writer.write(p)
+                bar.update(len(p.names) + len(p.skipped))
+    except BaseException:
+        if writer is not None:
+            writer.abort()  # no partial features file is left under the real name
+        raise
+    finally:
+        bar.close()
+    return writer.close() if writer is not None else None
 
 
 class FeatureTable(NamedTuple):

@@ -42,6 +42,7 @@ __all__ = [
     "label_file",
     "read_selection",
     "selection_rows",
+    "source_indices",
     "source_names",
     "source_path",
     "write_selection",
@@ -208,7 +209,7 @@ def selection_rows(
     picks `rows[1]` of `picks`, ranked on. `rows`: (earlier picks' rows, new picks' rows) of
     `table`; `file` is the to-label/ copy's name (None without `copy`)."""
     table_rows = np.concatenate(rows)
-    index = _source_indices(table, table_rows, source, batch_size)
+    index = source_indices(table, table_rows, source, batch_size)
     ext = pick_extensions(source, index.tolist()) if copy else {}
     width = max(4, len(str(len(table_rows))))
     rnd = max((int(r["round"]) for r in earlier), default=0) + 1
@@ -229,7 +230,7 @@ def selection_rows(
     return out
 
 
-def _source_indices(
+def source_indices(
     table: FeatureTable, rows: np.ndarray, source: ImageSource, batch_size: int
 ) -> np.ndarray:
     """int64: the source index of each of `rows`. Known from its place in its batch unless an

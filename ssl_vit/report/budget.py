@@ -38,6 +38,7 @@ __all__ = [
 
 SCRATCH = "scratch"  # the random-init encoder's line
 SELF_TRAINED = " + self-trained"  # its fine-tunes with a teacher on the unlabelled images
+PICKED = ("random", "typiclust")  # data.labels_select that picks N images, no label read
 Curves = dict[str, dict[int, list[float]]]  # {encoder: {K: [top1 of each seed]}}
 Groups = dict[tuple[str, int], list[Run]]  # {(encoder, K): [fine-tunes, one per seed]}
 
@@ -57,6 +58,11 @@ def encoder_name(run: Run) -> str:
     # so is a tagged run (the study's equal-compute controls): never averaged with the rest.
     if (run.config.get("distill") or {}).get("teacher"):
         name += SELF_TRAINED
+    # Labels picked without their labels (data.labels_select, issue 49; K = 0): never averaged
+    # with the encoder's fine-tunes on every label.
+    data = run.config.get("data") or {}
+    if data.get("labels_select") in PICKED:
+        name += f" [{data.get('labels_budget')} labels by {data['labels_select']}]"
     tag = run.config.get("tag")
     return f"{name} [{tag}]" if tag else name
 
@@ -123,8 +129,13 @@ def labels_curves(runs: list[Run]) -> Curves:
 def all_labels_per_class(runs: list[Run]) -> float | None:
     """Where K = 0 (every label) sits on the labels-per-class axis: the mean num_labelled /
     num_classes of those runs (one dataset: all equal); None without any."""
-    xs = [x for r in scored(runs) if budget_of(r) == 0 and (x := images_per_class(r)) is not None]
+    xs = [x for r in scored(runs) if budget_of(r) == 0 and not _picked(r)
+          and (x := images_per_class(r)) is not None]  # fmt: skip
     return statistics.fmean(xs) if xs else None
+
+
+def _picked(run: Run) -> bool:
+    return (run.config.get("data") or {}).get("labels_select") in PICKED
 
 
 def spread(values: list[float]) -> tuple[float, float]:

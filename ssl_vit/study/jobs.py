@@ -14,7 +14,7 @@ from pathlib import Path
 import ssl_vit.jobs
 from ssl_vit.config import ConfigError, load_config, to_dict
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig
-from ssl_vit.config.study import StudyBudget, StudyConfig
+from ssl_vit.config.study import StudyBudget, StudyConfig, StudyLabels
 from ssl_vit.jobs import FEWSHOT, FINETUNE, PRETRAIN
 from ssl_vit.report.runs import read_results
 
@@ -24,6 +24,7 @@ __all__ = [
     "SELF_TRAINED",
     "Job",
     "SelfTraining",
+    "budget_of",
     "checkpoint_of",
     "control_of",
     "finetunes",
@@ -107,7 +108,9 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
             finetune_one(name, ckpt, name + tag, [*extra, *own]) for tag, extra in finetunes(cfg)
         ]
 
-    jobs = [fewshot("random", lambda: "random"), *finetune("scratch", lambda: "none")]
+    scratch = [finetune_one("scratch", lambda: "none", "scratch" + tag, extra)
+               for tag, extra in finetunes(cfg, pretrained=False)]  # fmt: skip
+    jobs = [fewshot("random", lambda: "random"), *scratch]
     for v in cfg.variants:
         pre_dir = out / PRETRAIN.name / v.name
         jobs.append(Job(PRETRAIN, v.name, pre_dir, lambda v=v, pre_dir=pre_dir: py + [
@@ -151,14 +154,23 @@ def labels_tag(k: int) -> str:
     return "all" if k == 0 else str(k)
 
 
-def finetunes(cfg: StudyConfig) -> list[tuple[str, list[str]]]:
+def budget_of(b: StudyLabels) -> tuple[str, list[str]]:
+    """(run-name suffix, the fine-tune's overrides, its `finetune` last) of a label entry:
+    `-l50` for 50 per class,
+    `-l100-typiclust` for 100 images picked by typiclust (`-l100-random`: at random)."""
+    if b.select == "balanced":
+        return f"-l{labels_tag(b.per_class)}", [f"data.labels_per_class={b.per_class}", *b.finetune]
+    picked = [f"data.labels_select={b.select}", f"data.labels_budget={b.budget}", *b.finetune]
+    return f"-l{b.budget}-{b.select}", picked
+
+
+def finetunes(cfg: StudyConfig, pretrained: bool = True) -> list[tuple[str, list[str]]]:
     """(run-name suffix, overrides) of each fine-tune of one encoder: recipe x label budget x
-    seed, an axis the study does not vary left out of the name (`-paper`, `-l50`, `-s1`)."""
+    seed, an axis the study does not vary left out of the name (`-paper`, `-l50`, `-s1`). The
+    entries that pick their images without labels (`select`) are a `pretrained` encoder's."""
     recipes = [(f"-{r.name}", r.finetune) for r in cfg.recipes] or [("", [])]
-    budgets = [
-        (f"-l{labels_tag(b.per_class)}", [f"data.labels_per_class={b.per_class}", *b.finetune])
-        for b in cfg.labels
-    ] or [("", [])]
+    budgets = [budget_of(b) for b in cfg.labels if pretrained or b.select == "balanced"]
+    budgets = budgets or [("", [])]
     seeds = [(f"-s{s}", [f"seed={s}"]) for s in cfg.finetune_seeds] or [("", [])]
     return [
         (r + b + s, [*ro, *bo, *so]) for r, ro in recipes for b, bo in budgets for s, so in seeds

@@ -12,13 +12,14 @@ from ssl_vit.eval.shots import shot_order
 from ssl_vit.jobs import STAGES
 from ssl_vit.jsonfile import dump_json
 from ssl_vit.report.runs import fewshot_table, read_results
-from ssl_vit.study.jobs import finetunes, labels_tag, self_trainings
+from ssl_vit.study.jobs import budget_of, finetunes, labels_tag, self_trainings
 
 __all__ = [
     "BASELINE",
     "check_controls",
     "labels_columns",
     "markdown_table",
+    "picked_rows",
     "seeds_cell",
     "summarize",
 ]
@@ -63,8 +64,11 @@ def summarize(cfg: StudyConfig, budget: StudyBudget, out: Path, preset: str) -> 
                 _total([r.get("wall_time_s") for r in runs.values()]),
             ),
         })  # fmt: skip
+        encoder = rows[-1]
+        if v is not None:  # its fine-tunes on images picked without their labels
+            rows += picked_rows(cfg, encoder, ft_dir, ft_name)
         if v is not None and v.self_train and self_trainings(cfg):
-            rows += self_trained_rows(cfg, rows[-1], ft_dir, ft_name)
+            rows += self_trained_rows(cfg, encoder, ft_dir, ft_name)
     check_controls(rows)
     walls = [w for r in rows for w in r["wall_time_s"].values() if w is not None]
     summary = {
@@ -105,6 +109,34 @@ def self_trained_rows(cfg: StudyConfig, encoder_row: dict, finetunes_dir: Path, 
     return rows
 
 
+PICKED = {"random": "{n} random labels", "typiclust": "{n} labels chosen by typiclust"}
+
+
+def picked_rows(cfg: StudyConfig, encoder_row: dict, finetunes_dir: Path, name: str):
+    """An encoder's rows of the label entries that pick their images without labels (`select`),
+    one per entry, as the study lists them: the encoder's pretraining and few-shot figures,
+    the fine-tunes' top-1 in the column of their budget ("100 labels"). A typiclust row names
+    its control, the random row of its budget (`check_selected` makes sure there is one)."""
+    recipes = [f"-{r.name}" for r in cfg.recipes] or [""]
+    seeds = [f"-s{s}" for s in cfg.finetune_seeds] or [""]
+    rows = []
+    for b in (b for b in cfg.labels if b.select != "balanced"):
+        tag = budget_of(b)[0]
+        runs = {r + f"-l{b.budget}" + s: read_results(finetunes_dir / (name + r + tag + s))
+                for r in recipes for s in seeds}  # fmt: skip
+        row = {
+            **encoder_row,
+            "variant": f"{encoder_row['variant']} + {PICKED[b.select].format(n=b.budget)}",
+            "finetune_by_labels": labels_columns(cfg, runs),
+            "wall_time_s": _by_stage(None, None, _total([r.get("wall_time_s")
+                                                        for r in runs.values()])),
+        }  # fmt: skip
+        if b.select == "typiclust":
+            row["control"] = f"{encoder_row['variant']} + {PICKED['random'].format(n=b.budget)}"
+        rows.append(row)
+    return rows
+
+
 def check_controls(rows: list[dict]) -> None:
     """Every row of a method beyond the paper (one that names a `control`) stands beside its
     equal-compute control: a gain is only read against it."""
@@ -119,19 +151,26 @@ def check_controls(rows: list[dict]) -> None:
 
 def labels_columns(cfg: StudyConfig, runs: dict[str, dict]) -> dict[str, dict]:
     """{column: {"recipe", "labels_per_class", "num_labelled", "top1": [per seed]}} from one
-    encoder's fine-tunes by run-name suffix; a column is a recipe x label budget."""
+    encoder's fine-tunes by run-name suffix; a column is a recipe x label budget (K per class,
+    or "N labels", with "labels_budget", for the images picked without labels)."""
     columns: dict[str, dict] = {}
+    seeds = [f"-s{s}" for s in cfg.finetune_seeds] or [""]
+    budgets = [  # (column, run-name suffix, what it is)
+        ("" if k is None else ("all labels" if k == 0 else f"{k}/class"),
+         "" if k is None else f"-l{labels_tag(k)}", {"labels_per_class": k})
+        for k in [b.per_class for b in cfg.labels if b.select == "balanced"] or [None]
+    ]  # fmt: skip
+    picked = sorted({b.budget for b in cfg.labels if b.select != "balanced"})
+    budgets += [(f"{n} labels", f"-l{n}", {"labels_per_class": None, "labels_budget": n})
+                for n in picked]  # fmt: skip
     for recipe in [r.name for r in cfg.recipes] or [""]:
-        for k in [b.per_class for b in cfg.labels] or [None]:
-            budget = "" if k is None else ("all labels" if k == 0 else f"{k}/class")
+        for budget, tag, what in budgets:
             col = " ".join(x for x in (recipe, budget) if x)
-            tag = (f"-{recipe}" if recipe else "") + ("" if k is None else f"-l{labels_tag(k)}")
-            found = [runs.get(tag + (f"-s{s}" if cfg.finetune_seeds else ""), {})
-                     for s in cfg.finetune_seeds or [None]]  # fmt: skip
+            found = [runs.get((f"-{recipe}" if recipe else "") + tag + s, {}) for s in seeds]
             done = [r for r in found if r.get("top1") is not None]
             columns[col or "fine-tune"] = {
                 "recipe": recipe or None,
-                "labels_per_class": k,
+                **what,
                 "num_labelled": done[0].get("num_labelled") if done else None,
                 "top1": [r["top1"] for r in done],
             }
