@@ -563,3 +563,45 @@ def test_the_study_bar_moves_while_a_job_runs_and_skips_leave_the_total(tmp_path
     assert study.job_fraction(run) is None
     (run / "metrics.jsonl").write_text('{"step": 50, "img_per_s": 10}\n')
     assert study.job_fraction(run) == 0.25
+
+
+def test_the_semi_supervised_stage_shares_the_self_trainings_control(tmp_path, capsys):
+    """`semi:` on a budget plans, per pretrained encoder and seed, a fine-tune with
+    distill.mode=online and data.train as distill.unlabelled (no teacher file), beside the
+    same equal-compute control as `self_train` (planned once); the summary's row "<encoder> +
+    semi-supervised" names that control. Schedules that differ (one control cannot serve both)
+    are refused in one line."""
+    study = load_study()
+    base = ["--config", str(REPO / "configs/study/quickstart.yaml"), "--dry-run"]
+    labels = (
+        "labels=[{per_class: 10, finetune: [train.steps=60], self_train: [train.steps=150, "
+        "distill.temperature=2], semi: [train.steps=150, distill.threshold=0.7]}]"
+    )
+    over = [f"full.output_dir={tmp_path}", labels]
+    study.main([*base, *over])
+    plan = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[plan]")]
+    names = [line.split(":")[0].removeprefix("[plan] ") for line in plan]
+    v = "mean_color_50"
+    runs = [f"{v}-l10-{m}-s{s}" for s in (0, 1) for m in ("ctl", "st")]
+    runs += [f"{v}-l10-semi-s{s}" for s in (0, 1)]
+    assert names[-6:] == [f"finetune/{r}" for r in runs]  # each control once
+    semi, control = plan[-1], plan[names.index(f"finetune/{v}-l10-ctl-s1")]
+    assert "distill.mode=online distill.unlabelled=data/shapes" in semi
+    assert "distill.teacher" not in semi
+    assert semi.endswith("seed=1 train.steps=150 distill.threshold=0.7")
+    assert control.endswith("seed=1 train.steps=150 tag=control")
+
+    cfg = study.load_config(StudyConfig, REPO / "configs/study/quickstart.yaml", over)
+    for name, top1 in [("l10-ctl-s0", 0.3), ("l10-st-s0", 0.31), ("l10-semi-s0", 0.4)]:
+        run = tmp_path / "finetune" / f"{v}-{name}"
+        run.mkdir(parents=True)
+        (run / "results.json").write_text(json.dumps({"top1": top1, "num_labelled": 100}))
+    rows = {r["variant"]: r for r in study.summarize(cfg, cfg.full, tmp_path, "full")["rows"]}
+    semi_row = rows[f"{v} + semi-supervised"]
+    assert semi_row["control"] == f"{v} + control"
+    assert rows[f"{v} + self-trained"]["control"] == f"{v} + control"
+    assert semi_row["finetune_by_labels"]["10/class"]["top1"] == [0.4]
+    assert rows[f"{v} + control"]["finetune_by_labels"]["10/class"]["top1"] == [0.3]
+    other = labels.replace("semi: [train.steps=150", "semi: [train.steps=300")
+    with pytest.raises(ConfigError, match=r"share one equal-compute control.*\['train.steps=150'"):
+        load_config(StudyConfig, REPO / "configs/study/quickstart.yaml", [over[0], other])

@@ -78,6 +78,27 @@ class StudyLabels(Frozen):
     # = that fine-tune and distill.unlabelled = data.train, these overrides after `finetune`'s
     # (e.g. train.steps, distill.weight). null: none.
     self_train: list[str] | None = None
+    # The online semi-supervised stage at this budget (beyond the paper, issue 50): each
+    # pretrained encoder fine-tuned with distill.mode=online and distill.unlabelled =
+    # data.train, these overrides after `finetune`'s (e.g. train.steps, distill.threshold).
+    # Beside the same equal-compute control as `self_train` (so with both, their overrides
+    # other than distill.* must agree). null: none.
+    semi: list[str] | None = None
+
+    def validate(self) -> None:
+        if self.self_train is None or self.semi is None:
+            return
+        if _schedule(self.self_train) != _schedule(self.semi):
+            raise ConfigError(
+                f"labels: per_class {self.per_class}: self_train and semi share one "
+                f"equal-compute control, so their overrides other than distill.* must agree: "
+                f"{_schedule(self.self_train)} vs {_schedule(self.semi)}"
+            )
+
+
+def _schedule(overrides: list[str]) -> list[str]:
+    """The overrides a method's control keeps: all but the distill.* ones."""
+    return [o for o in overrides if not o.startswith("distill.")]
 
 
 @dataclass
@@ -177,8 +198,9 @@ def check_selected(labels: list[StudyLabels]) -> None:
         what = f"labels: {{budget: {b.budget}, select: {b.select}}}"
         if b.select == "balanced" and b.budget:
             raise ConfigError(f"{what}: budget needs select: random or typiclust")
-        if b.select != "balanced" and (b.budget < 1 or b.per_class or b.self_train is not None):
-            raise ConfigError(f"{what}: needs a budget >= 1, and no per_class or self_train")
+        methods = b.self_train is not None or b.semi is not None
+        if b.select != "balanced" and (b.budget < 1 or b.per_class or methods):
+            raise ConfigError(f"{what}: needs a budget >= 1, and no per_class, self_train or semi")
     pairs = [(b.budget, b.select) for b in picked]
     if len(set(pairs)) != len(pairs):
         raise ConfigError(f"labels: one entry per budget and select, got {pairs}")

@@ -38,6 +38,7 @@ __all__ = [
 
 SCRATCH = "scratch"  # the random-init encoder's line
 SELF_TRAINED = " + self-trained"  # its fine-tunes with a teacher on the unlabelled images
+SEMI = " + semi-supervised"  # its fine-tunes with the online stage (distill.mode=online)
 PICKED = ("random", "typiclust")  # data.labels_select that picks N images, no label read
 Curves = dict[str, dict[int, list[float]]]  # {encoder: {K: [top1 of each seed]}}
 Groups = dict[tuple[str, int], list[Run]]  # {(encoder, K): [fine-tunes, one per seed]}
@@ -54,10 +55,14 @@ def encoder_name(run: Run) -> str:
     if run_dir is None and (Path(ckpt) / "checkpoints").is_dir():  # init: a run directory
         run_dir = Path(ckpt)
     name = run_dir.name if run_dir is not None else ckpt
-    # Self-training (distill.teacher) from the same encoder is another line of its own, and
-    # so is a tagged run (the study's equal-compute controls): never averaged with the rest.
-    if (run.config.get("distill") or {}).get("teacher"):
+    # Self-training (distill.teacher) or the online stage from the same encoder is another
+    # line of its own, and so is a tagged run (the study's equal-compute controls): never
+    # averaged with the rest.
+    distill = run.config.get("distill") or {}
+    if distill.get("teacher"):
         name += SELF_TRAINED
+    elif distill.get("unlabelled") and distill.get("mode") == "online":
+        name += SEMI
     # Labels picked without their labels (data.labels_select, issue 49; K = 0): never averaged
     # with the encoder's fine-tunes on every label.
     data = run.config.get("data") or {}

@@ -22,6 +22,7 @@ __all__ = [
     "CONTROL",
     "FEWSHOT_WEIGHT",
     "SELF_TRAINED",
+    "SEMI",
     "Job",
     "SelfTraining",
     "budget_of",
@@ -121,10 +122,17 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
         ]))  # fmt: skip
         ckpt = lambda pre_dir=pre_dir: checkpoint_of(pre_dir)  # noqa: E731
         jobs += [fewshot(v.name, ckpt), *finetune(v.name, ckpt, v.finetune)]
+        controls = set()  # self-training and the semi-supervised stage share theirs
         for st in self_trainings(cfg, v.finetune) if v.self_train else []:
-            teacher = out / FINETUNE.name / (v.name + st.teacher)  # after the teachers' ones
-            distill = [f"distill.teacher={teacher}", f"distill.unlabelled={d.train}"]
-            jobs.append(finetune_one(v.name, ckpt, v.name + st.control, control_of(st.overrides)))
+            if st.online:
+                distill = ["distill.mode=online", f"distill.unlabelled={d.train}"]
+            else:
+                teacher = out / FINETUNE.name / (v.name + st.teacher)  # after the teachers' ones
+                distill = [f"distill.teacher={teacher}", f"distill.unlabelled={d.train}"]
+            if st.control not in controls:
+                controls.add(st.control)
+                control = control_of(st.overrides)
+                jobs.append(finetune_one(v.name, ckpt, v.name + st.control, control))
             jobs.append(finetune_one(v.name, ckpt, v.name + st.name, [*distill, *st.overrides]))
     for job in jobs:
         if job.stage.resumes:  # a training job: the images its steps train on
@@ -146,7 +154,7 @@ def images_trained(stage: ssl_vit.jobs.Job, config: str | None, overrides: list[
     except (OSError, ConfigError):
         return 1
     distill = getattr(cfg, "distill", None)
-    unlabelled = distill.ratio if distill is not None and distill.teacher else 0
+    unlabelled = distill.ratio if distill is not None and distill.enabled else 0
     return cfg.train.steps * cfg.train.batch_size * (1 + unlabelled)
 
 
@@ -178,39 +186,45 @@ def finetunes(cfg: StudyConfig, pretrained: bool = True) -> list[tuple[str, list
 
 
 SELF_TRAINED = "-st"  # a self-training run's name: its teacher's with this after the budget
-CONTROL = "-ctl"  # its equal-compute control's: the same fine-tune without the teacher
+SEMI = "-semi"  # the online semi-supervised stage's (distill.mode=online)
+CONTROL = "-ctl"  # their equal-compute control's: the same fine-tune without unlabelled images
 
 
 @dataclass(frozen=True)
 class SelfTraining:
-    """One self-training fine-tune of an encoder, by run-name suffix: its teacher's, its own
-    and its control's, and its overrides (without distill.teacher / distill.unlabelled, which
-    the study adds)."""
+    """One fine-tune of an encoder on the unlabelled images too, by run-name suffix: its
+    teacher's (offline; online, the fine-tune of the same budget and seed, for the summary's
+    columns), its own and its control's, its overrides (without distill.teacher /
+    distill.unlabelled / distill.mode, which the study adds) and whether it is online."""
 
     teacher: str
     name: str
     control: str
     overrides: list[str]
+    online: bool = False
 
 
 def self_trainings(cfg: StudyConfig, own: list[str] = ()) -> list[SelfTraining]:
-    """The self-training fine-tunes of one pretrained encoder: per label budget with
-    `self_train` and per seed, with the first recipe; the overrides are its teacher's (the
-    encoder's `own` among them), then the budget's `self_train`. Each has its equal-compute
-    control (`control_of`)."""
+    """The fine-tunes of one pretrained encoder on the unlabelled images too: per label budget
+    with `self_train` (offline) or `semi` (online) and per seed, with the first recipe; the
+    overrides are its teacher's (the encoder's `own` among them), then the budget's. Each has
+    its equal-compute control (`control_of`), one per budget and seed."""
     r, recipe = (f"-{cfg.recipes[0].name}", cfg.recipes[0].finetune) if cfg.recipes else ("", [])
     seeds = [(f"-s{s}", [f"seed={s}"]) for s in cfg.finetune_seeds] or [("", [])]
     out = []
-    for b in (b for b in cfg.labels if b.self_train is not None):
+    for b in cfg.labels:
         budget = f"-l{labels_tag(b.per_class)}"
         base = [*recipe, f"data.labels_per_class={b.per_class}", *b.finetune]
-        for tag, seed in seeds:
-            out.append(SelfTraining(
-                teacher=r + budget + tag,
-                name=r + budget + SELF_TRAINED + tag,
-                control=r + budget + CONTROL + tag,
-                overrides=[*base, *own, *seed, *b.self_train],
-            ))  # fmt: skip
+        methods = [(SELF_TRAINED, b.self_train, False), (SEMI, b.semi, True)]
+        for suffix, overrides, online in (m for m in methods if m[1] is not None):
+            for tag, seed in seeds:
+                out.append(SelfTraining(
+                    teacher=r + budget + tag,
+                    name=r + budget + suffix + tag,
+                    control=r + budget + CONTROL + tag,
+                    overrides=[*base, *own, *seed, *overrides],
+                    online=online,
+                ))  # fmt: skip
     return out
 
 

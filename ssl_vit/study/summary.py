@@ -89,15 +89,19 @@ def _by_stage(pretrain: float | None, fewshot: float | None, finetune: float | N
 
 
 def self_trained_rows(cfg: StudyConfig, encoder_row: dict, finetunes_dir: Path, name: str):
-    """An encoder's self-trained row and, before it, its equal-compute control's (the same
-    fine-tunes without the teacher): the encoder's pretraining and few-shot figures, its
-    label-budget columns (those with self-training filled). The method's row names its
-    control."""
+    """An encoder's rows of the fine-tunes on the unlabelled images too, after their shared
+    equal-compute control's (the same fine-tunes without them): "self-trained" (offline),
+    "semi-supervised" (online), each with the encoder's pretraining and few-shot figures and
+    its label-budget columns (those with the method filled), naming its control."""
     trainings = self_trainings(cfg)
+    methods = [("control", trainings, "control")]
+    for method, online in (("self-trained", False), ("semi-supervised", True)):
+        mine = [st for st in trainings if st.online == online]
+        methods += [(method, mine, "name")] if mine else []
     rows = []
-    for method, suffix in (("control", "control"), ("self-trained", "name")):
+    for method, mine, suffix in methods:
         runs = {st.teacher: read_results(finetunes_dir / (name + getattr(st, suffix)))
-                for st in trainings}  # fmt: skip
+                for st in mine}  # fmt: skip
         rows.append({
             **encoder_row,
             "variant": f"{encoder_row['variant']} + {method}",
@@ -105,7 +109,8 @@ def self_trained_rows(cfg: StudyConfig, encoder_row: dict, finetunes_dir: Path, 
             "wall_time_s": _by_stage(None, None, _total([r.get("wall_time_s")
                                                         for r in runs.values()])),
         })  # fmt: skip
-    rows[1]["control"] = rows[0]["variant"]
+    for row in rows[1:]:
+        row["control"] = rows[0]["variant"]
     return rows
 
 
