@@ -7,6 +7,7 @@ PNG files of several sizes, square and not, that go through the resize-and-crop 
 """
 
 import dataclasses
+import importlib.util
 import io
 import json
 import logging
@@ -35,8 +36,12 @@ from ssl_vit.train.classifier_file import (
     save_classifier,
 )
 
-timm = pytest.importorskip("timm")
-transformers = pytest.importorskip("transformers")
+# The `interop` extra, imported by the tests that use it, not at collection (~1.5 s of every
+# xdist worker's start, also of a worker that ran none of these tests).
+pytestmark = pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("timm", "transformers")),
+    reason="the interop extra (timm, transformers) is not installed",
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 # (width, height): square, shorter side already S = 24, landscape and portrait, extreme ratios.
@@ -116,6 +121,7 @@ def assert_same_top1(a: torch.Tensor, b: torch.Tensor, tol: float) -> int:
 
 @torch.no_grad()
 def test_transformers_pipeline_gives_our_labels(run, exported, images):
+    import transformers
     from transformers.models.bit.image_processing_bit import BitImageProcessor
 
     logits = ours(run, images)
@@ -142,6 +148,8 @@ def test_transformers_pipeline_gives_our_labels(run, exported, images):
 def test_transformers_differs_only_by_the_documented_crop_offset(exported, images):
     """Where the crop offsets differ, transformers' pixels are ours cropped at the floored
     offset: the one difference between the two preprocessings."""
+    import transformers
+
     processor = transformers.AutoImageProcessor.from_pretrained(exported["hf"])
     for file in (f for f in images if not same_crop(f, 24)):
         x = TF.resize_image(decode_image(file.read_bytes()), [24], antialias=True)
@@ -153,6 +161,8 @@ def test_transformers_differs_only_by_the_documented_crop_offset(exported, image
 
 @torch.no_grad()
 def test_timm_create_model_and_its_transform_give_our_labels(run, exported, images):
+    import timm
+
     model = timm.create_model(f"local-dir:{exported['timm']}", pretrained=True).eval()
     transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))
     theirs = torch.cat([model(transform(Image.open(f).convert("RGB"))[None]) for f in images])
@@ -164,6 +174,8 @@ def test_timm_create_model_and_its_transform_give_our_labels(run, exported, imag
 def test_gap_pooling_exports_to_timm_only(run, images, tmp_path):
     """A classifier pooling the mean of patch tokens: timm's global_pool='avg' with the final
     norm before pooling (fc_norm=False) computes ours; transformers is refused in one line."""
+    import timm
+
     model, spec = load_classifier(run)
     (tmp_path / "gap").mkdir()
     save_classifier(
@@ -183,6 +195,8 @@ def test_gap_pooling_exports_to_timm_only(run, images, tmp_path):
 
 
 def test_configs_and_card_carry_the_classes_and_the_label_budget(run, exported):
+    import transformers
+
     spec, results = load_classifier(run)[1], json.loads((run / "results.json").read_text())
     hf = json.loads((exported["hf"] / "config.json").read_text())
     assert hf["architectures"] == ["ViTForImageClassification"] and hf["image_size"] == 24

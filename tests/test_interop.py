@@ -4,6 +4,7 @@ Tiny random models (width 32, depth 2, 16 px, patch 4) whose every weight, Layer
 included, is perturbed away from its initialization, so a misplaced tensor cannot hide.
 """
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -20,9 +21,13 @@ from ssl_vit.publish import export_checkpoint, import_weights
 from ssl_vit.train.checkpoint import load_encoder, save_encoder
 from ssl_vit.train.encoder_init import encoder_from_checkpoint
 
-timm = pytest.importorskip("timm")  # the `interop` extra; imported once per module (slow)
-transformers = pytest.importorskip("transformers")
-ViTModel = transformers.ViTModel
+# The `interop` extra, imported by the tests that use it, not at collection: importing timm,
+# transformers and its ViTModel took ~3 s of every xdist worker's start, also of a worker that
+# ran none of these tests.
+pytestmark = pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("timm", "transformers")),
+    reason="the interop extra (timm, transformers) is not installed",
+)
 
 CFG = {
     "variant": "",
@@ -73,6 +78,8 @@ def exported(ckpt, tmp_path_factory) -> dict[str, Path]:
 
 @torch.no_grad()
 def test_timm_export_gives_the_same_features(ckpt, exported):
+    import timm
+
     enc, x = ckpt[1], images(16)
     ours = enc.forward_features(x)
     model = timm.create_model(f"local-dir:{exported['timm']}", pretrained=True).eval()
@@ -94,6 +101,8 @@ def test_timm_export_gives_the_same_features(ckpt, exported):
 
 @torch.no_grad()
 def test_hf_export_gives_the_same_features_without_warnings(ckpt, exported):
+    from transformers import ViTModel
+
     enc, x = ckpt[1], images(16)
     model, info = ViTModel.from_pretrained(
         exported["hf"], add_pooling_layer=False, output_loading_info=True
@@ -112,6 +121,9 @@ def test_interpolated_encoder_exports_and_matches_hf_interpolation(ckpt, exporte
     features in timm and transformers; transformers' own interpolate_pos_encoding=True uses
     the same bicubic resize as ours, so it matches too. (timm's img_size= resampling is
     antialiased bicubic: a different algorithm, measured in scripts/check_export.py.)"""
+    import timm
+    from transformers import ViTModel
+
     enc24, _, _ = encoder_from_checkpoint(ckpt[0], ModelConfig(image_size=24))
     x = images(24)
     ours = enc24.eval().forward_features(x)
@@ -131,6 +143,8 @@ def test_interpolated_encoder_exports_and_matches_hf_interpolation(ckpt, exporte
 def test_import_timm_gives_the_same_features(tmp_path):
     """A timm ViT with a classifier and mlp_ratio 3 -> ours, from a bare .pth state dict (heads
     given) and from a timm directory (heads from config.json); the classifier is dropped."""
+    import timm
+
     args = dict(
         img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_ratio=3.0, num_classes=5
     )
@@ -161,6 +175,9 @@ def test_import_timm_gives_the_same_features(tmp_path):
 def test_import_hf_gives_the_same_features_also_interpolated(tmp_path):
     """Google-style ViTModel (LayerNorm eps 1e-12, intermediate 80 = ratio 2.5, pooler) saved
     with save_pretrained -> ours, at 16 px and at 24 px against interpolate_pos_encoding."""
+    import transformers
+    from transformers import ViTModel
+
     config = transformers.ViTConfig(
         hidden_size=32,
         num_hidden_layers=2,
