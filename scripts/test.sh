@@ -20,7 +20,11 @@ tier() {
 # processes they start (imports, launches, signals), so two xdist workers run them side by
 # side; one thread per process keeps the two from oversubscribing the cores (README, "quick
 # start", has the measured times).
+# The fast tier with --dist=loadfile: each test file in one worker, so a file's module fixture
+# (a tiny trained run) is made once, not once per worker, and what only a few files import
+# (transformers, scikit-learn) is imported by one worker. The system tier balances by test:
+# its files hold minutes of jobs each.
 rc=0
-OMP_NUM_THREADS=1 tier -m "not system" -n 2 "$@" || rc=$?
+OMP_NUM_THREADS=1 tier -m "not system" -n 2 --dist=loadfile "$@" || rc=$?
 OMP_NUM_THREADS=1 tier -m system -n 2 "$@" || rc=$?
 exit "$rc"
