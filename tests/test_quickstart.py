@@ -55,15 +55,17 @@ def test_quickstart_flow_at_a_tiny_budget(synthetic_shards, tmp_path, monkeypatc
         f"data.train={synthetic_shards}",
         f"data.eval={synthetic_shards}",
         f"quick={yaml.safe_dump(tiny, default_flow_style=True, width=10_000).strip()}",
-        # The fixture has ~10 images per class; at 2 per class also self-training, as the
-        # quick start's 10 per class.
-        "labels=[{per_class: 2, self_train: [train.steps=2]}, {per_class: 0}]",
+        # The fixture has ~10 images per class; at 2 per class also self-training and the
+        # online stage, as the quick start's 10 per class.
+        "labels=[{per_class: 2, self_train: [train.steps=2], semi: [train.steps=2]}, "
+        "{per_class: 0}]",
     ]
     summary = study.main(["--config", str(CONFIG), "--quick", *overrides])
     rows = {r["variant"]: r for r in summary["rows"]}
     v = "mean_color_50"
-    assert set(rows) == {"random init", v, f"{v} + control", f"{v} + self-trained"}
-    for method in ("control", "self-trained"):  # the method beside its equal-compute control
+    methods = ("control", "self-trained", "semi-supervised")
+    assert set(rows) == {"random init", v, *(f"{v} + {m}" for m in methods)}
+    for method in methods:  # each method beside its (one) equal-compute control
         by_labels = rows.pop(f"{v} + {method}")["finetune_by_labels"]
         assert [len(c["top1"]) for c in by_labels.values()] == [2, 0]  # 2 seeds at 2 / class
     for seed in (0, 1):
@@ -77,6 +79,11 @@ def test_quickstart_flow_at_a_tiny_budget(synthetic_shards, tmp_path, monkeypatc
         )  # the same steps and labels, no teacher
         assert control["step"] == run["step"] and not control.get("distill")
         assert control["num_labelled"] == run["num_labelled"]
+        semi = json.loads(
+            (tmp_path / f"qs/finetune/mean_color_50-l2-semi-s{seed}/results.json").read_text()
+        )
+        assert semi["distill"]["mode"] == "online" and semi["step"] == control["step"]
+        assert semi["distill"]["unlabelled_images_seen"] == 2 * 8
     for r in rows.values():  # both inits: few-shot per shot, fine-tune per budget and seed
         assert set(r["fewshot"]) == {"1", "2"}
         by_labels = r["finetune_by_labels"]
@@ -95,7 +102,7 @@ def test_quickstart_flow_at_a_tiny_budget(synthetic_shards, tmp_path, monkeypatc
     assert "| random init |" in out and "| mean_color_50 |" in out and "2-shot (%)" in out
     assert "fine-tune 2/class (%)" in out
     ((runs, report_dir),) = reports
-    assert report_dir == tmp_path / "qs" and len(runs) == 2 + 1 + 2 * 4 + 2 + 2  # controls
+    assert report_dir == tmp_path / "qs" and len(runs) == 2 + 1 + 2 * 4 + 2 + 2 + 2  # controls
 
 
 FAKE_PYTHON = """#!/usr/bin/env bash

@@ -363,10 +363,11 @@ def test_self_training_follows_its_teacher_and_gets_a_row(tmp_path, capsys):
     plan = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[plan]")]
     names = [line.split(":")[0].removeprefix("[plan] ") for line in plan]
     v = "mean_color_50"
-    assert names[-4:] == [f"finetune/{v}-l10-{m}-s{s}" for s in (0, 1) for m in ("ctl", "st")]
+    # (then the online stage's two runs, sharing these controls: a test of their own below)
+    assert names[-6:-2] == [f"finetune/{v}-l10-{m}-s{s}" for s in (0, 1) for m in ("ctl", "st")]
     assert names.index(f"finetune/{v}-l10-s1") < names.index(f"finetune/{v}-l10-st-s0")
     assert not any("scratch-l10-st" in n or "scratch-l10-ctl" in n for n in names)
-    last, control = plan[-1], plan[-2]
+    last, control = plan[-3], plan[-4]
     assert f"distill.teacher={tmp_path}/finetune/{v}-l10-s1" in last
     assert "distill.unlabelled=data/shapes" in last and "init.checkpoint=" in last
     own = "data.labels_per_class=10 train.steps=60 seed=1 train.steps=150 train.lr=0.04"
@@ -388,8 +389,10 @@ def test_self_training_follows_its_teacher_and_gets_a_row(tmp_path, capsys):
     rows = study.summarize(cfg, cfg.full, tmp_path, "full")["rows"]
     # (the quick start's 100 labels picked by typiclust and at random: rows of their own)
     picked = [f"{v} + 100 labels chosen by typiclust", f"{v} + 100 random labels"]
-    names = ["random init", v, *picked, f"{v} + control", f"{v} + self-trained"]
+    semi = f"{v} + semi-supervised"
+    names = ["random init", v, *picked, f"{v} + control", f"{v} + self-trained", semi]
     assert [r["variant"] for r in rows] == names
+    rows = [r for r in rows if r["variant"] != semi]
     rows = [r for r in rows if r["variant"] not in picked]
     assert rows[1]["finetune_by_labels"]["10/class"]["top1"] == [0.25, 0.27]
     assert rows[2]["finetune_by_labels"]["10/class"]["top1"] == [0.29, 0.28]
@@ -397,8 +400,9 @@ def test_self_training_follows_its_teacher_and_gets_a_row(tmp_path, capsys):
     assert rows[3]["finetune_by_labels"]["50/class"]["top1"] == []
     assert rows[3]["control"] == f"{v} + control" and "control" not in rows[1]
     table = (tmp_path / "summary.md").read_text().splitlines()
-    assert table[-1].startswith(f"| {v} + self-trained |") and "| 31.0 (30.0 / 32.0) |" in table[-1]
-    assert table[-2].startswith(f"| {v} + control |") and "| 28.5 (29.0 / 28.0) |" in table[-2]
+    assert table[-1].startswith(f"| {v} + semi-supervised |")  # its runs not made here
+    assert table[-2].startswith(f"| {v} + self-trained |") and "| 31.0 (30.0 / 32.0) |" in table[-2]
+    assert table[-3].startswith(f"| {v} + control |") and "| 28.5 (29.0 / 28.0) |" in table[-3]
 
 
 def test_every_method_row_stands_beside_a_control_that_exists():
