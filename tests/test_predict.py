@@ -261,19 +261,24 @@ def test_a_stop_signal_ends_predict_in_one_line_leaving_no_partial_file(
     out, main = tmp_path / "p", pipeline("predict")
     monkeypatch.setitem(main.__globals__, "predict_batch", _signalled_in_the_rounds(
         main, sig, out, fmt))  # fmt: skip
+    # As in a job started in the foreground: a shell's background job (a CI runner's `cmd &`)
+    # starts with SIGINT ignored, and predict leaves an ignored signal alone.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     sigint = signal.getsignal(signal.SIGINT)
     previous = signal.signal(signal.SIGTERM, _not_handled)  # (the default would end pytest)
     try:
         with pytest.raises(BaseException) as e:
             main(["--checkpoint", str(finetuned["run"]), "--source", str(finetuned["test"]),
                   "--output", str(out), "--format", fmt, "--batch-size", "10"])  # fmt: skip
+        after = signal.getsignal(signal.SIGINT)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, before)
     assert isinstance(e.value, JobError), repr(e.value)
     name = signal.Signals(sig).name
     assert str(e.value).startswith(f"{name} received: stopped before the predictions were")
     assert sorted(p.name for p in out.iterdir()) == [".lock", "config.yaml"]
-    assert signal.getsignal(signal.SIGINT) is sigint  # the handlers before are back
+    assert after is sigint  # the handlers before are back
     assert not multiprocessing.active_children()  # its loader workers ended with it
 
 
