@@ -72,6 +72,26 @@ class DistillLoss(NamedTuple):
     agree: torch.Tensor  # unlabelled images whose student top-1 is the teacher's (a count)
 
 
+def _student_and_teacher(
+    model: nn.Module,
+    teacher: nn.Module,
+    images_B: torch.Tensor,
+    student_U: torch.Tensor,
+    teacher_U: torch.Tensor,
+    autocast: torch.dtype | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(student logits [B, K] on the labelled images, [U, K] on its view of the unlabelled
+    ones, the teacher's [U, K] on its view): one student forward over both, the teacher's
+    under no_grad, autocast to `autocast` (None: as called)."""
+    if images_B.dtype != student_U.dtype:  # mixed labelled images are [0, 1] floats
+        student_U = student_U.float() / 255.0
+    logits = model(torch.cat([images_B, student_U]))
+    on = autocast is not None
+    with torch.no_grad(), torch.autocast(images_B.device.type, autocast, enabled=on):
+        teacher_UK = teacher(teacher_U)  # uint8 or [0, 1]: PixelNorm takes both
+    return logits[: len(images_B)], logits[len(images_B) :], teacher_UK
+
+
 def distill_forward(
     model: nn.Module,
     teacher: nn.Module,
@@ -88,13 +108,9 @@ def distill_forward(
     called)."""
 
     def forward_loss(images_B, targets, unlabelled_U, teacher_view_U) -> DistillLoss:
-        if images_B.dtype != unlabelled_U.dtype:  # mixed labelled images are [0, 1] floats
-            unlabelled_U = unlabelled_U.float() / 255.0
-        logits = model(torch.cat([images_B, unlabelled_U]))
-        logits_B, student_UK = logits[: len(images_B)], logits[len(images_B) :]
-        on = autocast is not None
-        with torch.no_grad(), torch.autocast(images_B.device.type, autocast, enabled=on):
-            teacher_UK = teacher(teacher_view_U)  # uint8 or [0, 1]: PixelNorm takes both
+        logits_B, student_UK, teacher_UK = _student_and_teacher(
+            model, teacher, images_B, unlabelled_U, teacher_view_U, autocast
+        )
         labelled = loss_fn(logits_B.float(), targets)
         distill = distillation_loss(student_UK, teacher_UK, temperature)
         agree = (student_UK.argmax(-1) == teacher_UK.argmax(-1)).sum()
@@ -138,13 +154,9 @@ def online_forward(
     as `distill_forward`'s."""
 
     def forward_loss(images_B, targets, strong_U, weak_U) -> OnlineLoss:
-        if images_B.dtype != strong_U.dtype:  # mixed labelled images are [0, 1] floats
-            strong_U = strong_U.float() / 255.0
-        logits = model(torch.cat([images_B, strong_U]))
-        logits_B, student_UK = logits[: len(images_B)], logits[len(images_B) :]
-        on = autocast is not None
-        with torch.no_grad(), torch.autocast(images_B.device.type, autocast, enabled=on):
-            teacher_UK = teacher(weak_U)
+        logits_B, student_UK, teacher_UK = _student_and_teacher(
+            model, teacher, images_B, strong_U, weak_U, autocast
+        )
         labelled = loss_fn(logits_B.float(), targets)
         unlabelled, pseudo_U, used_U = pseudo_label_loss(student_UK, teacher_UK, threshold)
         return OnlineLoss(
