@@ -1,6 +1,9 @@
 """Preemption through every documented launch path: a SIGTERM to the launch command (or its
 process group) returns control only once the checkpoint is complete and every training
-process has exited; --resume continues from that checkpoint.
+process has exited. Resuming from that checkpoint is checked through the plain script and
+the SLURM script, which always resumes, as two processes under `accelerate launch`: `ssl-vit`
+runs the same script, and the SLURM script is `accelerate launch` with `--resume`, so those
+two paths stop after the checkpoint (a launch each saved).
 
 The model is large enough (width 384, depth 6: ~130 MB of checkpoint with Adam's moments) that
 writing the checkpoint takes a good part of a second, while a launcher that returns early
@@ -97,6 +100,8 @@ def test_sigterm_returns_after_the_checkpoint(path, synthetic_shards, tmp_path):
     print(f"{path}: returned {returned_after:.1f}s after SIGTERM, exit {rc}, step {step}, "
           f"checkpoint written in {seconds}s")  # fmt: skip
 
+    if path in ("cli", "accelerate"):
+        return
     # --resume (the same launch path) continues from that checkpoint.
     argv, env, _ = _command(path, synthetic_shards, out, tmp_path, f"train.steps={step + 1}")
     if path != "slurm":  # the SLURM script always resumes

@@ -63,10 +63,7 @@ def test_one_job_per_run_dir_and_no_silent_restart(synthetic_shards, tmp_path, c
     assert "model.width 32 -> 16" in line, line
     assert _snapshot(out) == before
     # --overwrite starts over: nothing of job A is left to be mixed in.
-    proc = subprocess.run(
-        _pipeline("pretrain", *base, "--overwrite", "train.steps=2"), capture_output=True
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert pretrain([*base, "--overwrite", "train.steps=2"])["step"] == 2
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000002"]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]

@@ -59,7 +59,15 @@ def test_study_runs_summarizes_and_skips(synthetic_shards, tmp_path, capsys, mon
     path.write_text(yaml.safe_dump(cfg))
     study = load_study()
     monkeypatch.setattr(study, "execute", in_process)
+    # The report over the runs is `ssl-vit report`'s (its own tests): here, that the study asks
+    # for it over every run, without the seconds of a report process.
+    reported = []
+    monkeypatch.setattr(study, "report", lambda dirs, where: reported.append((dirs, where)))
     summary = study.main(["--config", str(path), "--quick"])
+    assert len(reported) == 1 and reported[0][1] == out
+    assert sorted(d.relative_to(out).as_posix() for d in reported[0][0]) == [
+        "fewshot/l2", "fewshot/random", "finetune/l2", "finetune/scratch", "pretrain/l2"
+    ]  # fmt: skip
 
     rows = {r["variant"]: r for r in summary["rows"]}
     assert set(rows) == {"random init", "l2"}
