@@ -32,6 +32,9 @@ BIG = [
 ]
 
 
+RESUMED = ("python", "slurm")  # the paths whose --resume is run (module docstring)
+
+
 def _accelerate(port: int, script: str = "pipelines/pretrain.py") -> list[str]:
     return [
         *LAUNCH,  # the venv's `accelerate launch`, 2 processes, no mixed precision
@@ -100,7 +103,7 @@ def test_sigterm_returns_after_the_checkpoint(path, synthetic_shards, tmp_path):
     print(f"{path}: returned {returned_after:.1f}s after SIGTERM, exit {rc}, step {step}, "
           f"checkpoint written in {seconds}s")  # fmt: skip
 
-    if path in ("cli", "accelerate"):
+    if path not in RESUMED:
         return
     # --resume (the same launch path) continues from that checkpoint.
     argv, env, _ = _command(path, synthetic_shards, out, tmp_path, f"train.steps={step + 1}")
