@@ -17,19 +17,22 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 echo "setup: installing ssl-vit and its pinned dependencies (torch is large: ~1 min the first time)"
-# uv installs the same pinned set about 4x faster than pip (parallel downloads and unpacking);
-# --compile-bytecode as pip does: without .pyc files (and where Python may not write them) each
-# job spends twice as long importing (15 s against 7 s on the 2-core VM). pip stays the
-# fallback for machines where uv cannot be installed or cannot reach the index (uv ignores
-# pip.conf: set UV_INDEX_URL for a private mirror).
+# uv installs the same pinned set about 4x faster than pip (parallel downloads and unpacking).
+# No bytecode here: compiling all of site-packages took 60 s of a 79 s setup on the 2-core VM,
+# and the quick start starts four processes (the study forks its jobs from its own imports),
+# which compile what they import in 27 s in all. The test suite, which starts hundreds, has
+# scripts/test.sh compile it once. pip stays the fallback for machines where uv cannot be
+# installed or cannot reach the index (uv ignores pip.conf: set UV_INDEX_URL for a private
+# mirror).
 pip_install() { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
 if pip_install "$(grep '^uv==' scripts/constraints.txt)" 2>/dev/null &&
-    .venv/bin/uv pip install --quiet --compile-bytecode --python .venv/bin/python \
+    .venv/bin/uv pip install --quiet --python .venv/bin/python \
         -c scripts/constraints.txt -e ".[dev]"; then
     :
 else
     echo "setup: uv unavailable, installing with pip"
     pip_install -c scripts/constraints.txt -e ".[dev]"
 fi
+rm -f .venv/.bytecode  # scripts/test.sh compiles the new install's
 echo "$want" > "$STAMP"
 echo "setup: ready ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

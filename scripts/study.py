@@ -27,6 +27,7 @@ small artifacts (results, metrics, configs, logs, summary, report) to DIR, every
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import shutil
@@ -34,9 +35,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 import yaml
 
 from ssl_vit.children import die_with_parent, fork_script, preload, stop_child
@@ -118,13 +121,16 @@ class StudyProgress:
         total = sum(job.weight for job in jobs)
         self.bar = progress_bar(total, enabled=enabled, desc="study", unit="img")
         self.done = 0  # the weight of the jobs that ended
+        self.share: dict[Path, int] = {}  # of each running job, the weight of its logged steps
 
     def running(self, job: Job, fraction: float) -> None:
-        target = self.done + int(fraction * job.weight)
+        self.share[job.run_dir] = int(fraction * job.weight)
+        target = self.done + sum(self.share.values())
         if target > self.bar.n:
             self.bar.update(target - self.bar.n)
 
     def ended(self, job: Job, skipped: bool) -> None:
+        self.share.pop(job.run_dir, None)
         if skipped:  # no time spent: it must not make the rate look faster
             self.bar.total -= job.weight
         else:
@@ -132,37 +138,57 @@ class StudyProgress:
             self.bar.update(max(0, self.done - self.bar.n))
 
 
-def execute(argv: list[str], log, tick: Callable[[], None] = lambda: None) -> int:
-    """Run one job in its own process (isolated memory, a crash stays in its log), calling
-    `tick` every few seconds while it runs. The process is forked from the study, which has
-    imported the pipelines once (`preload`): a job starts in a fraction of a second instead of
-    the seconds a new interpreter spends importing torch (`ssl_vit.children.fork_script`).
+RUNNING: list = []  # the jobs' processes running now: a stop signal reaches each once
 
-    The job runs in its own session, so a signal sent to the study's process group reaches the
-    job exactly once: forwarded here, and noted in `STOPPED` so that the study stops after it;
-    a later Ctrl-C is forwarded too (the job's second Ctrl-C: it exits without checkpoint).
-    The job dies with the study: killed by the kernel when the study dies (SIGKILL included,
-    `ssl_vit.children`), and here on any other way out of this function (an exception)."""
-    proc = fork_script(argv, log)
 
-    def forward(signum: int, _frame) -> None:
-        if not STOPPED:
-            STOPPED.append(signal.Signals(signum).name)
-        elif signum != signal.SIGINT:  # the stop under way
-            return
+def forward(signum: int, _frame) -> None:
+    """The study's SIGTERM / SIGINT while jobs run: noted in `STOPPED` (the study stops after
+    them) and relayed to each job; a later Ctrl-C is relayed too (a job's second Ctrl-C: it
+    exits without checkpoint)."""
+    if not STOPPED:
+        STOPPED.append(signal.Signals(signum).name)
+    elif signum != signal.SIGINT:  # the stop under way
+        return
+    for proc in RUNNING:
         proc.send_signal(signum)
 
+
+@contextlib.contextmanager
+def relaying() -> Iterator[None]:
+    """Jobs started inside get the study's stop signals (`forward`) and die with it: killed
+    by the kernel when the study dies (SIGKILL included, `ssl_vit.children`), and here on any
+    way out of the block with one still running (an exception)."""
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for proc in RUNNING:
+            stop_child(proc)
+        RUNNING.clear()
+
+
+def start(argv: list[str], log, threads: int = 0):
+    """One job in its own process (isolated memory, a crash stays in its log), in its own
+    session, so a signal sent to the study's process group reaches it exactly once (relayed).
+    The process is forked from the study, which has imported the pipelines once (`preload`):
+    a job starts in a fraction of a second instead of the seconds a new interpreter spends
+    importing torch (`ssl_vit.children.fork_script`)."""
+    proc = fork_script(argv, log, threads)
+    RUNNING.append(proc)
+    return proc
+
+
+def execute(argv: list[str], log, tick: Callable[[], None] = lambda: None) -> int:
+    """Run one job (`start`) to its end, calling `tick` every few seconds while it runs."""
+    with relaying():
+        proc = start(argv, log)
         while True:  # bounded: every job ends on its own after a signal (guard.py)
             try:
                 return proc.wait(timeout=POLL_S)
             except subprocess.TimeoutExpired:
                 tick()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        stop_child(proc)  # still running only when leaving on an exception
 
 
 def finished(run_dir: Path) -> bool:
@@ -171,16 +197,27 @@ def finished(run_dir: Path) -> bool:
     return bool(results) and not results.get("preempted", False)
 
 
-def run_study_job(
+@dataclass
+class Started:
+    """A job running in its process, with what its end needs."""
+
+    job: Job
+    proc: object  # subprocess.Popen or ForkedScript
+    log: Path
+    tick: Callable[[], None]
+    t0: float = field(default_factory=time.time)
+
+
+def begin(
     job: Job,
     log_dir: Path,
     dry_run: bool,
     say: Callable[[str], None] = print,
     progress: Callable[[float], None] = lambda _: None,
-) -> str:
-    """Run `job` unless its results exist; `say` prints a line (the progress bar's `write`),
-    `progress(fraction)` is told how far the running job is. Returns the line that says how
-    it ended."""
+    threads: int = 0,
+) -> Started | str:
+    """Start `job` unless its results exist (then the line that says so); `say` prints a line
+    (the progress bar's `write`), `progress(fraction)` is told how far the running job is."""
     label = f"{job.stage.name}/{job.name}"
     argv = job.argv()
     recorded, command = job.run_dir / "study_job.json", [Path(argv[1]).name, *argv[2:]]
@@ -197,7 +234,6 @@ def run_study_job(
         return f"[plan] {label}: {shlex.join(argv)}"
     log = log_dir / f"{job.stage.name}-{job.name}.log"
     say(f"[run]  {label} (log: {log}) ...")
-    t0 = time.time()
     job.run_dir.mkdir(parents=True, exist_ok=True)
     recorded.write_text(json.dumps({"command": command}, indent=1) + "\n")
     shown = {"line": None, "at": time.monotonic()}
@@ -216,16 +252,64 @@ def run_study_job(
         f.flush()
         # A few-shot job has nothing to resume: an interrupted one (this same command, as
         # checked above) is replaced rather than refused by the run-directory rule.
-        rc = execute(argv if job.stage.resumes else [*argv, "--overwrite"], f, tick)
+        proc = start(argv if job.stage.resumes else [*argv, "--overwrite"], f, threads)
+    return Started(job, proc, log, tick)
+
+
+def end(run: Started) -> str:
+    """The line that says how a job that ended did; a failed one exits the study (1)."""
+    label, rc = f"{run.job.stage.name}/{run.job.name}", run.proc.poll()
     # Stopped: pretraining and fine-tuning checkpoint and exit 0, and the same command resumes
     # them; a few-shot job has nothing to save and ends on the signal, and is run again.
-    if STOPPED and (rc == 0 or not job.stage.resumes):
-        say(f"[stop] {label}: {STOPPED[0]}; run the same command again to resume")
-        sys.exit(0)
+    if STOPPED and (rc == 0 or not run.job.stage.resumes):
+        return f"[stop] {label}: {STOPPED[0]}; run the same command again to resume"
     if rc != 0:
-        tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
-        sys.exit(f"{tail}\nerror: {label} failed (exit {rc}); full log: {log}")
-    return f"[done] {label} in {(time.time() - t0) / 60:.1f} min"
+        tail = "".join(run.log.read_text().splitlines(keepends=True)[-15:])
+        sys.exit(f"{tail}\nerror: {label} failed (exit {rc}); full log: {run.log}")
+    return f"[done] {label} in {(time.time() - run.t0) / 60:.1f} min"
+
+
+def run_jobs(jobs: list[Job], slots: int, log_dir: Path, bar: StudyProgress) -> None:
+    """Every job, up to `slots` at once, each with its share of the cores' threads: a job
+    starts when the jobs it needs (`Job.after`) have ended, those that others wait on first
+    (a pretraining before the baselines, whose fine-tunes can fill the other slots meanwhile).
+    A stop relays to every running job and starts no other; a failure stops the others
+    (they checkpoint) and exits 1."""
+    threads = max(1, torch.get_num_threads() // slots) if slots > 1 else 0
+    needed = {d for job in jobs for d in job.after}
+    pending, running, ticked = list(jobs), [], time.monotonic()
+    with relaying():
+        while running or (pending and not STOPPED):
+            busy = {j.run_dir for j in pending} | {r.job.run_dir for r in running}
+            ready = [j for j in pending if not busy & set(j.after)] if not STOPPED else []
+            ready.sort(key=lambda j: j.run_dir not in needed)  # stable: the plan's order
+            for job in ready[: slots - len(running)]:
+                pending.remove(job)
+                run = begin(job, log_dir, False, bar.bar.write,
+                            lambda f, job=job: bar.running(job, f), threads)  # fmt: skip
+                if isinstance(run, str):  # finished before
+                    bar.ended(job, skipped=True)
+                    bar.bar.write(run)
+                else:
+                    running.append(run)
+            time.sleep(0.05 if running else 0)
+            for run in [r for r in running if r.proc.poll() is not None]:
+                running.remove(run)
+                try:
+                    line = end(run)
+                except SystemExit:
+                    for other in running:  # they checkpoint and end; then the study exits
+                        other.proc.send_signal(signal.SIGTERM)
+                        other.proc.wait()
+                    raise
+                bar.ended(run.job, skipped=False)
+                bar.bar.write(line)
+            if time.monotonic() - ticked >= POLL_S:
+                ticked = time.monotonic()
+                for run in running:
+                    run.tick()
+    if STOPPED:
+        sys.exit(0)
 
 
 def report(run_dirs: list[Path], out: Path) -> None:
@@ -244,6 +328,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", metavar="NAME", help="one variant's chain, or `baseline`")
     p.add_argument("--copy-small", metavar="DIR", help="copy the small artifacts to DIR, then exit")
     p.add_argument("--dry-run", action="store_true", help="print the jobs' commands only")
+    p.add_argument(
+        "--jobs", type=int, default=1, metavar="N",
+        help="run N jobs at once, each with 1/N of the cores' threads (default 1); small "
+        "models train faster so on a CPU (the quick start: 2)",
+    )  # fmt: skip
     p.add_argument(
         "--summary", action="store_true", help="only tabulate the finished jobs (summary.*)"
     )
@@ -281,19 +370,15 @@ def main(argv: list[str] | None = None) -> dict | None:
     print(f"study: {len(jobs)} jobs, {preset} budget, in {out}", flush=True)
     for script in {j.argv()[1] for j in jobs if not (args.dry_run or finished(j.run_dir))}:
         preload(script)  # once here rather than in every job's process
-    # Job by job, with the share done and an ETA from the work done so far (a bar on a
-    # terminal): each job weighs the images it trains on (StudyProgress).
-    bar = StudyProgress(jobs, enabled=not args.dry_run)
-    say = print if args.dry_run else bar.bar.write
-    for job in jobs:
-        line = run_study_job(
-            job, out / "logs", args.dry_run, say, lambda f, job=job: bar.running(job, f)
-        )
-        bar.ended(job, skipped=line.startswith("[skip]"))
-        say(line)
-    bar.bar.close()
     if args.dry_run:
+        for job in jobs:
+            print(begin(job, out / "logs", dry_run=True))
         return None
+    # With the share done and an ETA from the work done so far (a bar on a terminal): each
+    # job weighs the images it trains on (StudyProgress).
+    bar = StudyProgress(jobs, enabled=True)
+    run_jobs(jobs, args.jobs, out / "logs", bar)
+    bar.bar.close()
     summary = summarize(cfg, budget, out, preset)
     print(f"study: done in {(time.time() - t0) / 60:.1f} min this time "
           f"({summary['jobs_wall_time_s'] / 60:.1f} min of jobs in all)\n")  # fmt: skip

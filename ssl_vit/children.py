@@ -85,7 +85,7 @@ def stop_child(proc: subprocess.Popen | ForkedScript, timeout: float = 10.0) -> 
         proc.wait(timeout)
 
 
-def fork_script(argv: list[str], log: IO) -> subprocess.Popen | ForkedScript:
+def fork_script(argv: list[str], log: IO, threads: int = 0) -> subprocess.Popen | ForkedScript:
     """Start `argv` (`[python, script, *args]`) as `start_child(argv, stdout=log, stderr=log,
     start_new_session=True)` would, but forked from this process where that is safe: the child
     already has every module the parent imported (`preload`), so it skips the seconds a new
@@ -94,9 +94,15 @@ def fork_script(argv: list[str], log: IO) -> subprocess.Popen | ForkedScript:
     child), and no torch op run here, so torch's OpenMP pool, which does not survive a fork, was
     never started (the launchers only import torch). The one native pool an import starts,
     numpy's OpenBLAS, re-creates its threads in the child itself (pthread_atfork). Anywhere
-    else the script is started by exec as before."""
+    else the script is started by exec as before.
+
+    `threads` (> 0): the job's intra-op threads (OMP_NUM_THREADS), for jobs that share the
+    cores: a launcher running N jobs at once gives each its share."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads)) if threads else None
     if not sys.platform.startswith("linux") or threading.active_count() != 1:
-        return start_child(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return start_child(
+            argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
     preexec = die_with_parent()
     for stream in (sys.stdout, sys.stderr, log):  # else the child writes the parent's buffer too
         stream.flush()
@@ -112,6 +118,10 @@ def fork_script(argv: list[str], log: IO) -> subprocess.Popen | ForkedScript:
         # New streams on the new descriptors: the parent's may write elsewhere (a test's capture).
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        if env is not None:  # torch read OMP_NUM_THREADS at its import, in the parent
+            os.environ.update(env)
+            if "torch" in sys.modules:
+                sys.modules["torch"].set_num_threads(threads)
         code = _run_script(argv[1], argv[2:])
     finally:
         os._exit(code)

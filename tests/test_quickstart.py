@@ -36,7 +36,7 @@ def test_quickstart_script_runs_the_study_on_both_synthetic_splits():
 @pytest.mark.system
 def test_quickstart_flow_at_a_tiny_budget(synthetic_shards, tmp_path, monkeypatch, capsys):
     study = load_study()
-    monkeypatch.setattr(study, "execute", in_process)
+    monkeypatch.setattr(study, "start", in_process)
     reports = []
     monkeypatch.setattr(study, "report", lambda runs, out: reports.append((runs, out)))
     monkeypatch.chdir(ROOT)  # the config's base configs are relative to the checkout

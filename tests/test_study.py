@@ -5,6 +5,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -23,14 +24,15 @@ def load_study():
     return module
 
 
-def in_process(argv, log, tick=None):
-    """The study's job runner, in this process: the pipelines' main(argv), no interpreter start."""
+def in_process(argv, log, threads=0):
+    """The study's job starter, in this process: the pipeline's main(argv) run to its end, no
+    process started; what it returns is the ended job's process for the study."""
     script = Path(argv[1])
     spec = importlib.util.spec_from_file_location(f"pipeline_{script.stem}", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.main(argv[2:])
-    return 0
+    return SimpleNamespace(poll=lambda: 0, wait=lambda timeout=None: 0)
 
 
 @pytest.mark.system
@@ -58,7 +60,7 @@ def test_study_runs_summarizes_and_skips(synthetic_shards, tmp_path, capsys, mon
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(cfg))
     study = load_study()
-    monkeypatch.setattr(study, "execute", in_process)
+    monkeypatch.setattr(study, "start", in_process)
     # The report over the runs is `ssl-vit report`'s (its own tests): here, that the study asks
     # for it over every run, without the seconds of a report process.
     reported = []
@@ -241,7 +243,7 @@ def test_a_stop_during_a_job_is_a_stop_not_a_failure(tmp_path, capsys, stage):
 
     threading.Thread(target=stop_once_forwarding, daemon=True).start()
     with pytest.raises(SystemExit) as stop:
-        study.run_study_job(job, tmp_path, dry_run=False)
+        study.run_jobs([job], 1, tmp_path, study.StudyProgress([job], enabled=True))
     assert signal.getsignal(signal.SIGTERM) is original  # restored
     assert study.STOPPED == ["SIGTERM"]
     if stage is jobs.FEWSHOT:
@@ -351,9 +353,10 @@ def test_the_running_job_shows_its_own_progress(tmp_path, monkeypatch):
             (out / f"seen{line.split('step ')[1].split('/')[0]}").touch()
 
     job = study.Job(jobs.PRETRAIN, "x", out, lambda: [sys.executable, str(script), str(out)])
-    assert study.run_study_job(job, tmp_path, dry_run=False, say=say).startswith(
-        "[done] pretrain/x"
-    )
+    bar = study.StudyProgress([job], enabled=False)
+    bar.bar.write = say
+    study.run_jobs([job], 1, tmp_path, bar)
+    assert said[-1].startswith("[done] pretrain/x")
     shown = [line.strip() for line in said if "step " in line]
     assert shown == [f"pretrain/x: step {s}/4, 8 img/s, eta {4 - s}s" for s in range(1, 5)]
 
@@ -429,7 +432,8 @@ def test_every_method_row_stands_beside_a_control_that_exists():
 
 def test_labels_picked_by_typiclust_stand_beside_their_random_control(tmp_path, capsys):
     """`{budget: N, select: typiclust}` plans finetune/<encoder>-lN-typiclust[-s<seed>] for
-    each pretrained encoder (none from scratch), its random control -lN-random the same way;
+    each pretrained encoder (none from scratch), its random control -lN-random the same way,
+    each seed drawing its own pick (`data.labels_seed` = the seed);
     the summary shows them as rows "<encoder> + N labels chosen by typiclust" (naming its
     control) and "+ N random labels", in an "N labels" column. A typiclust entry without the
     random one of its budget and fine-tuning overrides is refused in one line."""
@@ -445,9 +449,14 @@ def test_labels_picked_by_typiclust_stand_beside_their_random_control(tmp_path, 
     for name in picked:
         line = plan[names.index(name)]
         method = name.split("-")[-2]
+        # Each seed is its own pick and its own fine-tune (a pick's luck is part of a method's
+        # spread); the balanced rows keep one subset for every seed and encoder.
+        seed = name[-1]
         assert line.endswith(f"data.labels_select={method} data.labels_budget=100 "
-                             f"train.steps=60 seed={name[-1]}")  # fmt: skip
+                             f"train.steps=60 seed={seed} data.labels_seed={seed}")  # fmt: skip
         assert "init.checkpoint=<final checkpoint" in line
+    for line in (line for n, line in zip(names, plan, strict=True) if "-l10-s" in n):
+        assert "data.labels_seed" not in line
     cfg = study.load_config(StudyConfig, REPO / "configs/study/quickstart.yaml", over)
     made = [("l100-typiclust-s0", 0.5), ("l100-typiclust-s1", 0.6), ("l100-random-s0", 0.4)]
     for name, top1 in made:
@@ -617,3 +626,96 @@ def test_the_semi_supervised_stage_shares_the_self_trainings_control(tmp_path, c
     other = labels.replace("semi: [train.steps=150", "semi: [train.steps=300")
     with pytest.raises(ConfigError, match=r"share one equal-compute control.*\['train.steps=150'"):
         load_config(StudyConfig, REPO / "configs/study/quickstart.yaml", [over[0], other])
+
+
+SLOT_JOB = """import json, os, pathlib, signal, sys, time
+run, events, name, mode = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+torch = sys.modules.get("torch")  # forked from the study: torch imported, its threads set
+threads = torch.get_num_threads() if torch else None
+def say(what):
+    with open(events, "a") as f:
+        f.write(f"{what} {name} {os.environ.get('OMP_NUM_THREADS')} {threads}\\n")
+signal.signal(signal.SIGTERM, lambda *_: (say("term"), sys.exit(0)))
+say("start")
+end = time.monotonic() + (60 if mode == "long" else 0.3)
+while time.monotonic() < end:
+    time.sleep(0.02)
+    if mode == "fail":
+        say("fail")
+        sys.exit(3)
+run.mkdir(parents=True, exist_ok=True)
+(run / "results.json").write_text(json.dumps({"top1": 1.0}))
+say("end")
+"""
+
+
+def slot_jobs(study, tmp_path, spec):
+    """Jobs running SLOT_JOB: (name, mode, names of the jobs it needs), in the plan's order."""
+    script, events = tmp_path / "job.py", tmp_path / "events"
+    script.write_text(SLOT_JOB)
+    (tmp_path / "logs").mkdir()
+    run = {name: tmp_path / name for name, _, _ in spec}
+    return events, [
+        study.Job(jobs.FINETUNE, name, run[name],
+                  lambda name=name, mode=mode: [sys.executable, str(script), str(run[name]),
+                                                str(events), name, mode],
+                  after=tuple(run[a] for a in after))
+        for name, mode, after in spec
+    ]  # fmt: skip
+
+
+@pytest.mark.system
+def test_jobs_run_side_by_side_after_the_jobs_they_need(tmp_path, capsys):
+    """`--jobs 2` (`run_jobs`): never more than two jobs at once, each with half the cores'
+    threads (OMP_NUM_THREADS, and torch's in a forked job); a job starts only once the jobs it
+    needs have ended, and one that others need starts first (the pretraining before the
+    baselines that can run beside it); every job runs once."""
+    study = load_study()
+    spec = [("b", "ok", []), ("e", "ok", []), ("a", "ok", []), ("c", "ok", ["a"]),
+            ("d", "ok", ["a"]), ("f", "ok", ["c", "d"])]  # fmt: skip
+    events, planned = slot_jobs(study, tmp_path, spec)
+    bar = study.StudyProgress(planned, enabled=True)
+    threads = study.torch.get_num_threads()
+    study.torch.set_num_threads(4)  # the study's cores
+    try:
+        study.run_jobs(planned, 2, tmp_path / "logs", bar)
+    finally:
+        study.torch.set_num_threads(threads)
+    lines = [line.split() for line in events.read_text().splitlines()]
+    order = [(what, name) for what, name, *_ in lines]
+    assert set(order[:2]) == {("start", "a"), ("start", "b")}
+    begun = [line.split()[1] for line in capsys.readouterr().out.splitlines() if "[run]" in line]
+    assert begun[:2] == ["finetune/a", "finetune/b"]  # a is needed: it goes first
+    running, most = set(), 0
+    for what, name in order:
+        if what == "start":
+            running.add(name)
+            most = max(most, len(running))
+        else:
+            running.discard(name)
+    assert most == 2
+    ended = [name for what, name in order if what == "end"]
+    for name, _, after in spec:
+        assert order.count(("start", name)) == 1 and name in ended
+        started = order.index(("start", name))
+        assert all(order.index(("end", a)) < started for a in after)
+    for _, _, env, torch_threads in lines:
+        assert env == "2" and torch_threads in ("2", "None")  # None: started by exec
+    assert bar.bar.n == bar.bar.total == sum(j.weight for j in planned)
+
+
+@pytest.mark.system
+def test_a_failed_job_stops_the_others_side_by_side_and_the_study(tmp_path, capsys):
+    """A job that fails while another runs: the other gets SIGTERM (a training job
+    checkpoints on it) and has ended when the study exits with the failure's log and exit
+    status; no job after them starts."""
+    study = load_study()
+    spec = [("long", "long", []), ("bad", "fail", []), ("later", "ok", [])]
+    events, planned = slot_jobs(study, tmp_path, spec)
+    bar = study.StudyProgress(planned, enabled=False)
+    with pytest.raises(SystemExit) as failed:
+        study.run_jobs(planned, 2, tmp_path / "logs", bar)
+    assert "error: finetune/bad failed (exit 3)" in str(failed.value.code)
+    order = [tuple(line.split()[:2]) for line in events.read_text().splitlines()]
+    assert ("term", "long") in order and ("start", "later") not in order
+    assert study.RUNNING == []

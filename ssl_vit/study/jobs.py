@@ -48,6 +48,7 @@ class Job:
     argv: Callable[[], list[str]]  # built when the job starts (it may need a checkpoint)
     chain: str = ""  # the variant (or baseline) whose chain it belongs to: `name` if empty
     weight: int = FEWSHOT_WEIGHT  # its share of the study's work: the images its steps train on
+    after: tuple[Path, ...] = ()  # the run directories of the jobs it needs (checkpoint, teacher)
 
     def __post_init__(self) -> None:
         self.chain = self.chain or self.name
@@ -83,18 +84,20 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
         else ["fewshot.train="]
     )
 
-    def fewshot(name: str, ckpt: Callable[[], str]) -> Job:
+    def fewshot(name: str, ckpt: Callable[[], str], after: tuple[Path, ...] = ()) -> Job:
         run_dir = out / FEWSHOT.name / name
-        return Job(FEWSHOT, name, run_dir, lambda: py + [
+        return Job(FEWSHOT, name, run_dir, after=after, argv=lambda: py + [
             script(FEWSHOT), "--checkpoint", ckpt(),
             "--config", cfg.fewshot_config, f"output_dir={run_dir}",
             f"fewshot.train={d.train}", f"fewshot.eval={d.eval}",
             *model_overrides(budget.model), *budget.fewshot, *seed,
         ])  # fmt: skip
 
-    def finetune_one(name: str, ckpt: Callable[[], str], job: str, extra: list[str]) -> Job:
+    def finetune_one(
+        name: str, ckpt: Callable[[], str], job: str, extra: list[str], after: tuple[Path, ...]
+    ) -> Job:
         run_dir = out / FINETUNE.name / job
-        return Job(FINETUNE, job, run_dir, lambda: py + [
+        return Job(FINETUNE, job, run_dir, after=after, argv=lambda: py + [
             script(FINETUNE), "--resume", "--config", cfg.finetune_config,
             f"output_dir={run_dir}", f"init.checkpoint={ckpt()}",
             f"data.train={d.train}", f"data.eval={d.eval}",
@@ -102,14 +105,15 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
             *seed, *extra,
         ], chain=name)  # fmt: skip
 
-    def finetune(name: str, ckpt: Callable[[], str], own: list[str] = ()) -> list[Job]:
+    def finetune(name: str, ckpt: Callable[[], str], own: list[str], after) -> list[Job]:
         """One fine-tune per recipe x label budget x seed (their overrides after the budget's,
         the encoder's `own` after theirs)."""
         return [
-            finetune_one(name, ckpt, name + tag, [*extra, *own]) for tag, extra in finetunes(cfg)
+            finetune_one(name, ckpt, name + tag, [*extra, *own], after)
+            for tag, extra in finetunes(cfg)
         ]
 
-    scratch = [finetune_one("scratch", lambda: "none", "scratch" + tag, extra)
+    scratch = [finetune_one("scratch", lambda: "none", "scratch" + tag, extra, ())
                for tag, extra in finetunes(cfg, pretrained=False)]  # fmt: skip
     jobs = [fewshot("random", lambda: "random"), *scratch]
     for v in cfg.variants:
@@ -121,19 +125,22 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
             *seed,
         ]))  # fmt: skip
         ckpt = lambda pre_dir=pre_dir: checkpoint_of(pre_dir)  # noqa: E731
-        jobs += [fewshot(v.name, ckpt), *finetune(v.name, ckpt, v.finetune)]
+        after = (pre_dir,)
+        jobs += [fewshot(v.name, ckpt, after), *finetune(v.name, ckpt, v.finetune, after)]
         controls = set()  # self-training and the semi-supervised stage share theirs
         for st in self_trainings(cfg, v.finetune) if v.self_train else []:
             if st.online:
-                distill = ["distill.mode=online", f"distill.unlabelled={d.train}"]
+                distill, needs = ["distill.mode=online", f"distill.unlabelled={d.train}"], after
             else:
                 teacher = out / FINETUNE.name / (v.name + st.teacher)  # after the teachers' ones
                 distill = [f"distill.teacher={teacher}", f"distill.unlabelled={d.train}"]
+                needs = (pre_dir, teacher)
             if st.control not in controls:
                 controls.add(st.control)
                 control = control_of(st.overrides)
-                jobs.append(finetune_one(v.name, ckpt, v.name + st.control, control))
-            jobs.append(finetune_one(v.name, ckpt, v.name + st.name, [*distill, *st.overrides]))
+                jobs.append(finetune_one(v.name, ckpt, v.name + st.control, control, after))
+            overrides = [*distill, *st.overrides]
+            jobs.append(finetune_one(v.name, ckpt, v.name + st.name, overrides, needs))
     for job in jobs:
         if job.stage.resumes:  # a training job: the images its steps train on
             job.weight = images_trained(job.stage, *job_config(job.argv()))
@@ -177,12 +184,25 @@ def finetunes(cfg: StudyConfig, pretrained: bool = True) -> list[tuple[str, list
     seed, an axis the study does not vary left out of the name (`-paper`, `-l50`, `-s1`). The
     entries that pick their images without labels (`select`) are a `pretrained` encoder's."""
     recipes = [(f"-{r.name}", r.finetune) for r in cfg.recipes] or [("", [])]
-    budgets = [budget_of(b) for b in cfg.labels if pretrained or b.select == "balanced"]
-    budgets = budgets or [("", [])]
-    seeds = [(f"-s{s}", [f"seed={s}"]) for s in cfg.finetune_seeds] or [("", [])]
+    labels = [b for b in cfg.labels if pretrained or b.select == "balanced"]
+    seeds = cfg.finetune_seeds or [None]
     return [
-        (r + b + s, [*ro, *bo, *so]) for r, ro in recipes for b, bo in budgets for s, so in seeds
+        (r + tag + (f"-s{s}" if s is not None else ""), [*ro, *bo, *seed_overrides(b, s)])
+        for r, ro in recipes
+        for b, (tag, bo) in ([(b, budget_of(b)) for b in labels] or [(None, ("", []))])
+        for s in seeds
     ]
+
+
+def seed_overrides(b: StudyLabels | None, seed: int | None) -> list[str]:
+    """A fine-tune's seed; for images picked without labels, the pick's seed too: a seed of a
+    picking method is a pick and a fine-tune (one pick fine-tuned twice measured the pick's
+    luck, not the method's). Balanced subsets stay those of `data.labels_seed` 0: the same
+    subset for every encoder and seed, as the paper's few-label rows."""
+    if seed is None:
+        return []
+    picked = b is not None and b.select != "balanced"
+    return [f"seed={seed}", *([f"data.labels_seed={seed}"] if picked else [])]
 
 
 SELF_TRAINED = "-st"  # a self-training run's name: its teacher's with this after the budget
