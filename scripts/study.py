@@ -7,7 +7,8 @@ evaluation of the checkpoint -> fine-tuning from it (at `finetune_image_size`, p
 embeddings interpolated); plus the same few-shot evaluation of a random-init encoder and the
 same fine-tuning from scratch. Each job is the ordinary pipeline (pipelines/*.py) in its own
 process (forked from the study, which imports the pipelines once: no job waits seconds for its
-imports), its output in `<output_dir>/<stage>/<name>/` and its log in `<output_dir>/logs/`.
+imports; `--jobs N`: N at once, each after the jobs it needs), its output in
+`<output_dir>/<stage>/<name>/` and its log in `<output_dir>/logs/`.
 A finished job (results.json) is skipped and an interrupted pretraining or fine-tuning resumes
 from its newest checkpoint, so the study can be stopped (SIGTERM, Ctrl-C: the running job
 checkpoints, then the study exits 0) and started again; a failed job stops it with exit 1.
@@ -180,17 +181,6 @@ def start(argv: list[str], log, threads: int = 0):
     return proc
 
 
-def execute(argv: list[str], log, tick: Callable[[], None] = lambda: None) -> int:
-    """Run one job (`start`) to its end, calling `tick` every few seconds while it runs."""
-    with relaying():
-        proc = start(argv, log)
-        while True:  # bounded: every job ends on its own after a signal (guard.py)
-            try:
-                return proc.wait(timeout=POLL_S)
-            except subprocess.TimeoutExpired:
-                tick()
-
-
 def finished(run_dir: Path) -> bool:
     """A job ran to its end (a preempted one writes results.json with `preempted`)."""
     results = read_results(run_dir)
@@ -295,6 +285,8 @@ def run_jobs(jobs: list[Job], slots: int, log_dir: Path, bar: StudyProgress) -> 
             time.sleep(0.05 if running else 0)
             for run in [r for r in running if r.proc.poll() is not None]:
                 running.remove(run)
+                if run.proc in RUNNING:  # ended: no signal for it any more
+                    RUNNING.remove(run.proc)
                 try:
                     line = end(run)
                 except SystemExit:

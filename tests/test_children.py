@@ -1,6 +1,6 @@
 """A parent that dies takes its children (ssl_vit.children): a job the study started in its own
 session dies when the study is SIGKILLed (PR_SET_PDEATHSIG), and the study kills a running job
-on every way out of `execute` that it sees itself. Real subprocesses."""
+on every way out of `run_jobs` that it sees itself. Real subprocesses."""
 
 import os
 import signal
@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from test_study import REPO, load_study
+
+from ssl_vit import jobs
 
 pytestmark = [
     pytest.mark.system,
@@ -42,17 +44,25 @@ def _wait_for(path: Path, proc: subprocess.Popen | None, timeout: float = 120.0)
 
 
 def _study_parent(tmp_path: Path, job: Path, pid_file: Path) -> str:
-    """A study-like parent (`python -c`, one thread): scripts/study.py's `execute` runs `job`,
-    then the parent prints the exit status and the stops it noted."""
+    """A study-like parent (`python -c`, one thread): scripts/study.py's `run_jobs` runs `job`,
+    then the parent prints the stops it noted and how the study ended (its exit, or None)."""
     return textwrap.dedent(f"""
         import importlib.util, sys
+        from pathlib import Path
+        from ssl_vit import jobs
         spec = importlib.util.spec_from_file_location("study", {str(REPO / "scripts/study.py")!r})
         study = importlib.util.module_from_spec(spec)
         sys.modules["study"] = study
         spec.loader.exec_module(study)
-        with open({str(tmp_path / "job.log")!r}, "w") as log:
-            rc = study.execute([sys.executable, {str(job)!r}, {str(pid_file)!r}], log)
-        print(rc, study.STOPPED)
+        job = study.Job(jobs.FINETUNE, "x", Path({str(tmp_path / "run")!r}),
+                        lambda: [sys.executable, {str(job)!r}, {str(pid_file)!r}])
+        code = None
+        try:
+            study.run_jobs([job], 1, Path({str(tmp_path)!r}), study.StudyProgress([job], False))
+        except SystemExit as e:
+            code = e.code
+        print(study.STOPPED)
+        print(code)
     """)
 
 
@@ -94,24 +104,30 @@ def test_a_stop_reaches_the_forked_job_once(tmp_path):
         assert b"-c" in f.read().split(b"\0")
     study.send_signal(signal.SIGTERM)
     out, _ = study.communicate(timeout=60)
-    assert out.split() == ["-15", "['SIGTERM']"]
+    stopped, code = out.split("\n", 1)
+    assert stopped == "['SIGTERM']"  # the job ended on it (-15, not a checkpoint): a failure
+    assert "error: finetune/x failed (exit -15)" in code
 
 
-def test_leaving_execute_kills_the_running_job(tmp_path, monkeypatch):
-    """An exception while the job runs (here from the progress tick) kills the job before
-    it propagates: the study never leaves a job behind on a way out it sees."""
+def test_leaving_the_study_kills_the_running_job(tmp_path, monkeypatch):
+    """An exception while a job runs (here from the progress tick) kills the job before it
+    propagates: the study never leaves a job behind on a way out it sees."""
     study = load_study()
     monkeypatch.setattr(study, "POLL_S", 0.05)
     job, pid_file = tmp_path / "job.py", tmp_path / "job.pid"
     job.write_text(LONG_JOB)
 
-    def tick() -> None:
+    def job_fraction(run_dir):
         if pid_file.is_file() and pid_file.read_text():
             raise RuntimeError("a bug in the study")
 
-    with open(tmp_path / "job.log", "w") as log, pytest.raises(RuntimeError, match="a bug"):
-        study.execute([sys.executable, str(job), str(pid_file)], log, tick)
+    monkeypatch.setattr(study, "job_fraction", job_fraction)
+    argv = [sys.executable, str(job), str(pid_file)]
+    planned = [study.Job(jobs.FINETUNE, "x", tmp_path / "run", lambda: argv)]
+    with pytest.raises(RuntimeError, match="a bug"):
+        study.run_jobs(planned, 1, tmp_path, study.StudyProgress(planned, enabled=False))
     assert _gone(int(pid_file.read_text()))
+    assert study.RUNNING == []
 
 
 def test_children_get_sigkill_when_their_parent_dies(tmp_path):

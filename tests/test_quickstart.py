@@ -19,7 +19,7 @@ def test_quickstart_script_runs_the_study_on_both_synthetic_splits():
     script = (ROOT / "scripts/quickstart.sh").read_text()
     assert "make-synthetic --output data/shapes " in script
     assert "make-synthetic --output data/shapes-test " in script
-    assert "scripts/study.py --config configs/study/quickstart.yaml" in script
+    assert "scripts/study.py --config configs/study/quickstart.yaml --jobs 2" in script
     cfg = load_config(StudyConfig, CONFIG)
     assert (cfg.data.train, cfg.data.eval) == ("data/shapes", "data/shapes-test")
     assert cfg.full == cfg.quick  # one budget: the same command on a CPU and on a GPU
