@@ -269,37 +269,38 @@ def run_jobs(jobs: list[Job], slots: int, log_dir: Path, bar: StudyProgress) -> 
     needed = {d for job in jobs for d in job.after}
     pending, running, ticked = list(jobs), [], time.monotonic()
     with relaying():
-        while running or (pending and not STOPPED):
-            busy = {j.run_dir for j in pending} | {r.job.run_dir for r in running}
-            ready = [j for j in pending if not busy & set(j.after)] if not STOPPED else []
-            ready.sort(key=lambda j: j.run_dir not in needed)  # stable: the plan's order
-            for job in ready[: slots - len(running)]:
-                pending.remove(job)
-                run = begin(job, log_dir, False, bar.bar.write,
-                            lambda f, job=job: bar.running(job, f), threads)  # fmt: skip
-                if isinstance(run, str):  # finished before
-                    bar.ended(job, skipped=True)
-                    bar.bar.write(run)
-                else:
-                    running.append(run)
-            time.sleep(0.05 if running else 0)
-            for run in [r for r in running if r.proc.poll() is not None]:
-                running.remove(run)
-                if run.proc in RUNNING:  # ended: no signal for it any more
-                    RUNNING.remove(run.proc)
-                try:
+        try:
+            while running or (pending and not STOPPED):
+                busy = {j.run_dir for j in pending} | {r.job.run_dir for r in running}
+                ready = [j for j in pending if not busy & set(j.after)] if not STOPPED else []
+                ready.sort(key=lambda j: j.run_dir not in needed)  # stable: the plan's order
+                for job in ready[: slots - len(running)]:
+                    pending.remove(job)
+                    run = begin(job, log_dir, False, bar.bar.write,
+                                lambda f, job=job: bar.running(job, f), threads)  # fmt: skip
+                    if isinstance(run, str):  # finished before
+                        bar.ended(job, skipped=True)
+                        bar.bar.write(run)
+                    else:
+                        running.append(run)
+                time.sleep(0.05 if running else 0)
+                for run in [r for r in running if r.proc.poll() is not None]:
+                    running.remove(run)
+                    if run.proc in RUNNING:  # ended: no signal for it any more
+                        RUNNING.remove(run.proc)
                     line = end(run)
-                except SystemExit:
-                    for other in running:  # they checkpoint and end; then the study exits
-                        other.proc.send_signal(signal.SIGTERM)
-                        other.proc.wait()
-                    raise
-                bar.ended(run.job, skipped=False)
-                bar.bar.write(line)
-            if time.monotonic() - ticked >= POLL_S:
-                ticked = time.monotonic()
-                for run in running:
-                    run.tick()
+                    bar.ended(run.job, skipped=False)
+                    bar.bar.write(line)
+                if time.monotonic() - ticked >= POLL_S:
+                    ticked = time.monotonic()
+                    for run in running:
+                        run.tick()
+        except SystemExit:  # a job failed, or a run directory holds another command's run
+            for run in running:  # they checkpoint and end; then the study exits
+                run.proc.send_signal(signal.SIGTERM)
+            for run in running:
+                run.proc.wait()
+            raise
     if STOPPED:
         sys.exit(0)
 
@@ -329,7 +330,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--summary", action="store_true", help="only tabulate the finished jobs (summary.*)"
     )
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides of the study config")
-    return p.parse_intermixed_args(argv)
+    args = p.parse_intermixed_args(argv)
+    if args.jobs < 1:
+        p.error(f"--jobs: {args.jobs}: needs 1 or more")
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict | None:

@@ -719,3 +719,10 @@ def test_a_failed_job_stops_the_others_side_by_side_and_the_study(tmp_path, caps
     order = [tuple(line.split()[:2]) for line in events.read_text().splitlines()]
     assert ("term", "long") in order and ("start", "later") not in order
     assert study.RUNNING == []
+
+
+def test_jobs_needs_one_slot_or_more(capsys):
+    study = load_study()
+    with pytest.raises(SystemExit):
+        study.main(["--config", str(REPO / "configs/study/quickstart.yaml"), "--jobs", "0"])
+    assert "--jobs: 0: needs 1 or more" in capsys.readouterr().err
