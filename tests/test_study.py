@@ -629,7 +629,7 @@ def test_the_semi_supervised_stage_shares_the_self_trainings_control(tmp_path, c
 
 
 SLOT_JOB = """import json, os, pathlib, signal, sys, time
-run, events, name, mode = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+run, events, name, mode, after = pathlib.Path(sys.argv[1]), *sys.argv[2:6]
 torch = sys.modules.get("torch")  # forked from the study: torch imported, its threads set
 threads = torch.get_num_threads() if torch else None
 def say(what):
@@ -637,12 +637,15 @@ def say(what):
         f.write(f"{what} {name} {os.environ.get('OMP_NUM_THREADS')} {threads}\\n")
 signal.signal(signal.SIGTERM, lambda *_: (say("term"), sys.exit(0)))
 say("start")
-end = time.monotonic() + (60 if mode == "long" else 0.3)
-while time.monotonic() < end:
+end = time.monotonic() + 60
+while after and f"start {after} " not in open(events).read():  # both running: no race
+    assert time.monotonic() < end, f"{after} never started beside {name}"
+    time.sleep(0.01)
+if mode == "fail":
+    say("fail")
+    sys.exit(3)
+while mode == "long" and time.monotonic() < end:
     time.sleep(0.02)
-    if mode == "fail":
-        say("fail")
-        sys.exit(3)
 run.mkdir(parents=True, exist_ok=True)
 (run / "results.json").write_text(json.dumps({"top1": 1.0}))
 say("end")
@@ -650,17 +653,20 @@ say("end")
 
 
 def slot_jobs(study, tmp_path, spec):
-    """Jobs running SLOT_JOB: (name, mode, names of the jobs it needs), in the plan's order."""
+    """Jobs running SLOT_JOB: (name, mode, the jobs it needs, a job it waits to see started
+    before it ends), in the plan's order."""
     script, events = tmp_path / "job.py", tmp_path / "events"
     script.write_text(SLOT_JOB)
+    events.touch()
     (tmp_path / "logs").mkdir()
-    run = {name: tmp_path / name for name, _, _ in spec}
+    run = {name: tmp_path / name for name, *_ in spec}
     return events, [
         study.Job(jobs.FINETUNE, name, run[name],
-                  lambda name=name, mode=mode: [sys.executable, str(script), str(run[name]),
-                                                str(events), name, mode],
+                  lambda name=name, mode=mode, seen=seen: [
+                      sys.executable, str(script), str(run[name]), str(events), name, mode, seen
+                  ],
                   after=tuple(run[a] for a in after))
-        for name, mode, after in spec
+        for name, mode, after, seen in spec
     ]  # fmt: skip
 
 
@@ -671,8 +677,10 @@ def test_jobs_run_side_by_side_after_the_jobs_they_need(tmp_path, capsys):
     needs have ended, and one that others need starts first (the pretraining before the
     baselines that can run beside it); every job runs once."""
     study = load_study()
-    spec = [("b", "ok", []), ("e", "ok", []), ("a", "ok", []), ("c", "ok", ["a"]),
-            ("d", "ok", ["a"]), ("f", "ok", ["c", "d"])]  # fmt: skip
+    spec = [
+        ("b", "ok", [], "a"), ("e", "ok", [], ""), ("a", "ok", [], "b"), ("c", "ok", ["a"], ""),
+        ("d", "ok", ["a"], ""), ("f", "ok", ["c", "d"], ""),
+    ]  # fmt: skip
     events, planned = slot_jobs(study, tmp_path, spec)
     bar = study.StudyProgress(planned, enabled=True)
     threads = study.torch.get_num_threads()
@@ -695,7 +703,7 @@ def test_jobs_run_side_by_side_after_the_jobs_they_need(tmp_path, capsys):
             running.discard(name)
     assert most == 2
     ended = [name for what, name in order if what == "end"]
-    for name, _, after in spec:
+    for name, _, after, _ in spec:
         assert order.count(("start", name)) == 1 and name in ended
         started = order.index(("start", name))
         assert all(order.index(("end", a)) < started for a in after)
@@ -710,7 +718,7 @@ def test_a_failed_job_stops_the_others_side_by_side_and_the_study(tmp_path, caps
     checkpoints on it) and has ended when the study exits with the failure's log and exit
     status; no job after them starts."""
     study = load_study()
-    spec = [("long", "long", []), ("bad", "fail", []), ("later", "ok", [])]
+    spec = [("long", "long", [], ""), ("bad", "fail", [], "long"), ("later", "ok", [], "")]
     events, planned = slot_jobs(study, tmp_path, spec)
     bar = study.StudyProgress(planned, enabled=False)
     with pytest.raises(SystemExit) as failed:
