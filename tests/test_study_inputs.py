@@ -2,6 +2,8 @@
 the baselines' chain, and a bad key or value in any job's overrides (a label budget's
 `finetune` or `self_train`, a variant's `finetune`), each one line naming the job."""
 
+from types import SimpleNamespace
+
 import pytest
 from test_study import REPO, load_study
 
@@ -40,7 +42,8 @@ def test_bad_job_overrides_stop_the_study_before_its_first_job(
 ):
     study = load_study()
     ran = []
-    monkeypatch.setattr(study, "execute", lambda argv, *_: ran.append(argv) or 0)
+    ended = SimpleNamespace(poll=lambda: 0, wait=lambda timeout=None: 0)  # a job's process
+    monkeypatch.setattr(study, "start", lambda argv, *_: ran.append(argv) or ended)
     argv = ["--config", str(LABELS), "--quick", f"quick.output_dir={tmp_path / 'q'}", override]
     for only in ([], ["--only", "scratch"], ["--dry-run"]):  # every job checked, any run
         with pytest.raises(SystemExit) as stop:
