@@ -105,7 +105,9 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
             *seed, *extra,
         ], chain=name)  # fmt: skip
 
-    def finetune(name: str, ckpt: Callable[[], str], own: list[str], after) -> list[Job]:
+    def finetune(
+        name: str, ckpt: Callable[[], str], own: list[str], after: tuple[Path, ...]
+    ) -> list[Job]:
         """One fine-tune per recipe x label budget x seed (their overrides after the budget's,
         the encoder's `own` after theirs)."""
         return [
@@ -184,12 +186,13 @@ def finetunes(cfg: StudyConfig, pretrained: bool = True) -> list[tuple[str, list
     seed, an axis the study does not vary left out of the name (`-paper`, `-l50`, `-s1`). The
     entries that pick their images without labels (`select`) are a `pretrained` encoder's."""
     recipes = [(f"-{r.name}", r.finetune) for r in cfg.recipes] or [("", [])]
-    labels = [b for b in cfg.labels if pretrained or b.select == "balanced"]
+    budgets = [(b, *budget_of(b)) for b in cfg.labels if pretrained or b.select == "balanced"]
+    budgets = budgets or [(None, "", [])]
     seeds = cfg.finetune_seeds or [None]
     return [
-        (r + tag + (f"-s{s}" if s is not None else ""), [*ro, *bo, *seed_overrides(b, s)])
+        (r + b + ("" if s is None else f"-s{s}"), [*ro, *bo, *seed_overrides(label, s)])
         for r, ro in recipes
-        for b, (tag, bo) in ([(b, budget_of(b)) for b in labels] or [(None, ("", []))])
+        for label, b, bo in budgets
         for s in seeds
     ]
 
