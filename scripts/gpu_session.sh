@@ -9,6 +9,9 @@
 #   cp ../shared/data/cifar10-webp.tar.gz .gpu/
 #   (device) bash scripts/gpu_session.sh          # carry: .whl .gpu
 # Rehearsed on a CPU with TINY=1 (the suite's tiny model, the study for a few seconds).
+# Ran on an H200 on 2026-11-28 as `BUDGET=555 BENCH_S=250` in 532 s (the bench's compiled rows
+# beyond ViT-B/16 and the small shape were skipped for time; the study's last job resumed in a
+# second call): docs/performance.md#gpu, docs/results.md#the-online-stage-on-a-gpu.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 BUDGET=${BUDGET:-560}       # seconds for the whole script
