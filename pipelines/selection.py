@@ -9,7 +9,8 @@ The features are the few-shot probe's (the frozen encoder's pooled last output),
 source through predict's stream and streamed to features.npy in source order, whatever the
 process and worker count; an unreadable image is a named, counted skip. The method sees the
 images in an order of their content, so the picks depend on the images and the seed only.
-The same --output with a larger --budget is the next round: earlier picks stay ranks 1..n.
+The same --output with a larger --budget is the next round: earlier picks stay ranks 1..n,
+and the last round's features are reused when read the same way from the same images.
 (Not pipelines/select.py: that would shadow the standard library's `select` module in every
 `python pipelines/<job>.py`, whose folder leads sys.path.)
 config -> checks -> Accelerator -> output dir -> loader -> rounds (features) -> selection (main
@@ -24,6 +25,8 @@ import logging
 import time
 from pathlib import Path
 
+from accelerate import Accelerator
+
 from ssl_vit.config import ConfigError, SelectConfig, load_config, to_dict
 from ssl_vit.config.checks import auto_num_workers
 from ssl_vit.config.flags import flag_overrides, given_flags
@@ -32,7 +35,14 @@ from ssl_vit.data.image_source import ImageSource
 from ssl_vit.data.predict_stream import predict_loader
 from ssl_vit.data.sources import open_source
 from ssl_vit.eval.readouts import Extraction
-from ssl_vit.eval.select_features import FeatureWriter, choose, embed_rounds
+from ssl_vit.eval.select_features import (
+    FeatureTable,
+    FeatureWriter,
+    choose,
+    embed_rounds,
+    encoder_digest,
+    reused_table,
+)
 from ssl_vit.eval.select_output import (
     FEATURES,
     TO_LABEL,
@@ -106,6 +116,45 @@ def check(
     return freeze(validated(resolved)), frozen, source, earlier
 
 
+def earlier_features(
+    acc: Accelerator, path: Path, meta: dict, source: ImageSource, earlier: list[dict]
+) -> tuple[FeatureTable | None, bool]:
+    """(the main process's table, whether every process skips the pass): an earlier round's
+    features at `path` when they were read as `meta` says from the same images."""
+    table = None
+    if earlier and acc.is_main_process:
+        table = reused_table(path, meta, source_names(source))
+    reused = table is not None
+    if acc.num_processes > 1:  # the main process decides: the others may not see its files
+        from accelerate.utils import broadcast_object_list
+
+        reused = broadcast_object_list([reused])[0]
+    if reused:
+        log.info("features of the earlier round reused (the same encoder, source and readout)")
+    return table, reused
+
+
+def feature_pass(
+    cfg: SelectConfig, frozen: FrozenEncoder, source: ImageSource, workers: int,
+    acc: Accelerator, path: Path, meta: dict,
+) -> FeatureTable | None:  # fmt: skip
+    """Every image's features, streamed to `path` on the main process (None elsewhere)."""
+    n = len(source)
+    loader = predict_loader(
+        cfg.source, n, cfg.batch_size, cfg.image_size,
+        num_workers=workers, rank=acc.process_index, world_size=acc.num_processes,
+    )  # fmt: skip
+    log.info(
+        "features of %d images of %s with %s (%d px, pool %s) on %d process(es) x %d workers",
+        n, cfg.source, cfg.checkpoint, cfg.image_size, cfg.pool, acc.num_processes, workers,
+    )  # fmt: skip
+    how = Extraction(frozen.mean, frozen.std, acc.device,
+                     precision=resolve_mixed_precision(cfg.mixed_precision))  # fmt: skip
+    writer = FeatureWriter(path, n, meta["dim"], meta) if acc.is_main_process else None
+    encoder = frozen.encoder.to(acc.device)
+    return embed_rounds(encoder, loader, n, cfg.batch_size, cfg.pool, how, acc, writer)
+
+
 def main(argv: list[str] | None = None) -> dict:
     t_start = time.time()
     args = parse_args(argv)
@@ -118,21 +167,14 @@ def main(argv: list[str] | None = None) -> dict:
         out = Path(cfg.output_dir)
         lock = claim_output_on_main(acc, out, cfg, args.overwrite)  # noqa: F841
     n, workers = len(source), auto_num_workers(cfg.num_workers)
-    loader = predict_loader(
-        cfg.source, n, cfg.batch_size, cfg.image_size,
-        num_workers=workers, rank=acc.process_index, world_size=acc.num_processes,
-    )  # fmt: skip
-    log.info(
-        "features of %d images of %s with %s (%d px, pool %s) on %d process(es) x %d workers",
-        n, cfg.source, cfg.checkpoint, cfg.image_size, cfg.pool, acc.num_processes, workers,
-    )  # fmt: skip
-    how = Extraction(frozen.mean, frozen.std, acc.device,
-                     precision=resolve_mixed_precision(cfg.mixed_precision))  # fmt: skip
     dim = frozen.encoder.width * (2 if cfg.pool == "cls+gap" else 1)
-    writer = FeatureWriter(out / FEATURES, n, dim) if acc.is_main_process else None
+    meta = {"encoder": encoder_digest(frozen.encoder), "source": cfg.source, "pool": cfg.pool,
+            "image_size": cfg.image_size, "batch_size": cfg.batch_size, "dim": dim,
+            "precision": str(resolve_mixed_precision(cfg.mixed_precision))}  # fmt: skip
     t_loop = time.time()
-    encoder = frozen.encoder.to(acc.device)
-    table = embed_rounds(encoder, loader, n, cfg.batch_size, cfg.pool, how, acc, writer)
+    table, reused = earlier_features(acc, out / FEATURES, meta, source, earlier)
+    if not reused:
+        table = feature_pass(cfg, frozen, source, workers, acc, out / FEATURES, meta)
     if table is None:
         return {}  # not the main process: it chooses and writes alone
     t_choose = time.time()
@@ -151,8 +193,9 @@ def main(argv: list[str] | None = None) -> dict:
         "images": len(table.names), "skipped": len(table.skipped),
         "skipped_images": [{"key": key, "reason": why} for key, why in table.skipped],
         "feature_dim": dim, "pool": cfg.pool, "image_size": cfg.image_size, "copied": copied,
-        "processes": acc.num_processes, "workers": workers,
-        "features_s": t_choose - t_loop, "images_per_s": n / max(t_choose - t_loop, 1e-9),
+        "processes": acc.num_processes, "workers": workers, "features_reused": reused,
+        "features_s": t_choose - t_loop,
+        "images_per_s": None if reused else n / max(t_choose - t_loop, 1e-9),
         "selection_s": t_write - t_choose, "wall_time_s": time.time() - t_start,
     }  # fmt: skip
     write_results(out, cfg, results)

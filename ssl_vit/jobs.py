@@ -101,7 +101,8 @@ SELECT = Job(
     reads_config="`pipelines/selection.py`, `ssl-vit select` (or its flags)",
     # Its own output folder (eval/select_output.py): to-label/ may hold the user's labels, so
     # no other job's --overwrite removes these.
-    writes=(*_TRACKED[:3], "selection.jsonl", "features.npy", "to-label"),
+    # features.index.npz: what a later round needs to reuse features.npy (select_features).
+    writes=(*_TRACKED[:3], "features.index.npz", "selection.jsonl", "features.npy", "to-label"),
     reads=("checkpoint", "source"),
 )
 STUDY = Job(

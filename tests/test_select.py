@@ -214,6 +214,44 @@ def test_rounds_grow_the_selection_and_keep_the_users_labels(encoder_run, tmp_pa
     assert len(rows(out)) == 2 and not (out / "to-label").exists()
 
 
+def test_a_round_reuses_the_features_unless_what_they_were_read_with_changed(
+    encoder_run, tmp_path, monkeypatch
+):
+    """A larger budget in the same --output reads no image again (the same picks as a round
+    whose features are read again); another batch size or one more image reads them again."""
+    from ssl_vit.data import predict_stream
+
+    src = image_folder(tmp_path / "src", ["x"], bad=2)
+    out, again = tmp_path / "pick", tmp_path / "again"
+    assert run_select(encoder_run, src, out, "--budget", "3")["features_reused"] is False
+    shutil.copytree(out, again)
+    (again / "features.index.npz").unlink()  # this copy's next round reads every image
+    fresh = run_select(encoder_run, src, again, "--budget", "6")
+    read = predict_stream.predict_loader
+
+    def no_images(*args, **kwargs):
+        raise AssertionError("an image was read again")
+
+    monkeypatch.setattr(predict_stream, "predict_loader", no_images)
+    reused = run_select(encoder_run, src, out, "--budget", "6")
+    assert reused["features_reused"] is True and fresh["features_reused"] is False
+    assert (reused["images"], reused["skipped"]) == (fresh["images"], fresh["skipped"]) == (30, 2)
+    assert [{k: v for k, v in r.items() if k != "file"} for r in rows(out)] == [
+        {k: v for k, v in r.items() if k != "file"} for r in rows(again)
+    ]
+    monkeypatch.setattr(predict_stream, "predict_loader", read)
+    other_batch = run_select(encoder_run, src, out, "--budget", "7", "--batch-size", "5")
+    assert other_batch["features_reused"] is False
+    image_folder(tmp_path / "more", ["x"], n=31, bad=0)
+    shutil.copy(tmp_path / "more" / "x" / "img30.png", src / "x")  # a new image in the source
+    for budget, reused in (("8", False), ("9", True)):
+        res = run_select(encoder_run, src, out, "--budget", budget, "--batch-size", "5")
+        assert res["features_reused"] is reused, budget
+    (out / "features.index.npz").write_bytes(b"not an index")  # damaged: read them again
+    res = run_select(encoder_run, src, out, "--budget", "10", "--batch-size", "5")
+    assert res["features_reused"] is False and len(rows(out)) == 10
+
+
 def test_bad_input_is_one_line_before_any_image_is_read(encoder_run, tmp_path):
     src = image_folder(tmp_path / "src", ["x"], n=4, bad=0)
     out = tmp_path / "out"

@@ -24,8 +24,9 @@ class SelectConfig(Frozen):
 
     checkpoint: str = ""  # a pretraining run directory or checkpoint (--checkpoint)
     source: str = ""  # the unlabelled images: image folder, shards, HF dataset (--source)
-    # selection.jsonl, to-label/, features.npy, results.json, metrics.jsonl (--output); the
-    # same folder again with a larger budget is the next round (earlier picks kept first)
+    # selection.jsonl, to-label/, features.npy (+ .index.npz), results.json, metrics.jsonl
+    # (--output); the same folder again with a larger budget is the next round (earlier picks
+    # kept first, the features reused when read the same way)
     output_dir: str = ""
     budget: int = 0  # images picked in all, earlier rounds' included (--budget)
     # typiclust (Hacohen et al. 2022: the most typical image of each k-means cluster),

@@ -9,13 +9,20 @@ random linear hash of the image's pixels at the encoder's resolution, exact in i
 device. Sorting the rows by it gives an order that depends on the images only, not on the
 source's order, folder names or format, so the picks do not either (`FeatureTable.canonical`).
 
+A later round (the same --output, a larger --budget) reuses the pass: `features.index.npz`,
+written after `features.npy` is in place, holds the rows' names, batches, indices and keys and
+what the features were read with (`reused_table`); the same encoder weights, source, readout,
+resolution, batch and precision over the same image names read nothing again.
+
 Shape legend: B images of a batch, D feature width, L pixels x channels of one image.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import io
+import json
 import math
 import shutil
 from pathlib import Path
@@ -44,6 +51,9 @@ __all__ = [
     "content_keys",
     "embed_batch",
     "embed_rounds",
+    "encoder_digest",
+    "index_path",
+    "reused_table",
 ]
 
 _WEIGHTS: dict[tuple[int, str], torch.Tensor] = {}
@@ -155,14 +165,16 @@ class FeatureWriter:
     (plain writes, so a full disk is an OSError naming it, never a SIGBUS of a memory map),
     written to a hidden sibling and renamed into place by `close`."""
 
-    def __init__(self, path: Path, num_images: int, dim: int):
-        self.path, self.dim = Path(path), dim
+    def __init__(self, path: Path, num_images: int, dim: int, meta: dict | None = None):
+        self.path, self.dim, self.meta = Path(path), dim, meta
         need, free = num_images * dim * 2, shutil.disk_usage(self.path.parent).free
         if need > free:  # before any image is read, not after hours of features
             raise WriteError(
                 errno.ENOSPC, f"cannot write {self.path}: {need / 1e9:.2f} GB for "
                 f"{num_images} images x {dim} float16, {free / 1e9:.2f} GB free"
             )  # fmt: skip
+        with writing(self.path):  # an earlier round's index no longer describes the features
+            index_path(self.path).unlink(missing_ok=True)
         self._replacing = replacing(self.path)
         self.tmp = self._replacing.__enter__()  # left in `close` or `abort`
         self.file = open(self.tmp, "wb")
@@ -205,7 +217,10 @@ class FeatureWriter:
                (self._batch, self._index, self._keys)]  # fmt: skip
         empty = np.zeros((0, self.dim), np.float16)  # nothing readable: nothing to map
         features = np.load(self.path, mmap_mode="r") if self.rows else empty
-        return FeatureTable(self.path, features, self.names, *cat, self.skipped)
+        table = FeatureTable(self.path, features, self.names, *cat, self.skipped)
+        if self.meta is not None:  # `meta`: what a later round must match to reuse them
+            _write_index(table, self.meta)
+        return table
 
     def abort(self) -> None:
         self.file.close()
@@ -232,6 +247,53 @@ def choose(
     place[order] = np.arange(len(order))
     picks = select(method, normalised(table.features, order), budget, place[earlier_rows], seed)
     return earlier_rows, order[picks.rows], picks
+
+
+def index_path(features: Path) -> Path:
+    """features.npy -> features.index.npz: the rows' side of a feature pass."""
+    return Path(features).with_name(Path(features).stem + ".index.npz")
+
+
+def encoder_digest(encoder: torch.nn.Module) -> str:
+    """SHA-1 of the encoder's weights: a checkpoint path can hold other weights next round."""
+    h = hashlib.sha1()
+    for name, t in sorted(encoder.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _write_index(table: FeatureTable, meta: dict) -> None:
+    """The index a later round reads (`reused_table`), after features.npy is in place: the
+    writer removed the earlier one first, so an index always describes the features beside."""
+    text = json.dumps({"meta": meta, "names": table.names, "skipped": table.skipped})
+    with replacing(index_path(table.path)) as tmp, open(tmp, "wb") as f:
+        np.savez(f, batch=table.batch, index=table.index, keys=table.keys,
+                 json=np.frombuffer(text.encode(), dtype=np.uint8))  # fmt: skip
+
+
+def reused_table(path: Path, meta: dict, names: list[str]) -> FeatureTable | None:
+    """An earlier round's feature pass at `path`, when it was read with `meta` (encoder
+    digest, source, readout, resolution, batch, precision, width) from images of the same
+    `names` (the source's now; the same names are taken for the same images); else None."""
+    index = index_path(path)
+    if not (path.is_file() and index.is_file()):
+        return None
+    try:  # an unreadable or foreign index is no reason to stop: the pass runs again
+        with np.load(index) as z:
+            info = json.loads(z["json"].tobytes())
+            batch, rows, keys = z["batch"], z["index"], z["keys"]
+        features = np.load(path, mmap_mode="r")
+    except (OSError, ValueError, KeyError, EOFError):
+        return None
+    if not isinstance(info, dict):
+        return None
+    read, skipped = info.get("names", []), [tuple(s) for s in info.get("skipped", [])]
+    same = info.get("meta") == meta and features.dtype == np.float16
+    same = same and features.shape == (len(read), meta["dim"]) == (len(keys), meta["dim"])
+    if not same or sorted(read + [n for n, _ in skipped]) != sorted(names):
+        return None
+    return FeatureTable(path, features, read, batch, rows, keys, skipped)
 
 
 def _npy_header(shape: tuple[int, int]) -> bytes:
