@@ -254,8 +254,7 @@ def test_torch_save_on_a_full_disk_keeps_the_last_checkpoint(synthetic_shards, t
     and the checkpoint before it is untouched."""
     out = tmp_path / "run"
     args = pretrain_args(synthetic_shards, out, "train.checkpoint_every=1")
-    first = subprocess.run(_pipeline("pretrain", *args, "train.steps=1"), capture_output=True)
-    assert first.returncode == 0, first.stderr[-3000:]
+    pipeline("pretrain")([*args, "train.steps=1"])  # here; the full disk in a process of its own
     kept = out / "checkpoints" / "step_00000001"
     before = _snapshot(kept)
 
