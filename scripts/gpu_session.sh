@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine (a bare image with its own torch, no network): the GPU table
-# (scripts/bench.py --suite gpu) and the online semi-supervised stage's GPU study
-# (configs/study/semi_gpu.yaml), each under its share of one time budget, everything that came
-# back in $OUT. Prepared on the dev machine (the wheels the image lacks, CIFAR-10 as WebP):
+# (scripts/bench.py --suite gpu; BENCH_S=0: none) and a study's `gpu` preset (STUDY: the online
+# semi-supervised stage's configs/study/semi_gpu.yaml, or configs/study/select.yaml's), each
+# under its share of one time budget, everything that came back in $OUT. Prepared on the dev machine (the wheels the image lacks, CIFAR-10 as WebP):
 #   echo /.whl/ >> .git/info/exclude; echo /.gpu/ >> .git/info/exclude; mkdir -p .whl .gpu
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #       -d .whl webdataset==1.0.2 braceexpand==0.1.7 timm==1.0.31
@@ -15,7 +15,8 @@
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 BUDGET=${BUDGET:-560}       # seconds for the whole script
-BENCH_S=${BENCH_S:-250}     # the bench's own budget (its rows that would not fit are skipped)
+BENCH_S=${BENCH_S:-250}     # the bench's own budget (its rows that would not fit are skipped; 0: none)
+STUDY=${STUDY:-configs/study/semi_gpu.yaml}  # its `gpu` preset, the visible arm's chain
 PY=${PY:-python3}
 T0=$(date +%s)
 mkdir -p "$OUT"
@@ -47,22 +48,27 @@ say "data"
 
 TINY_ARG=()
 [ -n "${TINY:-}" ] && TINY_ARG=(--tiny)
-timeout $((BENCH_S + 40)) $PY scripts/bench.py --suite gpu "${TINY_ARG[@]}" --budget-s "$BENCH_S" \
-    --data data/cifar10-train --out "$OUT/gpu.json" --markdown >"$OUT/bench.log" 2>&1
-say "bench: exit $?"
-tail -40 "$OUT/bench.log"
+if [ "$BENCH_S" -gt 0 ]; then
+    timeout $((BENCH_S + 40)) $PY scripts/bench.py --suite gpu "${TINY_ARG[@]}" \
+        --budget-s "$BENCH_S" --data data/cifar10-train --out "$OUT/gpu.json" --markdown \
+        >"$OUT/bench.log" 2>&1
+    say "bench: exit $?"
+    tail -40 "$OUT/bench.log"
+fi
 
 # The study for what is left (a stopped study keeps every finished job and evaluation).
-timeout -s TERM -k 20 $(($(left) - 25)) $PY scripts/study.py --config configs/study/semi_gpu.yaml \
+timeout -s TERM -k 20 $(($(left) - 25)) $PY scripts/study.py --config "$STUDY" \
     --preset gpu --only visible_75 --jobs 6 >"$OUT/study.log" 2>&1
 say "study: exit $?"
 tail -5 "$OUT/study.log"
-find runs/study-semi-gpu \( -name metrics.jsonl -o -name results.json -o -name config.yaml \
+RUNS=$($PY -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['gpu']['output_dir'])" "$STUDY")
+find "$RUNS" \( -name metrics.jsonl -o -name results.json -o -name config.yaml \
     -o -name labelled.json -o -name '*.log' -o -name 'summary.*' \) 2>/dev/null \
     | tar czf "$OUT/runs.tgz" -T - 2>/dev/null
-$PY - <<'EOF'
+$PY - "$RUNS" <<'EOF'
 import json, pathlib
-for f in sorted(pathlib.Path("runs/study-semi-gpu").glob("*/*/metrics.jsonl")):
+import sys
+for f in sorted(pathlib.Path(sys.argv[1]).glob("*/*/metrics.jsonl")):
     rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
     ev = [(r.get("step"), r.get("eval_top1", r.get("top1"))) for r in rows if "eval_top1" in r or "top1" in r]
     rate = [r["img_per_s"] for r in rows if "img_per_s" in r]
