@@ -90,9 +90,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def check(
     cfg: SelectConfig, overwrite: bool
-) -> tuple[SelectConfig, FrozenEncoder, ImageSource, list[dict]]:
+) -> tuple[SelectConfig, FrozenEncoder, ImageSource, list[dict], list[str]]:
     """Everything before any image is read: the encoder (loaded), the source, the output and
-    its earlier picks. -> (config resolved, the `FrozenEncoder`, source, earlier rows)"""
+    its earlier picks. -> (config resolved, the `FrozenEncoder`, source, earlier rows, the
+    source's image names when there are earlier rows: a next round's, else [])"""
     frozen = load_frozen_encoder("--checkpoint", cfg.checkpoint, cfg.image_size)
     try:
         source = open_source(cfg.source)
@@ -108,22 +109,28 @@ def check(
             f"--output {cfg.output_dir}: holds {len(earlier)} picks already; --budget counts "
             "all picks: a larger one adds picks, --overwrite starts over"
         )
-    missing = set(r["key"] for r in earlier) - set(source_names(source)) if earlier else set()
+    names = source_names(source) if earlier else []  # (a shard source reads its tar headers)
+    missing = set(r["key"] for r in earlier) - set(names)
     if missing:
         raise ConfigError(f"--source {cfg.source}: has no image {sorted(missing)[0]!r} of the "
                           "earlier picks; select from their source, or --overwrite")  # fmt: skip
     resolved = dataclasses.replace(cfg, checkpoint=frozen.checkpoint, image_size=frozen.image_size)
-    return freeze(validated(resolved)), frozen, source, earlier
+    return freeze(validated(resolved)), frozen, source, earlier, names
+
+
+def feature_meta(cfg: SelectConfig, frozen: FrozenEncoder, dim: int) -> dict:
+    """What features are read with, which a later round must match to reuse them."""
+    return {"encoder": encoder_digest(frozen.encoder), "source": cfg.source, "pool": cfg.pool,
+            "image_size": cfg.image_size, "batch_size": cfg.batch_size, "dim": dim,
+            "precision": str(resolve_mixed_precision(cfg.mixed_precision))}  # fmt: skip
 
 
 def earlier_features(
-    acc: Accelerator, path: Path, meta: dict, source: ImageSource, earlier: list[dict]
+    acc: Accelerator, path: Path, meta: dict | None, names: list[str]
 ) -> tuple[FeatureTable | None, bool]:
     """(the main process's table, whether every process skips the pass): an earlier round's
-    features at `path` when they were read as `meta` says from the same images."""
-    table = None
-    if earlier and acc.is_main_process:
-        table = reused_table(path, meta, source_names(source))
+    features at `path` when they were read as `meta` says from images of these `names`."""
+    table = reused_table(path, meta, names) if names and acc.is_main_process else None
     reused = table is not None
     if acc.num_processes > 1:  # the main process decides: the others may not see its files
         from accelerate.utils import broadcast_object_list
@@ -136,9 +143,10 @@ def earlier_features(
 
 def feature_pass(
     cfg: SelectConfig, frozen: FrozenEncoder, source: ImageSource, workers: int,
-    acc: Accelerator, path: Path, meta: dict,
+    acc: Accelerator, path: Path, meta: dict | None,
 ) -> FeatureTable | None:  # fmt: skip
-    """Every image's features, streamed to `path` on the main process (None elsewhere)."""
+    """Every image's features, streamed to `path` on the main process (None elsewhere) with
+    `meta` (the main process's) in its index."""
     n = len(source)
     loader = predict_loader(
         cfg.source, n, cfg.batch_size, cfg.image_size,
@@ -161,18 +169,16 @@ def main(argv: list[str] | None = None) -> dict:
     flags = given_flags(args, FLAGS) | ({"--no-copy": ("copy", False)} if args.no_copy else {})
     with one_line_errors():
         cfg = load_config(SelectConfig, args.config, flag_overrides(flags, args.overrides))
-        cfg, frozen, source, earlier = check(cfg, args.overwrite)  # before any image is read
+        cfg, frozen, source, earlier, names = check(cfg, args.overwrite)  # before any image
         acc = make_accelerator(cfg.mixed_precision, cfg.timeouts)
         setup_logging(acc.is_main_process)
         out = Path(cfg.output_dir)
         lock = claim_output_on_main(acc, out, cfg, args.overwrite)  # noqa: F841
     n, workers = len(source), auto_num_workers(cfg.num_workers)
     dim = frozen.encoder.width * (2 if cfg.pool == "cls+gap" else 1)
-    meta = {"encoder": encoder_digest(frozen.encoder), "source": cfg.source, "pool": cfg.pool,
-            "image_size": cfg.image_size, "batch_size": cfg.batch_size, "dim": dim,
-            "precision": str(resolve_mixed_precision(cfg.mixed_precision))}  # fmt: skip
+    meta = feature_meta(cfg, frozen, dim) if acc.is_main_process else None  # (it alone writes)
     t_loop = time.time()
-    table, reused = earlier_features(acc, out / FEATURES, meta, source, earlier)
+    table, reused = earlier_features(acc, out / FEATURES, meta, names)
     if not reused:
         table = feature_pass(cfg, frozen, source, workers, acc, out / FEATURES, meta)
     if table is None:

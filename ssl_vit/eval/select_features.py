@@ -259,7 +259,7 @@ def encoder_digest(encoder: torch.nn.Module) -> str:
     h = hashlib.sha1()
     for name, t in sorted(encoder.state_dict().items()):
         h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy())  # (no copy)
     return h.hexdigest()
 
 
