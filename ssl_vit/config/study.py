@@ -22,6 +22,7 @@ __all__ = [
     "StudyRecipe",
     "StudyVariant",
     "check_selected",
+    "schedule",
 ]
 
 
@@ -82,21 +83,22 @@ class StudyLabels(Frozen):
     # pretrained encoder fine-tuned with distill.mode=online and distill.unlabelled =
     # data.train, these overrides after `finetune`'s (e.g. train.steps, distill.threshold).
     # Beside the same equal-compute control as `self_train` (so with both, their overrides
-    # other than distill.* must agree). null: none.
+    # other than distill.* must agree). With none but distill.* the control is the budget's
+    # own fine-tune of that seed (the same command): no run of its own. null: none.
     semi: list[str] | None = None
 
     def validate(self) -> None:
         if self.self_train is None or self.semi is None:
             return
-        if _schedule(self.self_train) != _schedule(self.semi):
+        if schedule(self.self_train) != schedule(self.semi):
             raise ConfigError(
                 f"labels: per_class {self.per_class}: self_train and semi share one "
                 f"equal-compute control, so their overrides other than distill.* must agree: "
-                f"{_schedule(self.self_train)} vs {_schedule(self.semi)}"
+                f"{schedule(self.self_train)} vs {schedule(self.semi)}"
             )
 
 
-def _schedule(overrides: list[str]) -> list[str]:
+def schedule(overrides: list[str]) -> list[str]:
     """The overrides a method's control keeps: all but the distill.* ones."""
     return [o for o in overrides if not o.startswith("distill.")]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import ssl_vit.jobs
 from ssl_vit.config import ConfigError, load_config, to_dict
 from ssl_vit.config.schema import ModelConfig, ObjectiveConfig
-from ssl_vit.config.study import StudyBudget, StudyConfig, StudyLabels
+from ssl_vit.config.study import StudyBudget, StudyConfig, StudyLabels, schedule
 from ssl_vit.jobs import FEWSHOT, FINETUNE, PRETRAIN
 from ssl_vit.report.runs import read_results
 
@@ -137,7 +137,7 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
                 teacher = out / FINETUNE.name / (v.name + st.teacher)  # after the teachers' ones
                 distill = [f"distill.teacher={teacher}", f"distill.unlabelled={d.train}"]
                 needs = (pre_dir, teacher)
-            if st.control not in controls:
+            if st.control not in controls and st.control != st.teacher:
                 controls.add(st.control)
                 control = control_of(st.overrides)
                 jobs.append(finetune_one(v.name, ckpt, v.name + st.control, control, after))
@@ -231,7 +231,8 @@ def self_trainings(cfg: StudyConfig, own: list[str] = ()) -> list[SelfTraining]:
     """The fine-tunes of one pretrained encoder on the unlabelled images too: per label budget
     with `self_train` (offline) or `semi` (online) and per seed, with the first recipe; the
     overrides are its teacher's (the encoder's `own` among them), then the budget's. Each has
-    its equal-compute control (`control_of`), one per budget and seed."""
+    its equal-compute control (`control_of`), one per budget and seed: the budget's own
+    fine-tune of that seed (`teacher`) when the method changes nothing but distill.* keys."""
     r, recipe = (f"-{cfg.recipes[0].name}", cfg.recipes[0].finetune) if cfg.recipes else ("", [])
     seeds = [(f"-s{s}", [f"seed={s}"]) for s in cfg.finetune_seeds] or [("", [])]
     out = []
@@ -240,11 +241,12 @@ def self_trainings(cfg: StudyConfig, own: list[str] = ()) -> list[SelfTraining]:
         base = [*recipe, f"data.labels_per_class={b.per_class}", *b.finetune]
         methods = [(SELF_TRAINED, b.self_train, False), (SEMI, b.semi, True)]
         for suffix, overrides, online in (m for m in methods if m[1] is not None):
+            ctl = CONTROL if schedule(overrides) else ""  # else the plain fine-tune is it
             for tag, seed in seeds:
                 out.append(SelfTraining(
                     teacher=r + budget + tag,
                     name=r + budget + suffix + tag,
-                    control=r + budget + CONTROL + tag,
+                    control=r + budget + ctl + tag,
                     overrides=[*base, *own, *seed, *overrides],
                     online=online,
                 ))  # fmt: skip
