@@ -3,9 +3,6 @@ No timings are asserted (they belong to the benchmark, not to tests)."""
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +22,20 @@ ROOT = Path(__file__).resolve().parents[1]
 # A time budget no machine runs out of (11 days; not inf: the pipeline row's subprocess timeout
 # is derived from it and must fit a poll() timeout), so that no row depends on machine speed.
 NO_BUDGET_S = 1e6
+
+
+def bench(argv: list[str]) -> dict:
+    """scripts/bench.py's main(argv) in this process (a launch would spend seconds importing
+    torch again), with the process-wide settings it makes (threads, flush-denormal) restored."""
+    spec = importlib.util.spec_from_file_location("bench_script", ROOT / "scripts/bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    threads = torch.get_num_threads()
+    try:
+        return module.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_flush_denormal(False)
 
 
 def _pair(seed: int = 0):
@@ -77,13 +88,11 @@ def test_time_interleaved_alternates_rounds():
 
 
 @pytest.mark.system
-def test_bench_quick_tiny_writes_every_figure(tmp_path):
+def test_bench_quick_tiny_writes_every_figure(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, str(ROOT / "scripts/bench.py"), "--model", "tiny", "--quick"]
+    cmd = ["--model", "tiny", "--quick"]
     cmd += ["--synthetic", "--warmup", "1", "--rounds", "1", "--threads", "1", "--json", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    bench(cmd)
     res = json.loads(out.read_text())
     keys = [
         "device",
@@ -100,7 +109,7 @@ def test_bench_quick_tiny_writes_every_figure(tmp_path):
     (shape,) = res["shapes"]
     for k in keys[1:]:
         assert shape[k] == res[k] and res[k] > 0, k
-    assert "ratio ours/timm same precision" in proc.stdout
+    assert "ratio ours/timm same precision" in capsys.readouterr().out
 
 
 @pytest.mark.system
@@ -109,13 +118,9 @@ def test_loader_suite_tiny_writes_every_figure(tmp_path):
     every loader answered (the figures themselves are the lead's measurement, not a test)."""
     pytest.importorskip("skimage")
     out = tmp_path / "loader.json"
-    cmd = [sys.executable, str(ROOT / "scripts/bench.py"), "--suite", "loader", "--quick"]
+    cmd = ["--suite", "loader", "--quick"]
     cmd += ["--num-images", "24", "--rounds", "1", "--batch-size", "4", "--image-size", "32"]
-    cmd += ["--pipeline-steps", "4"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([*cmd, "--json", str(out)], capture_output=True, text=True, env=env,
-                          timeout=300)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    bench([*cmd, "--pipeline-steps", "4", "--json", str(out)])
     res = json.loads(out.read_text())
     assert res["images"] == 24 and res["make_shards_identical_output"] is True
     rates = res["loader_images_per_s_1_worker"]
@@ -126,17 +131,13 @@ def test_loader_suite_tiny_writes_every_figure(tmp_path):
 
 
 @pytest.mark.system
-def test_gpu_suite_tiny_on_cpu_writes_every_row(tmp_path):
+def test_gpu_suite_tiny_on_cpu_writes_every_row(tmp_path, capsys):
     """`--suite gpu --tiny` on the CPU: every section answers, CUDA-only rows say so. The time
     budget is unlimited: how fast this machine is decides no row (the budget's own test is
-    test_gpu_suite_guards_sections_and_budget); the subprocess timeout only bounds a hang."""
+    test_gpu_suite_guards_sections_and_budget); the pipeline row's own timeout bounds a hang."""
     out = tmp_path / "gpu.json"
-    cmd = [sys.executable, str(ROOT / "scripts/bench.py"), "--suite", "gpu", "--tiny"]
-    cmd += ["--device", "cpu", "--threads", "1", "--out", str(out), "--markdown"]
-    cmd += ["--budget-s", str(NO_BUDGET_S)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    cmd = ["--suite", "gpu", "--tiny", "--device", "cpu", "--threads", "1", "--out", str(out)]
+    bench([*cmd, "--markdown", "--budget-s", str(NO_BUDGET_S)])
     res = json.loads(out.read_text())
     rows = {r["name"]: r for r in res["rows"]}
     r0 = rows["ours tiny_w32_p4_16 eager"]
@@ -159,7 +160,7 @@ def test_gpu_suite_tiny_on_cpu_writes_every_row(tmp_path):
     assert pipe["status"] == "ok" and pipe["img_per_s"] > 0 and len(pipe["img_per_s_laps"]) == 2
     assert rows["pipelines/pretrain.py compiled"]["status"] == "skipped: no CUDA"
     assert rows["pipelines/pretrain.py compiled, every GPU (DDP)"]["status"] == "skipped: no CUDA"
-    assert "| models | ours tiny_w32_p4_16 eager | ok |" in proc.stdout
+    assert "| models | ours tiny_w32_p4_16 eager | ok |" in capsys.readouterr().out
     # The objectives of configs/study/classifier.yaml, each with its speed-up over the paper's.
     for name in ("paper_mpp", "mpp_decoder", "visible_75"):
         r = rows[f"{name} tiny_w32_p4_16 eager"]
@@ -196,7 +197,7 @@ def test_gpu_suite_guards_sections_and_budget():
 
 
 @pytest.mark.system
-def test_gpu_suite_sections_and_batch():
+def test_gpu_suite_sections_and_batch(capsys):
     """--sections runs only the sections named; --batch-size replaces every shape's batch."""
     from ssl_vit.bench.gpu_suite import Suite, run_suite
     from ssl_vit.config.schema import ObjectiveConfig
@@ -212,6 +213,6 @@ def test_gpu_suite_sections_and_batch():
         "paper tiny_w32_p4_16 compiled", "visible tiny_w32_p4_16 compiled",
     ]  # fmt: skip
     assert rows[0]["batch"] == 4 and rows[2]["speedup"] > 0
-    bad = [sys.executable, str(ROOT / "scripts/bench.py"), "--suite", "gpu", "--sections", "x"]
-    proc = subprocess.run(bad, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "unknown section(s) ['x']" in proc.stderr
+    with pytest.raises(SystemExit) as e:
+        bench(["--suite", "gpu", "--sections", "x"])
+    assert e.value.code == 2 and "unknown section(s) ['x']" in capsys.readouterr().err
