@@ -35,8 +35,11 @@ class SelectConfig(Frozen):
     seed: int = 0  # k-means, a large cluster's typicality sample, k-center's first pick, random
     copy: bool = True  # copy the picks into to-label/ (--no-copy: false)
     image_size: int = 0  # the encoder's input side; 0: the checkpoint's pretraining resolution
-    # The features: the frozen encoder's last output pooled so (the few-shot probe's default)
-    pool: Literal["cls", "gap", "cls+gap"] = "cls"
+    # The features: the frozen encoder's last output pooled so. gap, the mean of the patch
+    # outputs: masked patch prediction trains those, never the [class] token's output (the
+    # few-shot probe reads gap above cls: docs/results.md), and TypiClust's picks from gap
+    # features label CIFAR-10 better (docs/results.md, "which readout to pick from").
+    pool: Literal["cls", "gap", "cls+gap"] = "gap"
     batch_size: int = 256  # images per forward pass, on each process (--batch-size)
     num_workers: int = -1  # loader workers per process; -1: auto (--workers)
     mixed_precision: MixedPrecision = "auto"  # auto: bf16 on a GPU with it
