@@ -730,3 +730,27 @@ def test_jobs_needs_one_slot_or_more(capsys):
     with pytest.raises(SystemExit):
         study.main(["--config", str(REPO / "configs/study/quickstart.yaml"), "--jobs", "0"])
     assert "--jobs: 0: needs 1 or more" in capsys.readouterr().err
+
+
+def test_the_report_runs_in_the_study_and_its_failure_is_not_the_studys(
+    tmp_path, capsys, monkeypatch
+):
+    """The study builds its report in its own process (torch imported already): a report that
+    cannot be made (a user error: one line; a bug: its traceback) is said, and the study goes
+    on to return its summary."""
+    import ssl_vit.cli
+
+    study = load_study()
+    study.report([tmp_path / "missing"], tmp_path / "out")
+    out, err = capsys.readouterr()
+    assert "report: failed (exit 1)" in out and "ssl-vit report: error:" in err
+    assert "missing" in err and "Traceback" not in err
+
+    def bug(argv):
+        raise RuntimeError("a bug in the report")
+
+    monkeypatch.setattr(ssl_vit.cli, "main", bug)
+    study.report([tmp_path], tmp_path / "out")
+    out, err = capsys.readouterr()
+    assert "report: failed (exit 1)" in out
+    assert "Traceback" in err and "RuntimeError: a bug in the report" in err
