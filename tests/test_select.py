@@ -358,3 +358,26 @@ def test_the_collectives_wait_dist_s_and_the_loaders_data_s(encoder_run, tmp_pat
     run_select(encoder_run, src, tmp_path / "out", "--budget", "2", "timeouts.data_s=70",
                "timeouts.dist_s=990")  # fmt: skip
     assert seen["dist_s"] == 990 and seen["data_s"]() == 70  # before issue 48: 70 and 70
+
+
+def test_pick_quality_scores_a_pick_by_its_nearest_pick_labels(encoder_run, tmp_path, capsys):
+    """scripts/pick_quality.py on two select outputs of one labelled folder (cls and gap
+    features): a budget of every image labels each image by itself (100%, every class
+    covered); a pick of one image labels all with its class (1 class, 1 / 4 of the images)."""
+    import importlib.util
+
+    src = image_folder(tmp_path / "src", ["a", "b", "c", "d"], n=24, bad=0)
+    for pool in ("cls", "gap"):
+        run_select(encoder_run, src, tmp_path / pool, "--budget", "1", "--no-copy", f"pool={pool}")
+    spec = importlib.util.spec_from_file_location("pick_quality", ROOT / "scripts/pick_quality.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    folders = [str(tmp_path / "cls"), str(tmp_path / "gap")]
+    script.main([*folders, "--source", str(src), "--budgets", "24", "1", "--seeds", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 * 2 * 2  # folders x methods x budgets
+    for line in lines:
+        if " 24: " in line:
+            assert line.endswith("classes [4, 4], nearest-pick top-1 100.0 [100.0, 100.0]")
+        else:
+            assert line.endswith("classes [1, 1], nearest-pick top-1 25.0 [25.0, 25.0]")
