@@ -754,3 +754,26 @@ def test_the_report_runs_in_the_study_and_its_failure_is_not_the_studys(
     out, err = capsys.readouterr()
     assert "report: failed (exit 1)" in out
     assert "Traceback" in err and "RuntimeError: a bug in the report" in err
+
+
+def test_a_picked_budget_and_as_many_per_class_fill_their_own_columns(tmp_path):
+    """configs/study/select.yaml picks 10 labels and also draws 1 and 10 per class: the
+    encoder's 10-per-class runs fill its "10/class" column only, the 10 picked ones their
+    rows' "10 labels" column only (they shared a key, -l10, and each showed in the other's)."""
+    study = load_study()
+    over = [f"quick.output_dir={tmp_path}"]
+    cfg = study.load_config(StudyConfig, REPO / "configs/study/select.yaml", over)
+    v, made = "visible_75", {"l10": 0.29, "l10-typiclust": 0.17, "l10-random": 0.15}
+    for name, top1 in made.items():
+        for seed in (0, 1):
+            run = tmp_path / "finetune" / f"{v}-{name}-s{seed}"
+            run.mkdir(parents=True)
+            (run / "results.json").write_text(json.dumps({"top1": top1, "num_labelled": 10}))
+    rows = {r["variant"]: r for r in study.summarize(cfg, cfg.quick, tmp_path, "quick")["rows"]}
+    cells = {
+        name: {col: c["top1"] for col, c in row["finetune_by_labels"].items() if c["top1"]}
+        for name, row in rows.items()
+    }
+    assert cells[v] == {"10/class": [0.29, 0.29]}
+    assert cells[f"{v} + 10 labels chosen by typiclust"] == {"10 labels": [0.17, 0.17]}
+    assert cells[f"{v} + 10 random labels"] == {"10 labels": [0.15, 0.15]}

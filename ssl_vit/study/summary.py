@@ -127,7 +127,7 @@ def picked_rows(cfg: StudyConfig, encoder_row: dict, finetunes_dir: Path, name: 
     rows = []
     for b in (b for b in cfg.labels if b.select != "balanced"):
         tag = budget_of(b)[0]
-        runs = {r + f"-l{b.budget}" + s: read_results(finetunes_dir / (name + r + tag + s))
+        runs = {r + f"-n{b.budget}" + s: read_results(finetunes_dir / (name + r + tag + s))
                 for r in recipes for s in seeds}  # fmt: skip
         row = {
             **encoder_row,
@@ -165,8 +165,10 @@ def labels_columns(cfg: StudyConfig, runs: dict[str, dict]) -> dict[str, dict]:
          "" if k is None else f"-l{labels_tag(k)}", {"labels_per_class": k})
         for k in [b.per_class for b in cfg.labels if b.select == "balanced"] or [None]
     ]  # fmt: skip
+    # A picked budget's runs come keyed -nN (`picked_rows`): -lN is N per class's, and a study
+    # may have both (10 labels picked and 10 per class).
     picked = sorted({b.budget for b in cfg.labels if b.select != "balanced"})
-    budgets += [(f"{n} labels", f"-l{n}", {"labels_per_class": None, "labels_budget": n})
+    budgets += [(f"{n} labels", f"-n{n}", {"labels_per_class": None, "labels_budget": n})
                 for n in picked]  # fmt: skip
     for recipe in [r.name for r in cfg.recipes] or [""]:
         for budget, tag, what in budgets:
