@@ -37,8 +37,9 @@ class SelectConfig(Frozen):
     image_size: int = 0  # the encoder's input side; 0: the checkpoint's pretraining resolution
     # The features: the frozen encoder's last output pooled so. gap, the mean of the patch
     # outputs: masked patch prediction trains those, never the [class] token's output (the
-    # few-shot probe reads gap above cls: docs/results.md), and TypiClust's picks from gap
-    # features label CIFAR-10 better (docs/results.md, "which readout to pick from").
+    # few-shot probe reads gap above cls); TypiClust's picks from gap label CIFAR-10 better by
+    # their nearest-pick labels, level after a fine-tune (docs/results.md, "Which readout to
+    # pick from").
     pool: Literal["cls", "gap", "cls+gap"] = "gap"
     batch_size: int = 256  # images per forward pass, on each process (--batch-size)
     num_workers: int = -1  # loader workers per process; -1: auto (--workers)
