@@ -18,6 +18,13 @@ if [ ! -f .venv/.bytecode ]; then
 fi
 .venv/bin/ruff check .
 
+# The tests may write bytecode (into the clone's __pycache__, git-ignored) even where the machine
+# asks Python not to: pytest then caches each test file's assertion rewriting, which every
+# pytest process otherwise repeats (the system tier's two workers collect again what the fast
+# tier's rewrote: 6-7 s each), and the hundreds of jobs the system tier starts read ssl_vit's
+# compiled modules instead of compiling them again.
+unset PYTHONDONTWRITEBYTECODE
+
 # Exit 5 is "no test selected" (arguments that pick tests of one tier only): not a failure.
 tier() {
     local rc=0

@@ -471,6 +471,7 @@ def test_bad_study_files_are_one_line_and_write_nothing(tmp_path, text, message)
     assert "\n" not in str(err.value) and not (tmp_path / "out").exists()
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_hf_dataset_16bit_huge_and_unlabelled_rows(tmp_path, caplog):
     datasets = pytest.importorskip("datasets")
     grey = np.full((8, 8), 32896, dtype=np.uint16)

@@ -175,6 +175,7 @@ def test_gpu_suite_tiny_on_cpu_writes_every_row(tmp_path, capsys):
     assert 1.5 < rows["mpp_decoder/paper_mpp tiny_w32_p4_16 eager"]["flop_ratio"] < 2.0
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_gpu_suite_guards_sections_and_budget():
     from ssl_vit.bench.gpu_suite import Suite, markdown_table, run_suite
 

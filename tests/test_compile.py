@@ -116,6 +116,7 @@ def test_pipelines_compile_one_graph_or_fall_back(job, synthetic_shards, tmp_pat
     assert _losses(tmp_path / "fallback") == eager  # eager from the first step: identical
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_fewshot_extraction_compiles_one_graph_for_all_batches(monkeypatch):
     from ssl_vit.eval.fewshot_job import extract_features
     from ssl_vit.eval.readouts import Extraction, extract_layer_features

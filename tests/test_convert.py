@@ -115,6 +115,7 @@ def _shard_keys(path: Path) -> list[str]:
         return [m.name.split(".")[0] for m in tar.getmembers() if not m.name.endswith(".cls")]
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_parts_make_the_whole_and_read_as_one_dataset(folder, tmp_path):
     whole = make_shards(folder, tmp_path / "whole", shard_size=4, progress=False)
     root = tmp_path / "parts"

@@ -119,6 +119,7 @@ def assert_same_top1(a: torch.Tensor, b: torch.Tensor, tol: float) -> int:
     return int(agree.sum())
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 @torch.no_grad()
 def test_transformers_pipeline_gives_our_labels(run, exported, images):
     import transformers
@@ -144,6 +145,7 @@ def test_transformers_pipeline_gives_our_labels(run, exported, images):
         assert not exact[i] or labels[i] == names[str(logits[i].argmax().item())]
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 @torch.no_grad()
 def test_transformers_differs_only_by_the_documented_crop_offset(exported, images):
     """Where the crop offsets differ, transformers' pixels are ours cropped at the floored

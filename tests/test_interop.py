@@ -99,6 +99,7 @@ def test_timm_export_gives_the_same_features(ckpt, exported):
     assert_same(ours, plain.forward_features(x))
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 @torch.no_grad()
 def test_hf_export_gives_the_same_features_without_warnings(ckpt, exported):
     from transformers import ViTModel
@@ -115,6 +116,7 @@ def test_hf_export_gives_the_same_features_without_warnings(ckpt, exported):
     assert not info["unexpected_keys"]
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 @torch.no_grad()
 def test_interpolated_encoder_exports_and_matches_hf_interpolation(ckpt, exported, tmp_path):
     """At 24 px (grid 4x4 -> 6x6): our interpolated encoder exported as is gives the same

@@ -91,6 +91,7 @@ def test_random_picks_are_keys_only_seeded_and_never_read_a_label(synthetic_shar
     assert list(b.keys) == names and b.available == {}
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_typiclust_picks_are_selects_whatever_the_labels_and_workers(
     synthetic_shards, shuffled, encoder_run, tmp_path
 ):
@@ -172,6 +173,7 @@ def test_the_record_names_the_picks_and_resume_refuses_another_method(synthetic_
         check_recorded(choose_typiclust(spec, N, 0, str(run_dir)), run_dir)
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_finetune_trains_on_exactly_the_typiclust_picks(synthetic_shards, encoder_run, tmp_path):
     """A fine-tune with labels_select=typiclust trains on its N picks only (all of them),
     records them and its method, and resumes on its recorded picks without a feature pass."""

@@ -70,6 +70,7 @@ def test_close_with_and_del_end_the_workers(workers, synthetic_shards):
     assert _workers_alive() == before
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_a_loop_ends_a_blocked_worker_in_bounded_time(synthetic_shards):
     """The training loop's `Batches.close` ends its iterator's workers the one way the data
     layer does (`stages.end_workers`): a worker that does not answer DataLoader's orderly

@@ -118,6 +118,7 @@ def test_report_is_self_contained_with_all_sections(runs, tmp_path):
     assert "mean_color" in rows[0] and "50%" in rows[0]
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_knn_monitor_and_layer_table_in_the_runs(runs):
     """The k-NN monitor logs next to the few-shot rows; the per-layer figure needs the table."""
     from ssl_vit.report import figures
@@ -339,6 +340,7 @@ def test_budget_table_cells_are_mean_std_and_seeds(tmp_path):
     assert one.rows == [["scratch", "25.0 ± 0.0 (1 seed)"]]
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_report_draws_accuracy_vs_labels(tmp_path):
     from ssl_vit.report import build_report
 

@@ -181,6 +181,7 @@ def test_finetune_groups_of_the_quickstart(tmp_path):
     assert list(groups) == [(e, k) for e in ("paper_mpp", "scratch") for k in (10, 100, 0)]
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_finetune_figure_has_a_bar_per_group_and_a_dot_per_seed(tmp_path):
     from ssl_vit.report.finetune_figures import finetune_figure
 

@@ -48,6 +48,7 @@ def test_typicality_by_hand():
     assert np.isnan(typicality(x[:1])).all()  # one image: no neighbour
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_typiclust_picks_each_clusters_densest_point_never_an_outlier():
     x, truth = blobs()
     picks = typiclust(x, 3, seed=0)
@@ -62,6 +63,7 @@ def test_typiclust_picks_each_clusters_densest_point_never_an_outlier():
     assert list(picks.cluster_size) == sorted(picks.cluster_size, reverse=True)
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_large_clusters_and_duplicates_never_run_out(monkeypatch):
     """A cluster above MAX_TYPICALITY_POINTS is ranked on a seeded draw of that many, the rest
     after; with fewer distinct images than picks the clusters are visited again until every
@@ -161,6 +163,7 @@ def picked_files(out: Path) -> list[str]:
     return [p.name.split("-", 1)[1] for p in sorted((out / "to-label").rglob("*.png"))]
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_unreadable_images_are_skips_and_the_labels_are_never_read(encoder_run, tmp_path):
     src = image_folder(tmp_path / "src", ["cat", "dog", "fox"])
     # The same images, other class names in another order, and moved between the classes.
@@ -214,6 +217,7 @@ def test_rounds_grow_the_selection_and_keep_the_users_labels(encoder_run, tmp_pa
     assert len(rows(out)) == 2 and not (out / "to-label").exists()
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_a_round_reuses_the_features_unless_what_they_were_read_with_changed(
     encoder_run, tmp_path, monkeypatch
 ):
@@ -296,6 +300,7 @@ def features_file(run: Path, source: Path, out: Path, workers: int, rank: int, w
     return writer.close()
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_features_do_not_depend_on_workers_or_processes(encoder_run, tmp_path):
     src = image_folder(tmp_path / "src", ["a", "b"])
     tables = {}

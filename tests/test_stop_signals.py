@@ -53,6 +53,7 @@ def test_final_evaluation_ends_on_the_first_signal_only():
         stop._handle(signal.SIGTERM, None)  # the relayed copy: no second exception
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_a_stop_waiting_for_a_batch_ends_the_job_after_a_grace(monkeypatch, capsys):
     """Issue 47: a stop that came while the step waited for its unlabelled micro-batch (800,000
     images being assembled) was logged and never acted on. Without a wait for data the stop

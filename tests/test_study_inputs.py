@@ -53,6 +53,7 @@ def test_bad_job_overrides_stop_the_study_before_its_first_job(
     assert not ran and not (tmp_path / "q" / "logs").exists()  # nothing ran, nothing written
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_the_shipped_studies_pass_the_check(tmp_path):
     """Every job of every shipped study config loads against its schema (`check_jobs`)."""
     study = load_study()
