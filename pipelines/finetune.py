@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> dict:
     model = build_classifier(cfg, job.loaded, num_classes, train_data, run, start)
     optimizer = build_finetune_optimizer(model, cfg.parts, tc)
     ema = EMA(model, cfg.ema) if cfg.ema else None  # updated on the device, no sync
-    augment = device_augment(cfg, plan, acc.device)
+    # crop + flip on the device where the plan puts them (None: the workers')
+    augment = build_device_augment(cfg.data, cfg.model.image_size, acc.device, cfg.seed, plan)
     parts = {"ema": ema} if ema is not None else {}  # the training state beside the model's
     # Training on the unlabelled images too (distill.unlabelled): the teacher (offline: the
     # frozen classifier; online: the student's EMA, in `parts`) and the unlabelled stream.
@@ -315,16 +316,6 @@ def log_row(selftrain, sums: dict, lap: dict, step: int) -> dict:
     if selftrain is not None:
         out.update(selftrain.row(sums))
     return out
-
-
-def device_augment(cfg: FinetuneConfig, plan, device):
-    """data.augment=device: crop + flip on the device, from a generator of its own (None:
-    workers). RandAugment (parts.randaugment) works on PIL images after the crop: it keeps
-    the workers'."""
-    only = bool(cfg.parts.randaugment)
-    return build_device_augment(
-        cfg.data, cfg.model.image_size, device, cfg.seed, plan.rank, plan.global_micro, only
-    )
 
 
 class LossLogits(NamedTuple):

@@ -86,9 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
     model = MaskedPatchPrediction(build_vit(cfg.model), cfg.objective, cfg.data.mean, cfg.data.std)
     optimizer = build_adam(model.to(acc.device), tc)
     # data.augment=device: crop + flip on the device, from a generator of its own (None: workers)
-    augment = build_device_augment(
-        cfg.data, cfg.model.image_size, acc.device, cfg.seed, plan.rank, plan.global_micro
-    )
+    augment = build_device_augment(cfg.data, cfg.model.image_size, acc.device, cfg.seed, plan)
     hist = ColorHistogram(acc)  # the run's colour targets (color_acc_majority), checkpointed
     parts = {"target_hist": hist}
     start.restore(run, model, optimizer, augment, parts)

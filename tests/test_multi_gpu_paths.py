@@ -19,7 +19,7 @@ from test_pipelines import ROOT, pretrain_args, rows
 
 from ssl_vit.config import ConfigError, PretrainConfig
 from ssl_vit.data import device_augment
-from ssl_vit.train import rng, runtime
+from ssl_vit.train import plan, rng, runtime
 from ssl_vit.train.loop import BadSteps, new_counters
 from ssl_vit.train.optim import build_adam
 from ssl_vit.train.run_state import load_scaler_state, scaler_state
@@ -236,7 +236,7 @@ def test_resume_onto_another_augmentation_is_one_line(monkeypatch, synthetic_sha
     saved = torch.load(out / "checkpoints/step_00000002/rng_rank0.pt", weights_only=True)
     assert saved["augment"] == {"mode": "workers"}
     # The same run resumed on a GPU, where auto resolves to device augmentation:
-    monkeypatch.setattr(device_augment, "resolve_augment", lambda augment, device: "device")
+    monkeypatch.setattr(plan, "resolve_augment", lambda augment, device: "device")
     with pytest.raises(ConfigError) as e:
         pipeline("pretrain")([*args, "train.steps=4", "--resume"])
     line = str(e.value)

@@ -184,23 +184,23 @@ def build_device_augment(
     image_size: int,
     device: torch.device,
     seed: int,
-    rank: int,
-    global_micro: int,
-    workers_only: bool = False,
+    plan: Any,
+    *,
+    global_micro: int = 0,
+    always: bool = False,
 ) -> DeviceAugment | None:
-    """The job's device augmentation (None under `data.augment` workers, or auto off CUDA),
-    drawing from its own generator on `device`, reseeded per micro-batch from (seed, index)
-    for the `global_micro` images of every process (`RunPlan.global_micro`; rank `rank` takes
-    its slice); its `load_size` is what the loader must deliver. `workers_only`: a per-sample
-    stage after the crop (RandAugment) needs the workers' augmentation (FinetuneConfig refuses
-    `device` with it)."""
-    if workers_only or resolve_augment(data.augment, device) != "device":
+    """The job's device augmentation where the run plan puts it (`plan.augment`; None under
+    'workers'; `always`: a stream augmented on the device under either mode, self-training's
+    unlabelled images), drawing from its own generator on `device`, reseeded per micro-batch
+    from (seed, index) for the global micro-batch of every process (`global_micro`, 0: the
+    plan's; this rank takes its slice); the loader delivers `plan.load_size` px squares."""
+    if not always and plan.augment != "device":
         log.info("augmentation: per sample in the loader workers")
         return None
     gen = torch.Generator(device).manual_seed(seeds.derive(seed, seeds.DEVICE_AUGMENT))
-    load = load_size(data.load_size, image_size)
+    load = plan.load_size
     log.info("augmentation: on %s, batched; workers decode and load at %d px", device, load)
     return DeviceAugment(
         image_size, gen, data.crop_scale, hflip=data.hflip, load_size=load,
-        stream=(seed, rank, global_micro),
+        stream=(seed, plan.rank, global_micro or plan.global_micro),
     )  # fmt: skip

@@ -321,9 +321,8 @@ class SelfTraining:
             self.teacher = frozen_teacher(load_classifier(teacher.file)[0], self.device)
         self.augment, self.two_views = None, d.views == "weak_strong" and not self.online
         if device_augment is not None or self.two_views or self.online:
-            data = replace(cfg.data, augment="device")  # the labelled stream's, or ours
-            size = cfg.model.image_size
-            self.augment = build_device_augment(data, size, self.device, seed, plan.rank, micro)
+            size, opts = cfg.model.image_size, {"global_micro": micro, "always": True}
+            self.augment = build_device_augment(cfg.data, size, self.device, seed, plan, **opts)
         args = stream_args(run, cfg, start, self.augment, self.NAME)
         args = replace(args, global_micro=micro, seed=seed)
         self.loader = train_loader(cfg.data, args, source=d.unlabelled)

@@ -14,6 +14,10 @@ micro-steps:
 
 `local_micro` is what the user sizes to fit memory (with gradients), so an evaluation
 batch (no gradients) of that size fits too.
+
+Where the crop and flip run is resolved here too (`augment`: `data.augment`, auto by device;
+RandAugment keeps the workers'), with the square size the loaders then deliver (`load_size`):
+the checkpoint records the mode and a resume onto another is refused (`train.run_state`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 from ssl_vit.config import ConfigError
 from ssl_vit.config.checks import auto_num_workers, check_batch_memory
+from ssl_vit.data.device_augment import load_size, resolve_augment
 
 __all__ = ["RunPlan", "build_plan"]
 
@@ -40,6 +45,11 @@ class RunPlan:
     local_eval: int  # one process's evaluation batch: local_micro (sized to fit memory)
     num_workers: int  # loader workers per process (data.num_workers, -1 resolved)
     device: str  # e.g. 'cuda:0' or 'cpu'
+    # Crop + flip: 'device' (batched, DeviceAugment) or 'workers' (per sample in the loader).
+    augment: str = "workers"
+    # The square size a loader delivers to a device augmentation (data.load_size, 0 resolved);
+    # also the unlabelled stream's, which is augmented on the device under either mode.
+    load_size: int = 0
     paired: bool = False  # mixup / cutmix pair images of a micro-batch (BatchMixer)
     # Self-training (distill.enabled): the unlabelled stream's global micro-batch,
     # distill.ratio x global_micro (0: no unlabelled stream).
@@ -77,6 +87,9 @@ def build_plan(cfg: Any, world: int, *, rank: int = 0, device: str = "cpu") -> R
         size = cfg.model.image_size
         check_batch_memory("distill.ratio", distill.ratio, local_micro, size)
         unlabelled = global_micro * distill.ratio
+    # RandAugment (parts.randaugment) works on PIL images after the crop: the workers crop too.
+    randaugment = parts is not None and bool(parts.randaugment)
+    augment = "workers" if randaugment else resolve_augment(cfg.data.augment, device)
     return RunPlan(
         world=world,
         rank=rank,
@@ -87,6 +100,8 @@ def build_plan(cfg: Any, world: int, *, rank: int = 0, device: str = "cpu") -> R
         local_eval=local_micro,
         num_workers=auto_num_workers(cfg.data.num_workers),
         device=device,
+        augment=augment,
+        load_size=load_size(cfg.data.load_size, cfg.model.image_size),
         paired=paired,
         global_unlabelled_micro=unlabelled,
     )
