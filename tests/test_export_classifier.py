@@ -196,6 +196,7 @@ def test_gap_pooling_exports_to_timm_only(run, images, tmp_path):
     assert (ours_gap(x) - theirs((x / 255 - 0.5) / 0.5)).abs().max() < 1e-5
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_configs_and_card_carry_the_classes_and_the_label_budget(run, exported):
     import transformers
 

@@ -173,6 +173,7 @@ def test_import_timm_gives_the_same_features(tmp_path):
     assert_same(back.eval().forward_features(images(16)), model.forward_features(images(16)))
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 @torch.no_grad()
 def test_import_hf_gives_the_same_features_also_interpolated(tmp_path):
     """Google-style ViTModel (LayerNorm eps 1e-12, intermediate 80 = ratio 2.5, pooler) saved
