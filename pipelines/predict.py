@@ -34,12 +34,13 @@ from ssl_vit.data.predict_stream import num_batches, open_predict_source, predic
 from ssl_vit.eval.confusion import add_confusion, confusion_summary
 from ssl_vit.eval.predictions import PredictionWriter, gather_on_main, predict_batch
 from ssl_vit.progress import progress_bar
+from ssl_vit.runs.lock import on_main
 from ssl_vit.runs.occupancy import check_not_source, occupant
 from ssl_vit.train.classifier_file import ClassifierError, load_classifier, read_classifier_spec
 from ssl_vit.train.guard import JobError, one_line_errors, run_and_exit
 from ssl_vit.train.metrics import MetricsWriter
-from ssl_vit.train.rundir import run_files
-from ssl_vit.train.runtime import claim_on_main, make_accelerator, setup_logging
+from ssl_vit.train.rundir import claim_run_dir, run_files
+from ssl_vit.train.runtime import make_accelerator, setup_logging
 from ssl_vit.watchdog import Stopped, stops_raise, watched
 
 log = logging.getLogger("predict")
@@ -142,7 +143,7 @@ def predict(cfg: PredictConfig, overwrite: bool, t_start: float) -> dict:
         acc = make_accelerator(cfg.mixed_precision, cfg.timeouts)
         setup_logging(acc.is_main_process)
         out = Path(cfg.output_dir)  # (check_output refused an --overwrite of what it reads)
-        lock = claim_on_main(acc, out, cfg, overwrite=overwrite)  # noqa: F841
+        lock = on_main(acc, lambda: claim_run_dir(out, cfg, overwrite=overwrite))  # noqa: F841
         model, spec = load_classifier(cfg.checkpoint)
     workers = auto_num_workers(cfg.num_workers)
     loader = predict_loader(

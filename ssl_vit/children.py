@@ -6,15 +6,14 @@ relayed by the launcher). Such a job does not receive what kills the launcher: a
 of the launcher it would train on as an orphan, holding its run directory's lock. So on Linux
 every child started here asks the kernel for SIGKILL when its parent dies
 (`prctl(PR_SET_PDEATHSIG)`, set between fork and exec, kept across exec); elsewhere that is
-not available and `start_child` behaves as `subprocess.Popen`. `stop_child` kills a child's
-whole process group: the launcher calls it on every exit path it sees itself.
+not available and `start_child` behaves as `subprocess.Popen`. The launcher calls `stop_child`
+on every exit path it sees itself.
 
 The kernel's notion of the parent is the thread that forked: start children from a thread that
 lives as long as the launcher (the main thread).
 
-`fork_script` starts a Python script the same way but by fork alone, without exec: the study
-imports its pipelines once (`preload`) and each job starts with them already imported (about 5 s
-of a new interpreter's imports saved per job on 2 cores).
+`fork_script` starts a Python script the same way but by fork alone, without exec: for the
+study, about 5 s of a new interpreter's imports saved per job on 2 cores.
 """
 
 from __future__ import annotations

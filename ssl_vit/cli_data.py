@@ -55,7 +55,6 @@ def _check_output_owner(out: Path, source: str) -> None:
     (a finished run's files or a live job's lock), or lies in a checkpoint or in what a run
     writes (its checkpoints/, its labelled copy); or it is, holds or lies in `source`. A new
     folder inside a run directory is fine, as for them."""
-    from ssl_vit.config import ConfigError
     from ssl_vit.runs.occupancy import check_not_source
 
     check_not_source("--output", out, {"--source": source})

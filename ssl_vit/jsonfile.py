@@ -44,11 +44,7 @@ class JsonFileError(InputError):
     line naming it."""
 
 
-def parse_json(
-    text: str | bytes,
-    source: str,
-    expect: type | tuple[type, ...] = dict,
-) -> Any:
+def parse_json(text: str | bytes, source: str, expect: type = dict) -> Any:
     """The JSON value of `text`, which must be of type `expect` (a JSON object: dict) and nest
     at most `MAX_DEPTH` levels; JsonFileError naming `source` otherwise."""
     try:
@@ -64,11 +60,7 @@ def parse_json(
     return value
 
 
-def read_json(
-    path: str | os.PathLike,
-    expect: type | tuple[type, ...] = dict,
-    max_bytes: int = MAX_JSON_BYTES,
-) -> Any:
+def read_json(path: str | os.PathLike, expect: type = dict, max_bytes: int = MAX_JSON_BYTES) -> Any:
     """`parse_json` of the file at `path`, read only when it holds at most `max_bytes` bytes.
     A missing or unreadable file raises OSError as `open` does."""
     with open(path, "rb") as f:
@@ -138,7 +130,5 @@ def _json_type(value: Any) -> str:
     """'a JSON object' for dict (or a dict value), 'a JSON array' for list, ..."""
     names = {dict: "a JSON object", list: "a JSON array", str: "a string", bool: "true/false"}
     names.update({int: "a number", float: "a number", type(None): "null"})
-    if isinstance(value, tuple):
-        return " or ".join(_json_type(t) for t in value)
     kind = value if isinstance(value, type) else type(value)
     return names.get(kind, kind.__name__)

@@ -1,18 +1,17 @@
 """Ending the process from anywhere, and the data-stall watchdog that needs it.
 
-`hard_exit(code)` kills this process's loader workers and every `pipe:` command's process group
-(the command and its children: `cat`, `sleep`), then leaves with `os._exit`: it works from
-any thread (a timer thread cannot raise into the main thread, and `signal.signal` works only in
-the main thread, which may be blocked in a read that never returns).
+`hard_exit(code)` leaves with `os._exit` once `kill_children` is done: it works from any thread
+(a timer thread cannot raise into the main thread, and `signal.signal` works only in the main
+thread, which may be blocked in a read that never returns).
 
-`watched(iterable, what)` passes batches through while a single daemon thread checks that each
-one arrives within `timeouts.data_s` (a `pipe:` command or a FIFO that stalls, a hung network
-mount, a worker that never starts): past it, one line `error: ...` naming `what` and exit 1.
-The check costs two attribute writes per batch, and the thread wakes at most 4 times a second.
+`watched` / `waiting_for`: one daemon thread ends the job (one `error: ...` line, exit 1) when
+a batch takes longer than `timeouts.data_s` (a `pipe:` command or a FIFO that stalls, a hung
+network mount, a worker that never starts). The check costs two attribute writes per batch,
+and the thread wakes at most 4 times a second.
 
-`stops_raise()`: inside it a stop signal (SIGTERM, SIGINT) raises `Stopped` where the job is, for
-a job with nothing to checkpoint (predict): its own `except BaseException` paths remove what it
-was writing, and the job ends in one line instead of dying by the signal.
+`stops_raise()` is for a job with nothing to checkpoint (predict): a stop signal raises where
+the job is, its own `except BaseException` paths remove what it was writing, and the job ends
+in one line instead of dying by the signal.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,9 +21,8 @@ from test_pipelines import ROOT, pretrain_args, rows
 from ssl_vit.config import ConfigError, PretrainConfig
 from ssl_vit.data import device_augment
 from ssl_vit.train import plan, rng, runtime
-from ssl_vit.train.loop import BadSteps, new_counters
+from ssl_vit.train.loop import BadSteps, Resumed, new_counters
 from ssl_vit.train.optim import build_adam
-from ssl_vit.train.run_state import load_scaler_state, scaler_state
 from ssl_vit.train.step import TrainStep
 
 # --- 1. torch.compile under DDP: a real 2-process gloo run ---------------------------------
@@ -179,10 +179,9 @@ def test_fp16_scaler_state_is_saved_and_restored_bit_exact():
         step(x, k)
     saved = torch.load(_roundtrip(model, opt, acc), weights_only=True)  # as a checkpoint
     assert saved["scaler"]["scale"] not in (None, 2.0**16)  # the overflow lowered it
-    acc, model, opt, step = _fp16_step(seed=7)  # resumed: other weights until loaded
-    model.load_state_dict(saved["model"])
-    opt.load_state_dict(saved["optimizer"])
-    load_scaler_state(acc, saved["scaler"])
+    acc, model, opt, step = _fp16_step(seed=7)  # resumed: other weights until restored
+    start = Resumed(3, rng=rng.rng_state(), state=saved, path="step_00000003")
+    start.restore(SimpleNamespace(acc=acc), model, opt)  # weights, optimizer, loss scale
     for x, k in batches[3:]:
         step(x, k)
     assert acc.scaler.get_scale() == final_scale
@@ -197,7 +196,7 @@ def _roundtrip(model, opt, acc):
     state = {
         "model": model.state_dict(),
         "optimizer": opt.state_dict(),
-        "scaler": scaler_state(acc),
+        "scaler": acc.scaler.state_dict(),  # as Checkpoints.save records it
     }
     torch.save(state, buf)
     buf.seek(0)

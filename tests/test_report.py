@@ -17,7 +17,7 @@ from ssl_vit.cli import main as cli_main  # noqa: E402
 from ssl_vit.objectives.corruption import KEPT, MASKED, UNTOUCHED  # noqa: E402
 from ssl_vit.objectives.targets import color_class_to_rgb, patch_pixels  # noqa: E402
 from ssl_vit.report.examples import _paste, target_pixels  # noqa: E402
-from ssl_vit.report.learned import filter_components, position_similarity  # noqa: E402
+from ssl_vit.report.learned_section import filter_components, position_similarity  # noqa: E402
 from ssl_vit.report.runs import link_runs, load_runs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

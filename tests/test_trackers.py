@@ -1,7 +1,6 @@
 """Experiment trackers (Accelerate's tracking API) next to metrics.jsonl: real TensorBoard
 event files read back, resume purging, offline defaults, start-up errors."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -103,8 +102,12 @@ def test_trackers_are_offline_unless_configured(tmp_path, monkeypatch):
     assert args == ["run", str(tmp_path)] and kwargs == {"purge_step": 21}
 
 
-def test_a_missing_tracker_package_fails_at_start_up(tmp_path):
-    if importlib.util.find_spec("wandb") is not None:
-        pytest.skip("wandb is installed here")
-    with pytest.raises(ImportError, match="pip install wandb"):
-        MetricsWriter(tmp_path, log_with=["wandb"])
+def test_a_missing_tracker_package_fails_at_start_up(monkeypatch):
+    """As where wandb is not installed: the config is refused when loaded (before the run
+    directory), naming the package."""
+    import accelerate.tracking
+
+    available = [t for t in accelerate.tracking.get_available_trackers() if str(t) != "wandb"]
+    monkeypatch.setattr(accelerate.tracking, "get_available_trackers", lambda: available)
+    with pytest.raises(ConfigError, match="tracker 'wandb' needs its package .*pip install wandb"):
+        from_dict(PretrainConfig, {"data": {"train_shards": "x"}, "trackers": ["wandb"]})

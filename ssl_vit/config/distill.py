@@ -1,16 +1,7 @@
 """The `distill` section of fine-tuning: training on the unlabelled images too (beyond the
-paper), in one of two forms.
-
-`offline` (self-training): a fixed fine-tuned classifier (the teacher) labels the unlabelled
-images softly, on the same augmented images the student sees, and the student fits those
-targets besides the labelled micro-batch's true labels (SimCLRv2's distillation loss, Chen et
-al. 2020, section 2.3).
-
-`online` (semi-supervised, FixMatch, Sohn et al. 2020; Semi-ViT, Cai et al. 2022): the teacher
-is an exponential moving average of the student itself, so it improves as the student trains;
-its argmax on a weak view of an unlabelled image is that image's pseudo-label where its
-confidence reaches `threshold`, and the student must reach it from a strong view (RandAugment-
-style ops and erasing, on the device). Labelled and unlabelled micro-batches share each step."""
+paper), `offline` (self-training: a fixed fine-tuned teacher, SimCLRv2) or `online`
+(semi-supervised: the student's own EMA as the teacher, FixMatch). How each works: the module
+docstring of `train/distill.py`."""
 
 from __future__ import annotations
 

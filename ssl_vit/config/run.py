@@ -58,11 +58,10 @@ class TimeoutConfig(CollectiveTimeoutConfig):
     stop_s: float = 300.0
 
 
-def check_trackers(names: list[str]) -> list[str]:
-    """`trackers` without repeats, each one Accelerate knows and whose package is installed:
-    checked here, before the run directory is claimed, so a missing package leaves nothing
-    behind (imported only when asked for)."""
-    names = list(dict.fromkeys(names))
+def check_trackers(names: list[str]) -> None:
+    """Each of `trackers` one Accelerate knows and whose package is installed: checked here,
+    before the run directory is claimed, so a missing package leaves nothing behind (imported
+    only when asked for)."""
     if names:
         from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
 
@@ -77,4 +76,3 @@ def check_trackers(names: list[str]) -> list[str]:
                     f"trackers: tracker {name!r} needs its package {name!r}, "
                     f"which is not installed: pip install {name}"
                 )
-    return names

@@ -75,8 +75,7 @@ class _Assembled:
 
 class TrainLoader:
     """A rank's endless training batches (iterate it), and the `tracker` of its lanes'
-    positions for checkpoints. Its worker processes end on `close()`, at the end of a `with`
-    block, when it is deleted and at interpreter exit (`stages.WorkerLoader`)."""
+    positions for checkpoints. Its worker processes end as a `stages.WorkerLoader`'s do."""
 
     def __init__(self, loader: WorkerLoader, tracker: StreamTracker) -> None:
         self.loader, self.tracker = loader, tracker

@@ -100,12 +100,9 @@ class StreamDraws:
 
 class DeviceAugment(StreamDraws):
     """uint8 [B,3,L,L] -> uint8 [B,3,S,S] on the images' device: per-sample random resized
-    crop (torchvision's box distribution) and horizontal flip with probability 1/2.
-
-    `stream` (seed, rank, global_micro): `__call__(images, u)` draws micro-batch u's boxes for
-    the global micro-batch (`RunPlan.global_micro`: every process's B images) from (seed, u)
-    and uses this rank's slice; without it (or without u) the draws continue `generator`'s
-    sequence."""
+    crop (torchvision's box distribution) and horizontal flip with probability 1/2. `stream`
+    (seed, rank, global_micro: `RunPlan.global_micro`) and `__call__`'s `index` place the draws
+    (`StreamDraws`)."""
 
     def __init__(
         self,
@@ -124,16 +121,12 @@ class DeviceAugment(StreamDraws):
         # As torchvision computes them: float32 bounds of the log ratio.
         self.log_ratio = [float(v) for v in torch.log(torch.tensor(ratio))]
 
-    def uniforms(self, batch: int, device: torch.device, index: int | None = None) -> torch.Tensor:
-        """[B, 2T + 3] uniforms of a batch (`StreamDraws.stream_uniforms`)."""
-        return self.stream_uniforms(batch, 2 * TRIES + 3, device, index)
-
     def boxes(
         self, batch: int, height: int, width: int, device: torch.device, index: int | None = None
     ) -> tuple[torch.Tensor, ...]:
         """(top_B, left_B, h_B, w_B, flip_B): float64 pixel boxes and bool flips of `batch`
-        images of height x width, all tries drawn at once (5 + 2T uniforms per sample)."""
-        u = self.uniforms(batch, device, index).to(torch.float64)
+        images of height x width, all tries drawn at once (2T + 3 uniforms per sample)."""
+        u = self.stream_uniforms(batch, 2 * TRIES + 3, device, index).to(torch.float64)
         lo, hi = self.scale
         area_BT = height * width * (lo + (hi - lo) * u[:, :TRIES])
         lr0, lr1 = self.log_ratio
@@ -191,9 +184,8 @@ def build_device_augment(
 ) -> DeviceAugment | None:
     """The job's device augmentation where the run plan puts it (`plan.augment`; None under
     'workers'; `always`: a stream augmented on the device under either mode, self-training's
-    unlabelled images), drawing from its own generator on `device`, reseeded per micro-batch
-    from (seed, index) for the global micro-batch of every process (`global_micro`, 0: the
-    plan's; this rank takes its slice); the loader delivers `plan.load_size` px squares."""
+    unlabelled images), drawing from its own generator on `device` (`StreamDraws`; the global
+    micro-batch `global_micro`, 0: the plan's); the loader delivers `plan.load_size` px squares."""
     if not always and plan.augment != "device":
         log.info("augmentation: per sample in the loader workers")
         return None

@@ -56,9 +56,9 @@ class ImageSource(ABC):
             raise IndexError(f"index {index} out of range [0, {len(self)})")
         return int(index)
 
+    @abstractmethod
     def describe(self, index: int) -> str:
         """Where sample `index` comes from, for log messages."""
-        return f"sample {index}"
 
     def name(self, record: Record) -> str:
         """What a person calls the sample (predictions' `key`): its key; a folder's file path."""

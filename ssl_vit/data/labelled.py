@@ -25,12 +25,9 @@ last bit on another device), else leaves the picks to `ssl_vit.train.label_picks
 run has its processes. `picked_subset` then reads the picks' labels (what labelling them
 gives), and the copy and its record are those of a balanced subset.
 
-Both files are the run's own, derived from the source: `check_recorded` (on --resume, before
-anything is written) refuses another K or seed, and a source that no longer gives the same
-subset, in one line naming what changed (which class, how many images); a moved source that
-gives the same subset continues (the identity is the labels and keys, not the path).
-`use_labelled` checks the copy (every file's size and sha256) and rebuilds it from the source
-when it is missing or damaged, provided the chosen images' bytes are those it was made of.
+Both files are the run's own, derived from the source: checked on --resume (`check_recorded`),
+rebuilt when missing or damaged (`use_labelled`); a moved source that gives the same subset
+continues (the identity is the labels and keys, not the path).
 """
 
 from __future__ import annotations

@@ -74,11 +74,6 @@ def _images_under(folder: Path) -> list[str]:
     return sorted(Path(p).as_posix() for p in found)
 
 
-def _listed(names: list[str], most: int = 5) -> str:
-    more = f", ... ({len(names) - most} more)" if len(names) > most else ""
-    return ", ".join(names[:most]) + more
-
-
 LABELS = ("required", "optional", "ignored")  # FolderSource's `labels`
 
 
@@ -108,9 +103,10 @@ class FolderSource(ImageSource):
         classes = [c for c in classes if per_class[c]]
         top = sorted(e.name for e in os.scandir(root) if e.is_file() and _is_image(e.name))
         if classes and top and labels == "required":
+            more = f", ... ({len(top) - 5} more)" if len(top) > 5 else ""
             log.warning(
-                "%s: leaving out %d images outside its class folders (no class: %s)",
-                root, len(top), _listed(top),
+                "%s: leaving out %d images outside its class folders (no class: %s%s)",
+                root, len(top), ", ".join(top[:5]), more,
             )  # fmt: skip
             top = []
         elif classes and top and labels == "optional":

@@ -7,7 +7,8 @@ later on the accelerator, and uint8 batches are 4x cheaper to pin and copy than 
 The workers ignore SIGTERM / SIGINT (the main process handles a stop), so multiprocessing's exit
 handler, which terminates them with SIGTERM and then waits, would wait forever on a loader still
 alive when a script ends: every loader made here (`WorkerLoader`) ends its workers on `close()`,
-at the end of a `with` block, when it is deleted, and at interpreter exit, before that handler.
+at the end of a `with` block, when it and its iterators are deleted, and at interpreter exit,
+before that handler.
 
 A sample that fails to decode is skipped, counted in `Batch.skipped` and logged (the first 10,
 then every 1000th); after `max_consecutive_failures` failures in a row the loader raises instead
@@ -133,15 +134,6 @@ def _seeded(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, seed: i
         torch.set_rng_state(outer)
 
 
-def _decoded(transform: Callable, data: bytes, seed: int | None) -> torch.Tensor:
-    """`transform(decode_image(data))` under `_seeded`; a transform with `from_bytes` (the
-    training crop) decodes the bytes itself, only as much of them as its crop needs."""
-    from_bytes = getattr(transform, "from_bytes", None)
-    if from_bytes is not None:
-        return _seeded(from_bytes, data, seed)
-    return _seeded(transform, decode_image(data), seed)
-
-
 def shard_samples(url: str, stats: Stats, count: bool) -> Iterator[dict[str, Any]]:
     """The raw samples of one tar shard (`ssl_vit.data.tar.tar_groups`, with `__url__`). Of its
     tar-level errors the first is counted and logged: one shard may report several (each
@@ -188,6 +180,9 @@ def decode_stage(
 ) -> Iterator[tuple[torch.Tensor, int, str, Any]]:
     """(sample, augmentation seed, tag) -> (image, label, key, tag), skipping bad samples
     (and, with `num_classes` K > 0, samples whose label is outside [0, K))."""
+    # A transform with `from_bytes` (the training crop) decodes the bytes itself, only as much
+    # of them as its crop needs; any other is given `decode_image`'s image.
+    from_bytes = getattr(transform, "from_bytes", None)
     for s, aug_seed, tag in samples:
         try:
             if s.data is None:
@@ -196,7 +191,10 @@ def decode_stage(
                 raise ValueError("no valid .cls label")
             if num_classes and not 0 <= s.label < num_classes:
                 raise ValueError(f"label {s.label} out of range [0, {num_classes})")
-            image = _decoded(transform, s.data, aug_seed)
+            if from_bytes is not None:
+                image = _seeded(from_bytes, s.data, aug_seed)
+            else:
+                image = _seeded(transform, decode_image(s.data), aug_seed)
         except Exception as e:  # any bad sample is skipped, whatever the decoder raised
             stats.skipped += 1
             stats.total_skipped += 1
@@ -312,8 +310,7 @@ def _end_all() -> None:
 
 
 class WorkerLoader(DataLoader):
-    """A DataLoader whose worker processes end with it: on `close()`, at the end of a `with`
-    block, when it and its iterators are deleted, and at interpreter exit."""
+    """A DataLoader whose worker processes end with it (when, and why: the module doc)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -11,10 +11,8 @@ stay as they are under `data.augment=device`.
 Batched: each of the K op slots computes every op's result for the whole batch and keeps, per
 sample, its own op's (`torch.where`); the five geometric ops are one `affine_grid` +
 `grid_sample` with a per-sample matrix. A slot costs ~10 batch ops, which at 32-224 px is
-small beside the forward pass. The draws of micro-batch `index` are made as `DeviceAugment`'s
-(`StreamDraws`: the global micro-batch's from (seed, STRONG_AUGMENT, index), this rank's rows),
-so a sample's strong view depends on its place in the global stream only: the same on 1 and 2
-processes and after a resume. No host sync: no `.item()`, no data-dependent shape.
+small beside the forward pass. The draws are made as `DeviceAugment`'s (`StreamDraws`, from
+(seed, STRONG_AUGMENT, index)). No host sync: no `.item()`, no data-dependent shape.
 
 Magnitudes: `v` in [-1, 1] (a draw in `magnitude`, a random sign for the signed ops) scales
 each op's largest change, FixMatch's ranges (those of torchvision's RandAugment but translate):
@@ -230,11 +228,9 @@ class StrongAugment(StreamDraws):
     m (1 is FixMatch's largest change); then Cutout (`erase`; side a uniform fraction of S in
     `erase_scale`). Float input is taken on the same [0, 255] scale and returned as float.
 
-    `stream` (seed, rank, global_micro): `__call__(images, index)` draws micro-batch `index`'s
-    ops for the global micro-batch (`RunPlan.global_micro`) from (seed, STRONG_AUGMENT, index)
-    and uses this rank's rows; without it (or without `index`) the draws continue `generator`'s
-    sequence. `interpolation` of the geometric ops: "nearest" (PIL's default, which FixMatch's
-    code uses, and torchvision's) or "bilinear"."""
+    `stream` (seed, rank, global_micro) and `__call__`'s `index` place the draws (`StreamDraws`).
+    `interpolation` of the geometric ops: "nearest" (PIL's default, which FixMatch's code uses,
+    and torchvision's) or "bilinear"."""
 
     stream_id = seeds.STRONG_AUGMENT
 
@@ -291,9 +287,8 @@ class StrongAugment(StreamDraws):
 def build_strong_augment(
     seed: int, rank: int, global_micro: int, device: torch.device | str, **options: object
 ) -> StrongAugment:
-    """The job's strong view: its own generator on `device`, reseeded per micro-batch from
-    (seed, STRONG_AUGMENT, index) for the `global_micro` images of every process (rank `rank`
-    takes its slice); `options` go to `StrongAugment` (ops, magnitude, erase, erase_scale,
-    interpolation)."""
+    """The job's strong view: its own generator on `device` (`StreamDraws`, for the
+    `global_micro` images of every process); `options` go to `StrongAugment` (ops, magnitude,
+    erase, erase_scale, interpolation)."""
     gen = torch.Generator(device).manual_seed(seeds.derive(seed, seeds.STRONG_AUGMENT))
     return StrongAugment(gen, stream=(seed, rank, global_micro), **options)  # type: ignore[arg-type]

@@ -51,16 +51,9 @@ def _as_labels(y: ArrayLike, device: torch.device | None = None) -> torch.Tensor
 def standardize(
     train_x: torch.Tensor, test_x: torch.Tensor, eps: float = STD_EPS
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Standardize both sets with the train set's per-feature mean and std.
-
-    Args:
-        train_x: [N, D]; its mean and population std (ddof=0) are used for both sets.
-        test_x: [M, D]; never contributes to the statistics.
-        eps: added to the std so that a constant feature maps to 0 instead of NaN.
-
-    Returns:
-        (train_x - mean) / (std + eps) as [N, D] and the same map applied to test_x, [M, D].
-    """
+    """Standardize train_x [N, D] and test_x [M, D] with train_x's per-feature mean and
+    population std (ddof=0); test_x never contributes to the statistics. `eps` (added to the
+    std) maps a constant feature to 0 instead of NaN."""
     mean_1D = train_x.mean(dim=0, keepdim=True)
     std_1D = train_x.std(dim=0, correction=0, keepdim=True) + eps
     return (train_x - mean_1D) / std_1D, (test_x - mean_1D) / std_1D
@@ -155,24 +148,16 @@ def select_fewshot_indices(
     seeds: Sequence[int],
     num_classes: int | None = None,
 ) -> dict[int, np.ndarray]:
-    """Indices of the samples the few-shot subsets need, per seed.
+    """Indices of the samples the few-shot subsets need: {seed: [n_seed] int64 indices into
+    `labels`}, the [N] labels of the whole train pool (K = num_classes, None: max label + 1).
 
     For each seed, every class gets a random permutation of its indices drawn from
     `np.random.default_rng(seed)` (classes 0..K-1 in order); the k-shot subset is the first k
     of each class's permutation, so subsets are nested across shots. Only the largest shot's
-    prefixes are needed, which lets a caller extract features for just these samples.
-
-    Args:
-        labels: [N] integer labels of the whole train pool.
-        shots: requested shots per class; a class with fewer samples contributes all it has
-            (warned once). "all" needs no draw (every sample) and is ignored here.
-        seeds: one draw per seed.
-        num_classes: K; None means max label + 1.
-
-    Returns:
-        {seed: [n_seed] int64 indices into `labels`}, ordered class by class and, within a
-        class, in permutation order, so that the k-shot subset is the first k indices of each
-        class in the array.
+    prefixes are needed, which lets a caller extract features for just these samples. The
+    indices are ordered class by class, each class in permutation order. A class with fewer
+    samples than a shot contributes all it has (warned once); "all" needs no draw (every
+    sample) and is ignored here.
     """
     labels_N = _int_labels(labels)
     K = int(labels_N.max()) + 1 if num_classes is None else num_classes
@@ -259,28 +244,6 @@ def fewshot_sweep(
     def accuracies(x_ND, y_N):
         return ridge_accuracies(x_ND, y_N, test_MD, test_M, l2_regs, num_classes, standardize)
 
-    per_seed = _per_seed_accuracies(
-        accuracies, train_ND, train_labels_N, shots, seeds, l2_regs, selection
-    )
-    result = dict(shots={}, seeds=list(seeds), num_classes=num_classes, standardize=standardize)
-    return _summarize(result, per_seed, shots, l2_regs)
-
-
-def _int_labels(labels: ArrayLike) -> np.ndarray:
-    """Labels as a flat int64 NumPy array (on the host)."""
-    return np.asarray(torch.as_tensor(labels).cpu()).astype(np.int64).ravel()
-
-
-def _per_seed_accuracies(
-    accuracies: Any,
-    train_ND: torch.Tensor,
-    train_labels_N: np.ndarray,
-    shots: Sequence[Shot],
-    seeds: Sequence[int],
-    l2_regs: Sequence[float],
-    selection: dict[int, np.ndarray] | None,
-) -> dict[tuple[Shot, float], list[float]]:
-    """{(shot, l2): [accuracy per seed]}: `accuracies(x_ND, y_N)` of each seed's subset."""
     # "all" does not depend on the seed: one solve, repeated per seed below.
     accs_all = accuracies(train_ND, train_labels_N) if ALL_SHOTS in shots else []
     per_seed: dict[tuple[Shot, float], list[float]] = {(k, l2): [] for k in shots for l2 in l2_regs}
@@ -294,16 +257,7 @@ def _per_seed_accuracies(
                 accs = accuracies(train_ND[rows], train_labels_N[idx])
             for l2, acc in zip(l2_regs, accs, strict=True):
                 per_seed[(k, l2)].append(acc)
-    return per_seed
-
-
-def _summarize(
-    result: dict[str, Any],
-    per_seed: dict[tuple[Shot, float], list[float]],
-    shots: Sequence[Shot],
-    l2_regs: Sequence[float],
-) -> dict[str, Any]:
-    """`result` with each (shot, l2)'s mean / std / per_seed and each shot's `{k}shot`."""
+    result = dict(shots={}, seeds=list(seeds), num_classes=num_classes, standardize=standardize)
     for k in shots:
         by_l2 = {}
         for l2 in l2_regs:
@@ -316,3 +270,8 @@ def _summarize(
         result["shots"][k] = {"l2_reg": by_l2}
         result[f"{k}shot"] = by_l2[str(l2_regs[0])]["mean"]
     return result
+
+
+def _int_labels(labels: ArrayLike) -> np.ndarray:
+    """Labels as a flat int64 NumPy array (on the host)."""
+    return np.asarray(torch.as_tensor(labels).cpu()).astype(np.int64).ravel()

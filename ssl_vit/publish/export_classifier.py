@@ -33,7 +33,6 @@ from ssl_vit.train.checkpoint import resolve_checkpoint
 from ssl_vit.train.classifier_file import (
     CLASSIFIER_FILE,
     ClassifierError,
-    ClassifierSpec,
     file_kind,
     read_classifier_spec,
 )
@@ -114,7 +113,12 @@ def export_classifier(
     file = classifier_file.find_classifier(source)
     check_output(out, {"classifier": str(file)}, overwrite)
     spec = read_classifier_spec(file)  # the header only: refuse before reading the weights
-    check_pool(spec, to, file)
+    if to == "hf" and spec.pool != "cls":  # transformers cannot pool as the classifier does
+        raise InteropError(
+            f"{file}: pool '{spec.pool}' (the mean of the patch tokens) has no transformers "
+            "equivalent (ViTForImageClassification classifies the [class] token); "
+            "timm can take it: --to timm"
+        )
     model, spec = classifier_file.load_classifier(file)
     state = {k: v.detach() for k, v in model.state_dict().items()}
     encoder = {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
@@ -145,13 +149,3 @@ def export_classifier(
         "model_config": cfg,
         "num_classes": spec.num_classes,
     }
-
-
-def check_pool(spec: ClassifierSpec, to: str, file: Path) -> None:
-    """InteropError (one line) when the target library cannot pool as the classifier does."""
-    if to == "hf" and spec.pool != "cls":
-        raise InteropError(
-            f"{file}: pool '{spec.pool}' (the mean of the patch tokens) has no transformers "
-            "equivalent (ViTForImageClassification classifies the [class] token); "
-            "timm can take it: --to timm"
-        )

@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 
 from ssl_vit.jobs import FEWSHOT, PREDICT, PRETRAIN
-from ssl_vit.report.render import Section
+from ssl_vit.report.finetune_section import budget_section, finetune_section
+from ssl_vit.report.render import Section, write_html, write_markdown
 from ssl_vit.report.runs import Run, fewshot_pool, fewshot_table, link_runs, load_runs
+from ssl_vit.report.tables import origin, runs_section, summary_section
 
 __all__ = ["build_report"]
 
@@ -42,8 +44,6 @@ def pretrain_section(runs: list[Run]) -> Section:
 def _shots_curves(runs: list[Run], groups: dict) -> list[tuple[str, dict]]:
     """(label, few-shot table) of the few-shot runs and of the few-shot evaluations logged in
     pretraining whose final checkpoint has no few-shot run of its own."""
-    from ssl_vit.report.tables import origin
-
     curves = []
     for r in runs:
         if r.job is FEWSHOT and r.finished:
@@ -64,7 +64,6 @@ def _shots_curves(runs: list[Run], groups: dict) -> list[tuple[str, dict]]:
 
 def fewshot_section(runs: list[Run], groups: dict) -> Section:
     from ssl_vit.report import figures
-    from ssl_vit.report.tables import origin
 
     s_few = Section("Few-shot")
     if fig := figures.fewshot_vs_shots(_shots_curves(runs, groups)):
@@ -87,13 +86,11 @@ def fewshot_section(runs: list[Run], groups: dict) -> Section:
 
 def _sections(runs: list[Run], num_examples: int, seed: int) -> list[Section]:
     from ssl_vit.report.classifier_section import classifier_section
-    from ssl_vit.report.tables import runs_section, summary_section
 
     groups = link_runs(runs)
     classifier = classifier_section(runs)
     if all(r.job is PREDICT for r in runs):  # nothing trained: no empty sections
         return [s for s in (classifier, runs_section(runs, groups)) if s is not None]
-    from ssl_vit.report.finetune_section import budget_section, finetune_section
     from ssl_vit.report.learned_section import learned_section  # imports torch: ~0.7 GB RSS
 
     sections = [summary_section(runs, groups), pretrain_section(runs)]
@@ -108,8 +105,6 @@ def build_report(
 ) -> dict[str, Path]:
     """Write `output/report.html` and `output/report.md` (+ figures/) for the runs in
     `run_dirs`; returns their paths."""
-    from ssl_vit.report.render import write_html, write_markdown
-
     t0 = time.perf_counter()
     runs = load_runs(list(run_dirs))
     log.info(

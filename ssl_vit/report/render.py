@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ssl_vit.atomic import write_bytes, write_text
 
-__all__ = ["Chart", "Section", "Table", "png_bytes", "write_html", "write_markdown"]
+__all__ = ["Chart", "Section", "Table", "write_html", "write_markdown"]
 
 
 @dataclass
@@ -40,14 +40,9 @@ class Section:
 
     def chart(self, name: str, fig, caption: str) -> None:
         """Add a matplotlib Figure as a chart (PNG)."""
-        self.charts.append(Chart(name, png_bytes(fig), caption))
-
-
-def png_bytes(fig, dpi: int = 110) -> bytes:
-    """A matplotlib Figure as PNG bytes."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110)
+        self.charts.append(Chart(name, buf.getvalue(), caption))
 
 
 def _slug(text: str) -> str:

@@ -35,7 +35,6 @@ __all__ = [
     "fewshot_pool",
     "fewshot_table",
     "link_runs",
-    "load_run",
     "load_runs",
     "read_config",
     "read_results",
@@ -178,14 +177,6 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     if problem := rows_problem(rows):
         raise DamagedRunError(f"{metrics}: {problem}")
     return rows
-
-
-def load_run(path: str | Path) -> Run:
-    """The run in directory `path`; ValueError (one line) if it is not an ssl-vit run,
-    DamagedRunError (a ValueError naming the file and what is wrong) if a file the report
-    reads is damaged."""
-    path = Path(path)
-    return _load(path, _read_results(path))
 
 
 def _run_dirs(folder: Path) -> list[tuple[Path, Results]]:

@@ -105,16 +105,6 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
             *seed, *extra,
         ], chain=name)  # fmt: skip
 
-    def finetune(
-        name: str, ckpt: Callable[[], str], own: list[str], after: tuple[Path, ...]
-    ) -> list[Job]:
-        """One fine-tune per recipe x label budget x seed (their overrides after the budget's,
-        the encoder's `own` after theirs)."""
-        return [
-            finetune_one(name, ckpt, name + tag, [*extra, *own], after)
-            for tag, extra in finetunes(cfg)
-        ]
-
     scratch = [finetune_one("scratch", lambda: "none", "scratch" + tag, extra, ())
                for tag, extra in finetunes(cfg, pretrained=False)]  # fmt: skip
     jobs = [fewshot("random", lambda: "random"), *scratch]
@@ -128,7 +118,11 @@ def plan(cfg: StudyConfig, budget: StudyBudget, out: Path) -> list[Job]:
         ]))  # fmt: skip
         ckpt = lambda pre_dir=pre_dir: checkpoint_of(pre_dir)  # noqa: E731
         after = (pre_dir,)
-        jobs += [fewshot(v.name, ckpt, after), *finetune(v.name, ckpt, v.finetune, after)]
+        jobs.append(fewshot(v.name, ckpt, after))
+        # One fine-tune per recipe x label budget x seed (their overrides after the budget's,
+        # the variant's own `finetune` after theirs).
+        jobs += [finetune_one(v.name, ckpt, v.name + tag, [*extra, *v.finetune], after)
+                 for tag, extra in finetunes(cfg)]  # fmt: skip
         controls = set()  # self-training and the semi-supervised stage share theirs
         for st in self_trainings(cfg, v.finetune) if v.self_train else []:
             if st.online:

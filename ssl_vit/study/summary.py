@@ -88,6 +88,18 @@ def _by_stage(pretrain: float | None, fewshot: float | None, finetune: float | N
     return {stage.name: t for stage, t in zip(STAGES, (pretrain, fewshot, finetune), strict=True)}
 
 
+def _method_row(cfg: StudyConfig, encoder_row: dict, method: str, runs: dict[str, dict]) -> dict:
+    """`encoder_row` as the row "<variant> + <method>": the label-budget columns and fine-tuning
+    wall time of `runs` (its fine-tunes by run-name suffix)."""
+    walls = _total([r.get("wall_time_s") for r in runs.values()])
+    return {
+        **encoder_row,
+        "variant": f"{encoder_row['variant']} + {method}",
+        "finetune_by_labels": labels_columns(cfg, runs),
+        "wall_time_s": _by_stage(None, None, walls),
+    }
+
+
 def self_trained_rows(cfg: StudyConfig, encoder_row: dict, finetunes_dir: Path, name: str):
     """An encoder's rows of the fine-tunes on the unlabelled images too, after their shared
     equal-compute control's (the same fine-tunes without them): "self-trained" (offline),
@@ -102,13 +114,7 @@ def self_trained_rows(cfg: StudyConfig, encoder_row: dict, finetunes_dir: Path, 
     for method, mine, suffix in methods:
         runs = {st.teacher: read_results(finetunes_dir / (name + getattr(st, suffix)))
                 for st in mine}  # fmt: skip
-        rows.append({
-            **encoder_row,
-            "variant": f"{encoder_row['variant']} + {method}",
-            "finetune_by_labels": labels_columns(cfg, runs),
-            "wall_time_s": _by_stage(None, None, _total([r.get("wall_time_s")
-                                                        for r in runs.values()])),
-        })  # fmt: skip
+        rows.append(_method_row(cfg, encoder_row, method, runs))
     for row in rows[1:]:
         row["control"] = rows[0]["variant"]
     return rows
@@ -129,13 +135,7 @@ def picked_rows(cfg: StudyConfig, encoder_row: dict, finetunes_dir: Path, name: 
         tag = budget_of(b)[0]
         runs = {r + f"-n{b.budget}" + s: read_results(finetunes_dir / (name + r + tag + s))
                 for r in recipes for s in seeds}  # fmt: skip
-        row = {
-            **encoder_row,
-            "variant": f"{encoder_row['variant']} + {PICKED[b.select].format(n=b.budget)}",
-            "finetune_by_labels": labels_columns(cfg, runs),
-            "wall_time_s": _by_stage(None, None, _total([r.get("wall_time_s")
-                                                        for r in runs.values()])),
-        }  # fmt: skip
+        row = _method_row(cfg, encoder_row, PICKED[b.select].format(n=b.budget), runs)
         if b.select == "typiclust":
             row["control"] = f"{encoder_row['variant']} + {PICKED['random'].format(n=b.budget)}"
         rows.append(row)

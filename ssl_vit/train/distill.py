@@ -13,7 +13,8 @@ a strong view of the same image (`strong_augment`: RandAugment-style ops and era
 device, no second decode). An image below the threshold adds nothing; the mean is over all U
 images (FixMatch's normalisation), so the unlabelled term grows as the teacher grows confident.
 
-Shape legend: B labelled images, U unlabelled images, K classes.
+In both, labelled and unlabelled micro-batches share each step. Shape legend: B labelled
+images, U unlabelled images, K classes.
 """
 
 from __future__ import annotations

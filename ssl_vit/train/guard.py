@@ -164,12 +164,9 @@ class StopRequest:
 
     During the loop (`graceful`, the default) the handler only sets the flag: the loop finishes
     its step, then all ranks agree on the OR of their flags (one tiny all-reduce per step, on a
-    CPU gloo group so the GPU stream is never synchronized), write a checkpoint and exit 0.
-    After `finish_loop()` a signal raises `Preempted` where the job is. Further signals are the
-    same request (logged once), except a SIGINT more than `REPEAT_WINDOW_S` after the first
-    signal (a second Ctrl-C), which exits at once; a graceful stop still running `timeout_s`
-    after the signal, or still waiting for a batch `STOP_DATA_GRACE_S` after it, is cut short
-    (exit 1).
+    CPU gloo group so the GPU stream is never synchronized). After `finish_loop()` a signal
+    raises `Preempted` where the job is. Further signals and the stop's deadlines: the module
+    docstring.
     """
 
     def __init__(self, world_size: int, timeout_s: float = 300.0) -> None:

@@ -20,9 +20,12 @@ engine_pretrain.py write theirs):
 No trainer class, no callbacks: these are the parts a loop calls. The checkpoint's resume-state
 keys are defined here and nowhere else: per rank (`rng_rank*.pt`) the RNG states, each stream's
 position (`stream`, `stream_<name>`: `StreamTracker`) and "augment" (the resolved augmentation
-mode and the device augmentation's generator, `run_state`); in the training state (main
-process) each of the job's `parts` under its name (its `state_dict()`), and "scaler" (fp16's
-loss scale). Statistics stay on the device between log steps: no host sync inside a step.
+mode and the device augmentation's generator); in the training state (main process) each of
+the job's `parts` under its name (its `state_dict()`), and "scaler" (fp16's loss scale). Scaler
+and mode differ between machines (the scaler exists only with fp16 on CUDA; `data.augment:
+auto` resolves by device type), so a resume restores the scale and compares the mode: a run
+that resumed onto another augmentation would silently become another run. Statistics stay on
+the device between log steps: no host sync inside a step.
 """
 
 from __future__ import annotations
@@ -42,11 +45,10 @@ from ssl_vit.config import to_dict
 from ssl_vit.data import Batch
 from ssl_vit.data.stages import end_workers
 from ssl_vit.data.stream_state import StreamArgs
-from ssl_vit.errors import JobError
+from ssl_vit.errors import ConfigError, JobError
 from ssl_vit.jsonfile import read_json
 from ssl_vit.progress import progress_bar
 from ssl_vit.train import checkpoint as ckpt
-from ssl_vit.train import run_state
 from ssl_vit.train.guard import note_checkpoints
 from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics
 from ssl_vit.train.rng import rng_state, set_rng_state
@@ -127,8 +129,12 @@ class Resumed:
         model.load_state_dict(self.state.pop("model"))
         optimizer.load_state_dict(self.state.pop("optimizer"))
         set_rng_state(self.rng)
-        run_state.check_augment_mode(self.rng.get("augment"), augment, self.path)
-        run_state.load_scaler_state(run.acc, self.state.get("scaler"))
+        _check_augment_mode(self.rng.get("augment"), augment, self.path)
+        # fp16: continue at the saved loss scale, not at 2^16; a checkpoint without one (a bf16
+        # or fp32 run) leaves the scaler at its start.
+        scaler = getattr(run.acc, "scaler", None)
+        if scaler is not None and self.state.get("scaler"):
+            scaler.load_state_dict(self.state["scaler"])
         if augment is not None:
             augment.load_state_dict(self.rng.get("augment"))
         for key, part in (parts or {}).items():
@@ -137,6 +143,21 @@ class Resumed:
                     f"{self.path}: no {key!r} state to resume (the run was started without it)"
                 )
             part.load_state_dict(self.state[key])
+
+
+def _check_augment_mode(saved: dict[str, Any] | None, augment: Any, path: Any) -> None:
+    """One error line when this run's augmentation (`augment`: the device augmentation or
+    None) is not the checkpoint's: another augmentation is another run."""
+    # The mode the checkpoint records (older ones: None under workers, the generator state
+    # under device).
+    was = "workers" if saved is None else saved.get("mode", "device")
+    now = "workers" if augment is None else "device"
+    if was != now:
+        raise ConfigError(
+            f"data.augment: the run in {path} was trained with {was!r} augmentation, this "
+            f"job resolves it to {now!r} (data.augment=auto: device on CUDA, workers "
+            f"elsewhere); set data.augment={was} to continue it"
+        )
 
 
 def read_resume_point(run: RunContext, enabled: bool) -> Resumed:
@@ -518,6 +539,7 @@ class Checkpoints:
 
     def save(self, step: int, counters: dict[str, int], *streams: Batches) -> None:
         acc, cfg, t0 = self.run.acc, self.cfg, time.perf_counter()
+        scaler = getattr(acc, "scaler", None)
         state = {
             "model": self.raw.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -526,13 +548,13 @@ class Checkpoints:
             **self.record,
             **{k: p.state_dict() for k, p in self.parts.items()},
             "replica_checksums": replica_checksum(self.model, acc),  # raises if they diverged
-            "scaler": run_state.scaler_state(acc),  # fp16's loss scale (None without fp16)
+            # fp16's loss scale (None without fp16)
+            "scaler": None if scaler is None else scaler.state_dict(),
         }
-        rng = {
-            **rng_state(),
-            **{_stream_key(b.name): b.tracker.state_dict() for b in streams},
-            "augment": run_state.augment_state(self.augment),  # the resolved mode (+ generator)
-        }
+        rng = {**rng_state(), **{_stream_key(b.name): b.tracker.state_dict() for b in streams}}
+        rng["augment"] = {"mode": "workers"}  # the resolved mode (+ the device generator)
+        if self.augment is not None:
+            rng["augment"] = {"mode": "device", **self.augment.state_dict()}
         path = ckpt.save_checkpoint(
             self.run.ckpt_dir,
             step,

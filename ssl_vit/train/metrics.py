@@ -23,13 +23,11 @@ import torch
 
 from ssl_vit.atomic import read_jsonl, write_text, writing
 from ssl_vit.config.loader import flat_keys
-from ssl_vit.errors import ConfigError
 from ssl_vit.jsonfile import dump_json
 
 __all__ = [
     "MetricsWriter",
     "Stopwatch",
-    "check_trackers",
     "format_metrics",
     "ratio",
 ]
@@ -61,20 +59,6 @@ def ratio(a: float, b: float) -> float:
 
 
 PROJECT = "ssl-vit"  # wandb project / mlflow experiment (WANDB_PROJECT etc. still win)
-
-
-def check_trackers(names: Sequence[str]) -> None:
-    """Raise ImportError naming the package of a tracker that is not installed (at start-up,
-    not at the first log step), ValueError for a name Accelerate does not know."""
-    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
-
-    available = {str(t) for t in get_available_trackers()}
-    for name in names:
-        if name not in LOGGER_TYPE_TO_CLASS:
-            known = sorted(LOGGER_TYPE_TO_CLASS)
-            raise ConfigError(f"log_with: unknown tracker {name!r}, one of {known}")
-        if name not in available:
-            raise ImportError(f"log_with: {name} needs its package: pip install {name}")
 
 
 def _tracker_args(name: str, run_dir: Path, purge_step: int | None) -> tuple[list, dict]:
@@ -117,7 +101,6 @@ class MetricsWriter:
         self.config = config
         self.trackers: list | None = None  # opened at the first row, after `truncate_after`
         self._purge_step: int | None = None
-        check_trackers(self.log_with)  # fail at start-up rather than at the first log step
 
     def log(self, row: dict[str, Any]) -> dict[str, Any]:
         row = to_python(row)

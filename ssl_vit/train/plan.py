@@ -17,7 +17,7 @@ batch (no gradients) of that size fits too.
 
 Where the crop and flip run is resolved here too (`augment`: `data.augment`, auto by device;
 RandAugment keeps the workers'), with the square size the loaders then deliver (`load_size`):
-the checkpoint records the mode and a resume onto another is refused (`train.run_state`).
+the checkpoint records the mode and a resume onto another is refused (`train.loop`).
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """A run directory belongs to one job at a time and holds one run.
 
-- `runs.lock.lock_run_dir`: the job holds its run directory's lock for its life.
-- `claim_run_dir`: starting over a directory that holds a run needs `--resume` (continue it)
-  or `--overwrite` (its run files are removed first); two runs are never mixed in one directory.
-  With `--resume`, a config that changes the model's shape or the data stream's sample order
-  (`seed`, `data.shuffle_buffer`, `data.resampled`) is refused (one line naming the keys) and
-  every other changed key is logged as a warning.
-- The temporary files a killed job left beside its run files (`atomic.replacing`'s, e.g. a
-  predict's hidden predictions file with its PID) are removed once the directory is claimed
-  (locked: no other job is writing them).
-- `config.yaml` is written only once all of this passed, so a refused or failed start never
-  changes what a later `--resume` reads. A `--resume` into a run of another kind (pretraining,
-  fine-tuning, few-shot), or of another model shape than its newest checkpoint when config.yaml
-  is missing, is refused first.
-- No command writes into, replaces or removes what another job reads
-  (`runs.occupancy.check_not_source`, `occupant`).
+The job holds its run directory's lock for its life (`runs.lock.lock_run_dir`). Starting over
+a directory that holds a run needs `--resume` (continue it) or `--overwrite` (its run files are
+removed first): two runs are never mixed in one directory. A `--resume` that would continue
+another run (another kind, model shape or sample order: `check_resumed_config`) is refused in
+one line, any other changed key is a warning. Once the directory is claimed (locked: no other
+job is writing them), the temporary files a killed job left beside its run files are removed
+(`atomic.replacing`'s, e.g. a predict's hidden predictions file with its PID). `config.yaml` is
+written only once all of this passed, so a refused or failed start never changes what a later
+`--resume` reads. No command writes into, replaces or removes what another job reads
+(`runs.occupancy.check_not_source`, `occupant`).
 """
 
 from __future__ import annotations
@@ -68,8 +63,8 @@ def run_files(run_dir: Path) -> list[Path]:
 
 
 def check_resumed_config(run_dir: Path, cfg: Any, *, finished: bool = False) -> None:
-    """Refuse another kind of run or a changed shape on --resume; log every other changed
-    key. Without config.yaml, the shape is compared with the newest checkpoint's.
+    """Refuse another kind of run, a changed shape or sample order on --resume; log every
+    other changed key. Without config.yaml, the shape is compared with the newest checkpoint's.
 
     finished: the run has ended (`loop.finished_run`): `cfg` as loaded, so its keys left
     null (an init checkpoint's, never read for it) are not compared, and nothing is logged."""

@@ -37,7 +37,6 @@ __all__ = [
     "refuse_fsdp",
     "resolve_mixed_precision",
     "setup_logging",
-    "claim_on_main",
     "start_run",
 ]
 
@@ -58,14 +57,11 @@ def resolve_mixed_precision(setting: str) -> str:
         return setting
     if not torch.cuda.is_available():
         return "no"
-    return "bf16" if torch.cuda.get_device_capability(local_device_index()) >= (8, 0) else "no"
-
-
-def local_device_index() -> int:
-    """The CUDA device this process will use (Accelerate's: LOCAL_RANK), before it is set;
-    0 where each process sees one GPU (CUDA_VISIBLE_DEVICES per process)."""
+    # The device this process will use (Accelerate's: LOCAL_RANK), before it is set; 0 where
+    # each process sees one GPU (CUDA_VISIBLE_DEVICES per process).
     index = int(os.environ.get("LOCAL_RANK", "0"))
-    return index if index < torch.cuda.device_count() else 0
+    index = index if index < torch.cuda.device_count() else 0
+    return "bf16" if torch.cuda.get_device_capability(index) >= (8, 0) else "no"
 
 
 FSDP_REFUSED = (
@@ -179,26 +175,13 @@ def start_run(
         # loop runs plan.grad_accum micro-steps, and the Accelerator syncs after that many.
         acc.gradient_accumulation_steps = plan.grad_accum
     run_dir = Path(cfg.output_dir)
-    lock = claim_on_main(acc, run_dir, cfg, resume=resume, overwrite=overwrite, reads=reads)
+    # Claimed by the main process; every process learns whether it could (none starts if not).
+    lock = on_main(
+        acc, lambda: claim_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite, reads=reads)
+    )
     seed = cfg.seed if tc is None else seeds.process(cfg.seed, acc.process_index)
     set_seed(seed)  # Python, NumPy, torch (all devices)
     return RunContext(acc, plan, run_dir, run_dir / "checkpoints", lock)
-
-
-def claim_on_main(
-    acc: Accelerator,
-    run_dir: Path,
-    cfg: Any,
-    *,
-    resume: bool = False,
-    overwrite: bool = False,
-    reads: dict[str, str] | None = None,
-) -> RunLock | None:
-    """The main process claims the run directory (`claim_run_dir`); every process learns
-    whether it could (one broadcast: none starts when the main process refused)."""
-    return on_main(
-        acc, lambda: claim_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite, reads=reads)
-    )
 
 
 def replica_checksum(model: torch.nn.Module, acc: Accelerator) -> list[float]:

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -225,14 +225,10 @@ def make_shards(
     size go into index.json.
 
     `output` is written only if it is missing, empty or holds nothing but an earlier output of
-    make-shards: shards and index.json (`ssl_vit.data.write.writer.check_replaceable`), or with
-    `part` the part directories (`parts.check_new_part`); that earlier dataset, or part, is
-    replaced, whole, with `overwrite` only. Anything else is never copied nor replaced: such an
-    `output` is refused in one line before the source is opened (before any image is read
-    when it needs `overwrite`). So are an `output` (or part directory) that is a symbolic link,
-    more parts than the source has images, and a part that disagrees with the parts `output`
-    already holds (another source, split or conversion setting:
-    `ssl_vit.data.format.part_identity`). `workers` is capped at the CPUs available.
+    make-shards, replaced, whole, with `overwrite` only; anything else (`_target`) is refused in
+    one line before any image is read, as are more parts than the source has images and a part
+    that disagrees with the parts `output` already holds (`_part_fields`). `workers` is capped
+    at the CPUs available.
     """
     settings = StoreSettings(verify, max_size, quality, lossless)
     workers = cap_workers(workers)
@@ -247,9 +243,35 @@ def make_shards(
         fields = _part_fields(src, source, output, target, split, source_format, settings, part)
     order = _write_order(src, shuffle_seed, part)
     prepared = _prepared_in_order(src, order, settings, min(workers, max(1, len(order))))
-    job = _Job(source, output, target, src, settings, shuffle_seed, part, fields, overwrite)
+    items = progress_iter(prepared, len(order), desc="make-shards", unit="img", enabled=progress)
+    labelled = bool(src.label_names)
+    skipped, sizes = 0, []  # sizes: the original (width, height) of every written image
     try:
-        return _write_dataset(job, prepared, shard_size, len(order), progress)
+        with ShardWriter(target, shard_size) as writer:
+            for key, label, where, image in items:
+                if image.error is not None:
+                    skipped += 1
+                    log.warning("skipping %s: %s", where, image.error)
+                    continue
+                writer.write(key, image.ext, image.data, label if labelled else None)
+                sizes.append(image.size)
+            if skipped == len(order):
+                raise InputError(f"all {skipped} images in {source} failed verification")
+            extra: dict[str, Any] = {}
+            if part:
+                # The same part, or one that disagrees, written meanwhile by another job.
+                parts.check_new_part(output, *part, overwrite=overwrite)
+                parts.check_agrees_with_written(output, target, fields)
+                extra = {k: fields[k] for k in ("part", "source_samples", "conversion")}
+            if settings.max_size is not None:
+                extra["resize"] = _record_sizes(writer.shards, sizes, settings)
+            return writer.close(
+                label_names=src.label_names,
+                source=os.path.abspath(source),
+                num_skipped=skipped,
+                shuffle_seed=shuffle_seed,
+                **extra,
+            )
     except ChildProcessError as e:  # a dead worker: the staged shards were removed
         raise ChildProcessError(f"{e}; {target} is left as it was") from None
     finally:
@@ -311,55 +333,6 @@ def _part_fields(
     }
     parts.check_agrees_with_written(output, target, fields)
     return fields
-
-
-class _Job(NamedTuple):
-    """What `_write_dataset` needs to know of the make_shards call."""
-
-    source: str | os.PathLike
-    output: str | os.PathLike
-    target: str | os.PathLike
-    src: ImageSource
-    settings: StoreSettings
-    shuffle_seed: int | None
-    part: tuple[int, int] | None
-    fields: dict[str, Any]  # a part's identity (`_part_fields`); {} for a whole dataset
-    overwrite: bool  # a part may replace one already written
-
-
-def _write_dataset(
-    job: _Job, prepared: Iterator[_Item], shard_size: int, total: int, progress: bool
-) -> dict[str, Any]:
-    """Write the prepared images in order into `job.target`, log and count the bad ones; return
-    the index."""
-    items = progress_iter(prepared, total, desc="make-shards", unit="img", enabled=progress)
-    labelled = bool(job.src.label_names)
-    skipped, sizes = 0, []  # sizes: the original (width, height) of every written image
-    with ShardWriter(job.target, shard_size) as writer:
-        for key, label, where, image in items:
-            if image.error is not None:
-                skipped += 1
-                log.warning("skipping %s: %s", where, image.error)
-                continue
-            writer.write(key, image.ext, image.data, label if labelled else None)
-            sizes.append(image.size)
-        if skipped == total:
-            raise InputError(f"all {skipped} images in {job.source} failed verification")
-        extra: dict[str, Any] = {}
-        if job.part:
-            # The same part, or one that disagrees, written meanwhile by another job.
-            parts.check_new_part(job.output, *job.part, overwrite=job.overwrite)
-            parts.check_agrees_with_written(job.output, job.target, job.fields)
-            extra = {k: job.fields[k] for k in ("part", "source_samples", "conversion")}
-        if job.settings.max_size is not None:
-            extra["resize"] = _record_sizes(writer.shards, sizes, job.settings)
-        return writer.close(
-            label_names=job.src.label_names,
-            source=os.path.abspath(job.source),
-            num_skipped=skipped,
-            shuffle_seed=job.shuffle_seed,
-            **extra,
-        )
 
 
 def _record_sizes(

@@ -50,25 +50,19 @@ def _own(entry: os.DirEntry) -> bool:
     return isinstance(index, dict) and index.get("format") == SHARD_FORMAT
 
 
-def _others_in(folder: str | os.PathLike, most: int = 4) -> list[str]:
-    """The sorted names of what `folder` holds besides a shard dataset's own files (`_own`),
-    at most `most` of them and then "..."; [] for a missing or empty folder. Nothing is
-    opened but an index.json."""
-    if not os.path.isdir(folder):
-        return []
-    with os.scandir(folder) as entries:
-        names = sorted(e.name for e in entries if not _own(e))
-    return names[:most] + ["..."] * (len(names) > most)
-
-
 def check_replaceable(output: str | os.PathLike) -> None:
     """ValueError (one line) unless `output` is missing, empty or a shard dataset with nothing
     else in it: the new dataset is swapped in for the whole folder, so a file of anyone else
-    there (notes, a source folder, a run's files, a FIFO) would be lost or copied."""
-    others = _others_in(output)
+    there (notes, a source folder, a run's files, a FIFO) would be lost or copied. Nothing is
+    opened but an index.json."""
+    if not os.path.isdir(output):
+        return
+    with os.scandir(output) as entries:
+        others = sorted(e.name for e in entries if not _own(e))
     if others:
+        named = ", ".join(others[:4] + ["..."] * (len(others) > 4))
         raise InputError(
-            f"{output}: holds {', '.join(others)}, not a shard dataset's own files "
+            f"{output}: holds {named}, not a shard dataset's own files "
             "(shard-NNNNNN.tar, index.json): write the shards to a new or empty folder"
         )
 
@@ -78,11 +72,9 @@ class ShardWriter:
 
     Everything is written into a hidden sibling of `output` that replaces it only when `close()`
     has written the index (`ssl_vit.atomic.staged_dir`): a failed or killed run leaves an
-    existing dataset at `output` exactly as it was, never old and new shards mixed. Only a
-    folder of shards and index.json is replaced: an `output` holding anything else (a README)
-    is refused on creation, and again before the swap (`check_replaceable`), never copied.
-    Use as a context manager; `close(...)` finishes the last shard, writes the index and puts
-    the dataset in place. An `output` that is a symbolic link is refused (`check_output`).
+    existing dataset at `output` exactly as it was, never old and new shards mixed. `output` is
+    checked on creation (`check_output`, `check_replaceable`), the latter again before the swap.
+    Use as a context manager, ending with `close(...)`.
     """
 
     def __init__(self, output: str | os.PathLike, shard_size: int = 10000) -> None:
