@@ -103,7 +103,7 @@ SELECT = Job(
     # no other job's --overwrite removes these.
     # features.index.npz: what a later round needs to reuse features.npy (select_features).
     writes=(*_TRACKED[:3], "features.index.npz", "selection.jsonl", "features.npy", "to-label"),
-    reads=("checkpoint", "source"),
+    reads=("checkpoint", "source"), marker="budget", title="select",
 )
 STUDY = Job(
     "study", "pretrain -> few-shot -> fine-tune per variant, and the random-init rows",
@@ -122,10 +122,10 @@ STAGES = (PRETRAIN, FEWSHOT, FINETUNE)  # a study's jobs, in a variant's order
 # output_dir never loses unrelated files.
 RUN_FILES = tuple(dict.fromkeys(p for job in ALL if job.rundir for p in job.writes))
 # Checked in this order: pretraining's config has `fewshot` too, the few-shot job's `init` too.
-_RECOGNISED = (PREDICT, PRETRAIN, FEWSHOT, FINETUNE)
+_RECOGNISED = (PREDICT, SELECT, PRETRAIN, FEWSHOT, FINETUNE)
 
 
 def by_config(config: dict) -> Job | None:
     """The job a config (a dict, e.g. a read config.yaml) is for: the first of `_RECOGNISED`
-    whose `marker` key it has; None for another (select's, a study's) or none."""
+    whose `marker` key it has; None for another (a study's) or none."""
     return next((job for job in _RECOGNISED if job.marker in config), None)

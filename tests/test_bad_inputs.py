@@ -3,6 +3,7 @@ RGB, one pixel limit everywhere, class names compared before compute, bad labels
 counted and skipped, every numeric config key range-checked, malformed YAML / study files /
 shards named in one `error:` line."""
 
+import dataclasses
 import gzip
 import io
 import math
@@ -326,6 +327,28 @@ def test_self_training_reads_every_unlabelled_image_of_a_folder(tmp_path):
     batch = next(iter(train_loader(data, StreamArgs(5, 0, 16), source=str(folder))))
     reds = sorted(round(float(r) / 50) for r in batch.images[:, 0].float().mean(dim=(1, 2)))
     assert reds == [0, 1, 2, 3, 4] and batch.skipped == 0  # one epoch: each image once
+
+
+def test_a_folder_smaller_than_the_batch_gets_fewer_lanes(tmp_path):
+    """A label budget's few images (12) under a micro-batch of 32: auto lanes stop at one per
+    image (8, the largest divisor of 32 up to 12), and the first micro-batch holds every image;
+    more lanes than images, asked for, is one line naming the fix."""
+    from ssl_vit.config.schema import FinetuneDataConfig
+    from ssl_vit.data import StreamArgs, train_loader
+
+    folder = tmp_path / "to-label"
+    for i in range(12):
+        (folder / "ab"[i % 2]).mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (16, 16), (20 * i, 9, 9)).save(folder / "ab"[i % 2] / f"{i}.png")
+    data = FinetuneDataConfig(train=str(folder), shuffle_buffer=1)
+    loader = train_loader(data, StreamArgs(32, 0, 16), num_classes=2)
+    assert loader.tracker.lanes == 8
+    batch = next(iter(loader))
+    reds = [round(float(r) / 20) for r in batch.images[:, 0].float().mean(dim=(1, 2))]
+    # Each lane reads all of its share of the first epoch (1 or 2 images) within its 4.
+    assert len(reds) == 32 and set(reds) == set(range(12))
+    with pytest.raises(ConfigError, match=r"12 samples < 16 lanes .*set data.lanes to at most 12"):
+        train_loader(dataclasses.replace(data, lanes=16), StreamArgs(32, 0, 16), num_classes=2)
 
 
 # Each bad value and the start of its one-line error; every numeric key is range-checked.

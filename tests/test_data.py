@@ -703,6 +703,10 @@ def test_folder_source_labels_modes_keep_or_name_the_root_images(tmp_path, caplo
         required = FolderSource(tmp_path)
     assert required.files == classes and required.labels().tolist() == [0, 0, 1]
     assert "leaving out 2 images outside its class folders (no class: a.jpg, b.png)" in caplog.text
+    caplog.clear()  # opened again (a training stream does on every visit): not named again
+    with caplog.at_level(logging.WARNING, logger="ssl_vit.data.sources"):
+        assert FolderSource(tmp_path).files == classes
+    assert "leaving out" not in caplog.text
     optional = FolderSource(tmp_path, "optional")
     assert optional.files == classes + ["a.jpg", "b.png"]
     assert optional.labels().tolist() == [0, 0, 1, -1, -1]

@@ -383,3 +383,45 @@ def test_resume_of_a_finished_fine_tune_changes_nothing(ft_runs, name, tmp_path,
     argv = [*argv, f"output_dir={run}"]  # (the last value of a key wins)
     res = _resume_finished(pipeline("finetune"), argv, run, capsys)
     assert res["train_loss"] is not None and ("distill" in res) == (name == "st")
+
+
+def _selection_folder(folder: Path) -> None:
+    """What `ssl-vit select` leaves (eval/select_output.py), with a label the user sorted."""
+    from ssl_vit.config.loader import save_config
+    from ssl_vit.config.select import SelectConfig
+
+    folder.mkdir()
+    cfg = SelectConfig(checkpoint="runs/x", source="images", output_dir=str(folder), budget=2)
+    save_config(cfg, folder / "config.yaml")
+    (folder / "selection.jsonl").write_text('{"rank": 1, "key": "a"}\n{"rank": 2, "key": "b"}\n')
+    (folder / "metrics.jsonl").write_text('{"picked": 2}\n')
+    (folder / "results.json").write_text('{"budget": 2}\n')
+    (folder / "to-label" / "cat").mkdir(parents=True)
+    (folder / "to-label" / "cat" / "0001-a.png").write_bytes(b"sorted by the user")
+
+
+def test_a_selection_is_never_resumed_or_overwritten_by_a_run(synthetic_shards, tmp_path, capsys):
+    """A select folder holds the user's labelling (to-label/) and the picks a next round
+    extends: --resume, --overwrite or neither of a training job all leave it as it was."""
+    picks = tmp_path / "picks"
+    _selection_folder(picks)
+    before = _snapshot(picks)
+    for flags in (["--resume"], ["--overwrite"], []):
+        argv = pretrain_args(synthetic_shards, picks, "train.steps=1", *flags)
+        line = _refused(pipeline("pretrain"), argv, capsys)
+        assert f"output_dir='{picks}': holds a select run" in line, line
+        assert "another output_dir" in line, line
+        assert _snapshot(picks) == before
+
+
+def test_another_jobs_run_is_not_offered_to_resume(synthetic_shards, tmp_path, capsys):
+    """A fine-tune's run directory given to pretraining: the line names its kind and offers
+    --overwrite or another folder, never --resume (which refuses another kind of run)."""
+    fine = tmp_path / "fine"
+    fine.mkdir()
+    (fine / "config.yaml").write_text(yaml.safe_dump({"init": {"checkpoint": "none"}}))
+    (fine / "results.json").write_text("{}\n")
+    line = _refused(pipeline("pretrain"), pretrain_args(synthetic_shards, fine), capsys)
+    assert "holds a fine-tuning run (config.yaml, results.json)" in line, line
+    assert "--overwrite" in line and "another output_dir" in line and "--resume" not in line
+    assert (fine / "results.json").read_text() == "{}\n"

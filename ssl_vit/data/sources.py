@@ -77,6 +77,9 @@ def _images_under(folder: Path) -> list[str]:
 LABELS = ("required", "optional", "ignored")  # FolderSource's `labels`
 
 
+_LEFT_OUT: set[str] = set()  # the folders whose images outside class folders were named
+
+
 class FolderSource(ImageSource):
     """Images in `root/<class>/**` (labels = sorted class names, a class folder any sub-folder
     with images) and directly in `root`. `labels` says what a labelled folder (one with class
@@ -103,11 +106,13 @@ class FolderSource(ImageSource):
         classes = [c for c in classes if per_class[c]]
         top = sorted(e.name for e in os.scandir(root) if e.is_file() and _is_image(e.name))
         if classes and top and labels == "required":
-            more = f", ... ({len(top) - 5} more)" if len(top) > 5 else ""
-            log.warning(
-                "%s: leaving out %d images outside its class folders (no class: %s%s)",
-                root, len(top), ", ".join(top[:5]), more,
-            )  # fmt: skip
+            if str(self.root) not in _LEFT_OUT:  # once: a training stream opens it every visit
+                _LEFT_OUT.add(str(self.root))
+                more = f", ... ({len(top) - 5} more)" if len(top) > 5 else ""
+                log.warning(
+                    "%s: leaving out %d images outside its class folders (no class: %s%s)",
+                    root, len(top), ", ".join(top[:5]), more,
+                )  # fmt: skip
             top = []
         elif classes and top and labels == "optional":
             log.info("%s: %d images outside its class folders have no label", root, len(top))

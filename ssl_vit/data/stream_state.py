@@ -76,9 +76,10 @@ def resolve_lanes(
     micro-batch (each lane gives global_micro / lanes samples) and the processes (each takes
     lanes / world_size whole lanes). Auto: the saved count when resuming, otherwise the largest
     divisor of the micro-batch up to 64 and up to `shards` (> 0: a lane per shard at most, so
-    that no shard is read by several lanes). Never the number of processes or workers: the
-    sample order depends on the lanes. `paired` (mixup / cutmix pair images within a lane's
-    share, `BatchMixer`): the share must be even (the micro-batch is: `train.plan`)."""
+    that no shard is read by several lanes; an indexed source's samples count here). Never the
+    number of processes or workers: the sample order depends on the lanes. `paired` (mixup /
+    cutmix pair images within a lane's share, `BatchMixer`): the share must be even (the
+    micro-batch is: `train.plan`)."""
     cap = min(MAX_AUTO_LANES, shards) if shards else MAX_AUTO_LANES
     n = global_micro // 2 if paired else global_micro
     lanes = requested or saved or max(d for d in range(1, min(n, cap) + 1) if n % d == 0)

@@ -208,10 +208,15 @@ def _build(
     to be continued, `key`: the config key naming the data; `records` > 0: the samples of an
     indexed source (at least one per lane)."""
     s = stream
-    shards = len(fields.get("urls", ()))
-    lanes, start, tracker = start_stream(s, data.lanes, identity, key, shards, paired)
+    # Auto lanes: at most one per shard, or per sample of an indexed source (a label budget's
+    # few images), so that every lane has something to read.
+    cap = len(fields.get("urls", ())) or records
+    lanes, start, tracker = start_stream(s, data.lanes, identity, key, cap, paired)
     if records and records < lanes:
-        raise ConfigError(f"{fields['spec']}: {records} samples < {lanes} lanes (data.lanes)")
+        raise ConfigError(
+            f"{fields['spec']}: {records} samples < {lanes} lanes (data.lanes); set data.lanes "
+            f"to at most {records}, a divisor of the global micro-batch {s.global_micro}"
+        )
     workers, per_rank = s.num_workers, lanes // s.world_size
     if workers > per_rank:
         log.info("data: %d lanes per process, so %d loader workers", per_rank, per_rank)

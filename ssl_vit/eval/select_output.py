@@ -54,10 +54,6 @@ SELECTION, FEATURES, TO_LABEL = _WRITES[-3:]  # selection.jsonl, features.npy, t
 _ROW_KEYS = ("rank", "key", "round")  # what a round reads back of an earlier row
 
 
-def _is_selection(config: Any) -> bool:
-    return isinstance(config, dict) and {"budget", "method", "source", "checkpoint"} <= set(config)
-
-
 def check_output(out: Path, overwrite: bool, reads: dict[str, str]) -> list[dict[str, Any]]:
     """The earlier picks to keep (rows of `out`'s selection.jsonl; [] for a new selection or
     with `overwrite`). ConfigError: `out` holds another job's run, a checkpoint or a dataset,
@@ -66,8 +62,8 @@ def check_output(out: Path, overwrite: bool, reads: dict[str, str]) -> list[dict
     one of `reads` (the checkpoint, the source)."""
     config = out / "config.yaml"
     saved = read_yaml_file(config) if config.is_file() else None  # bounded: any folder's file
-    if not _is_selection(saved):
-        job = jobs.by_config(saved) if isinstance(saved, dict) else None
+    job = jobs.by_config(saved) if isinstance(saved, dict) else None
+    if job is not jobs.SELECT:
         what = f"holds a {job.title} run" if job else occupant(out)
         ours = [n for n in _WRITES if (out / n).exists()]  # never replaced unless select's
         if what is None and ours:

@@ -143,7 +143,7 @@ def _load(path: Path, results: Results) -> Run:
         raise InputError(f"{path}: no config.yaml, not an ssl-vit run directory")
     config = _config(path)
     job = by_config(config)  # a predict job's config.yaml (`top_k`) too, before results
-    if job is None:
+    if job is None or not job.rundir:  # (a selection: no figures of a trained model)
         raise InputError(f"{cfg_file}: not a pretrain, fine-tune, few-shot or predict config")
     return Run(path, job, config, _rows(path), results)
 

@@ -152,18 +152,40 @@ def claim_run_dir(
 
 def _apply_policy(run_dir: Path, cfg: Any, resume: bool, overwrite: bool) -> None:
     existing = run_files(run_dir)
+    saved = _saved_job(run_dir) if existing else None
+    if saved is not None and not saved.rundir:
+        # A selection's folder (its picks, to-label/ with the user's labels): no run job's
+        # --resume or --overwrite may write over its records.
+        raise ConfigError(
+            f"output_dir={str(run_dir)!r}: holds a {saved.title} run (its picks, to-label/); "
+            "start this job in another output_dir"
+        )
+    other = saved is not None and saved is not jobs.by_config(to_dict(cfg))
+    what = f"{saved.title} run" if other else "run"
     if existing and overwrite:
-        log.warning("--overwrite: removing the earlier run's files in %s", run_dir)
+        kind = f"{saved.title} run" if saved is not None else "run"
+        log.warning("--overwrite: removing the earlier %s's files in %s", kind, run_dir)
         for p in existing:
             _remove(p)
     elif existing and not resume:
         names = ", ".join(p.name for p in existing[:4]) + (", ..." if len(existing) > 4 else "")
-        raise ConfigError(
-            f"output_dir={str(run_dir)!r}: holds a run ({names}); pass --resume to continue "
-            "it or --overwrite to replace it"
-        )
+        if other:  # another job's run: this one cannot continue it (check_resumed_config)
+            hint = "pass --overwrite to replace it, or start this job in another output_dir"
+        else:
+            hint = "pass --resume to continue it or --overwrite to replace it"
+        raise ConfigError(f"output_dir={str(run_dir)!r}: holds a {what} ({names}); {hint}")
     elif resume:
         check_resumed_config(run_dir, cfg)
+
+
+def _saved_job(run_dir: Path) -> jobs.Job | None:
+    """The job of the run `run_dir`'s config.yaml records; None without a readable one
+    (--resume then refuses what it cannot read: `check_resumed_config`)."""
+    try:
+        saved = read_yaml_file(run_dir / "config.yaml")
+    except (OSError, ConfigError):
+        return None
+    return jobs.by_config(saved) if isinstance(saved, dict) else None
 
 
 def _remove(path: Path) -> None:
