@@ -1,12 +1,25 @@
 """Shared fixtures and helpers."""
 
 import importlib.util
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from ssl_vit.datasets.synthetic import make_synthetic_shards
+
+
+@pytest.fixture(autouse=True)
+def _no_stream_handler_outlives_its_test():
+    """A job run in the test's process sets up logging as a process of its own would
+    (`runtime.setup_logging`: a handler on the sys.stderr of then, pytest's capture, closed
+    once the test ends); a later `ssl-vit` command's `basicConfig` would keep that handler and
+    print "Logging error" tracebacks. pytest's own handlers are subclasses: left alone."""
+    yield
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if type(h) is logging.StreamHandler]:
+        root.removeHandler(handler)
 
 ROOT = Path(__file__).resolve().parents[1]
 

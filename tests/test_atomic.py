@@ -83,3 +83,20 @@ def test_pid_named_temp_is_a_sibling(tmp_path):
         assert tmp.parent == tmp_path and str(os.getpid()) in tmp.name
         tmp.write_bytes(b"x")
     assert (tmp_path / "model.safetensors").read_bytes() == b"x"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_weights_files_get_the_mode_of_every_other_file(tmp_path, umask):
+    """safetensors writes its files 0600: a model, checkpoint or export a group can read
+    except for its weights. They get what `open` gives any other file (0666 less the umask)."""
+    from ssl_vit.train.checkpoint import save_weights
+
+    old = os.umask(umask)
+    try:
+        with replacing(tmp_path / "model.safetensors") as tmp:
+            save_weights({"w": torch.ones(2)}, tmp, {})
+        write_text(tmp_path / "labels.json", "[]\n")
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+    assert modes == {"model.safetensors": 0o666 & ~umask, "labels.json": 0o666 & ~umask}

@@ -70,6 +70,11 @@ def save_weights(
     """Tensors as one safetensors file (detached, contiguous, on the CPU), string metadata."""
     cpu = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     save_file(cpu, str(path), metadata=metadata)
+    # safetensors creates its files 0600: give the file the mode every other file of a run or
+    # an export gets (0666 less the umask), so that a group that reads them reads it too.
+    umask = os.umask(0o022)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def save_encoder(
