@@ -180,9 +180,12 @@ class _IndexedTrainStream(_LaneStream):
 
     spec: str = ""
     labels: str = "required"  # an image folder's class folders (`FolderSource`)
+    _source: Any = field(default=None, init=False, repr=False)
 
     def _visit(self, lane: int, v: int, stats: Stats) -> Iterator[tuple[Sample, SampleId]]:
-        source = open_source(self.spec, labels=self.labels)  # per worker: pickles as a path
+        if self._source is None:  # opened once in each worker, not at every lane's visit
+            self._source = open_source(self.spec, labels=self.labels)  # pickles as a path
+        source = self._source
         perm = np.random.default_rng(seeds.derive(self.seed, seeds.EPOCH, v)).permutation
         for i in perm(len(source))[lane :: self.lanes].tolist():  # (not iter_records: sorted)
             yield stages.record_sample(source, source[i], self.require_labels), (v, i)
