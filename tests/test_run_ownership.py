@@ -425,3 +425,30 @@ def test_another_jobs_run_is_not_offered_to_resume(synthetic_shards, tmp_path, c
     assert "holds a fine-tuning run (config.yaml, results.json)" in line, line
     assert "--overwrite" in line and "another output_dir" in line and "--resume" not in line
     assert (fine / "results.json").read_text() == "{}\n"
+
+
+def test_a_run_is_never_written_into_a_dataset(synthetic_shards, tmp_path, capsys):
+    """A shard dataset as output_dir, or a folder inside a folder source: refused with or
+    without --resume / --overwrite, nothing written (a run's files in an image folder would
+    be read back as a class of it)."""
+    from PIL import Image
+
+    before = _snapshot(synthetic_shards)
+    for flags in ([], ["--resume"], ["--overwrite"]):
+        argv = pretrain_args(synthetic_shards, synthetic_shards, "train.steps=1", *flags)
+        line = _refused(pipeline("pretrain"), argv, capsys)
+        assert f"output_dir='{synthetic_shards}': holds a shard dataset" in line, line
+        assert _snapshot(synthetic_shards) == before
+    photos = tmp_path / "photos"
+    for k, cls in enumerate(("cat", "dog")):
+        (photos / cls).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (16, 16), (90 * k, 40 * i, 9)).save(photos / cls / f"{i}.png")
+    before = _snapshot(photos)
+    for flags in ([], ["--resume"], ["--overwrite"]):
+        argv = finetune_args(photos, photos / "run", "train.steps=1", *flags)
+        line = _refused(pipeline("finetune"), argv, capsys)
+        assert f"output_dir='{photos / 'run'}': is inside data.train='{photos}'" in line, line
+        assert _snapshot(photos) == before and not (photos / "run").exists()
+    # Beside the data, or in a folder that holds it, a run starts as before.
+    assert pipeline("finetune")(finetune_args(photos, tmp_path / "run", "train.steps=1"))

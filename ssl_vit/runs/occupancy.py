@@ -23,6 +23,7 @@ __all__ = [
     "MANIFEST",
     "STATE_FILE",
     "check_not_source",
+    "holds_data",
     "is_checkpoint",
     "is_run_dir",
     "occupant",
@@ -52,14 +53,18 @@ def is_run_dir(folder: str | Path) -> bool:
     return has_run or lock_held(folder)
 
 
-def _holds(folder: Path) -> str | None:
-    if is_run_dir(folder):
-        return "a run directory"
+def holds_data(folder: Path) -> str | None:
+    """What `folder` holds that no job's files may be written beside: a training checkpoint
+    or a shard dataset (None: neither)."""
     if is_checkpoint(folder):
         return "a training checkpoint"
     if (folder / INDEX_NAME).is_file() or any(folder.glob("shard-*.tar")):
         return "a shard dataset"
     return None
+
+
+def _holds(folder: Path) -> str | None:
+    return "a run directory" if is_run_dir(folder) else holds_data(folder)
 
 
 def occupant(target: str | Path) -> str | None:
@@ -120,10 +125,16 @@ def _local_path(spec: str) -> Path | None:
     return path.parent.resolve() if head != spec and path.parent.is_dir() else None
 
 
-def check_not_source(key: str, target: str | Path, sources: dict[str, str]) -> None:
-    """ConfigError unless `target` (a directory to be replaced) is apart from every source
-    {key: path}: not one of them, not holding one, not inside one; a checkpoint counts as its
-    whole run directory."""
+def check_not_source(
+    key: str, target: str | Path, sources: dict[str, str], *, replace: bool = True
+) -> None:
+    """ConfigError unless `target` is apart from every source {key: path}.
+
+    replace (an --overwrite: `target` is emptied first): not one of them, not holding one, not
+    inside one; a checkpoint counts as its whole run directory. Otherwise (a job's files are
+    added to `target`): not a data source nor inside one, whose readers would take the files
+    for its own (a folder of images: a new class); a run directory a source lies in is left
+    to the run rules (`train.rundir`)."""
     t = Path(target).expanduser().resolve()
     for name, spec in sources.items():
         local = _local_path(str(spec)) if spec else None
@@ -138,8 +149,11 @@ def check_not_source(key: str, target: str | Path, sources: dict[str, str]) -> N
             how = "is inside"
         else:
             continue
+        if not replace and (how == "contains" or is_run_dir(root)):
+            continue
         what = f"{name}={str(spec)!r}" + (f" (its run {root})" if root != local else "")
+        harm = "--overwrite would destroy it" if replace else "the run's files would mix with it"
         raise ConfigError(
-            f"{key}={str(target)!r}: {how} {what}, which this job reads; --overwrite would "
-            "destroy it: pick another directory"
+            f"{key}={str(target)!r}: {how} {what}, which this job reads; {harm}: pick another "
+            "directory"
         )

@@ -7,6 +7,7 @@ check raises `ConfigError` with one line naming the config key and its value.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import math
 import os
 import re
@@ -123,12 +124,17 @@ def check_labelled_source(key: str, spec: str) -> list[str]:
 
 
 def check_writable(key: str, path: str | Path) -> None:
-    """`path` (created if missing) accepts new files."""
+    """`path` accepts new files, or can be made where it is missing: its nearest existing
+    folder accepts them (nothing is created: the run directory's claim makes it, once every
+    check has passed)."""
     if not str(path).strip():  # Path("") is the current directory
         raise ConfigError(f"{key}: empty; name a directory")
+    path = Path(path).expanduser()
+    folder = next(p for p in (path, *path.parents) if p.exists())  # "." at the latest
     try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write_test_"):
+        if not folder.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, f"{folder} is not a directory")
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write_test_"):
             pass
     except OSError as e:
         raise ConfigError(f"{key}={str(path)!r}: not writable ({e.strerror or e})") from None

@@ -8,8 +8,8 @@ one line, any other changed key is a warning. Once the directory is claimed (loc
 job is writing them), the temporary files a killed job left beside its run files are removed
 (`atomic.replacing`'s, e.g. a predict's hidden predictions file with its PID). `config.yaml` is
 written only once all of this passed, so a refused or failed start never changes what a later
-`--resume` reads. No command writes into, replaces or removes what another job reads
-(`runs.occupancy.check_not_source`, `occupant`).
+`--resume` reads. No command writes into, replaces or removes what another job reads, nor
+writes a run into a dataset or a checkpoint (`runs.occupancy.check_not_source`, `holds_data`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ssl_vit.config.schema import SHAPE_KEYS
 from ssl_vit.data.stream_state import check_same_stream
 from ssl_vit.jsonfile import parse_json
 from ssl_vit.runs.lock import RunLock, lock_run_dir
-from ssl_vit.runs.occupancy import check_not_source, read_paths
+from ssl_vit.runs.occupancy import check_not_source, holds_data, read_paths
 from ssl_vit.train.checkpoint import ENCODER_FILE, checkpoint_dirs
 from ssl_vit.train.weights_file import read_header
 
@@ -135,9 +135,12 @@ def claim_run_dir(
     run_dir = Path(run_dir)
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite: pick one (continue the run, or replace it)")
-    if overwrite:
-        # `reads` first: a flag the user typed (--checkpoint) is named before its config key.
-        check_not_source("output_dir", run_dir, {**(reads or {}), **read_paths(cfg)})
+    if (what := holds_data(run_dir)) is not None:
+        raise ConfigError(
+            f"output_dir={str(run_dir)!r}: holds {what}; start this job in a folder of its own"
+        )
+    # `reads` first: a flag the user typed (--checkpoint) is named before its config key.
+    check_not_source("output_dir", run_dir, {**(reads or {}), **read_paths(cfg)}, replace=overwrite)
     lock = lock_run_dir(run_dir)
     try:
         _apply_policy(run_dir, cfg, resume, overwrite)
