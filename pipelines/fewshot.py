@@ -16,6 +16,8 @@ import logging
 import time
 from typing import Any, NamedTuple
 
+from ssl_vit import jobs
+from ssl_vit.cli import job_parser
 from ssl_vit.config import FewshotConfig, load_config, to_dict
 from ssl_vit.config.flags import flag_overrides
 from ssl_vit.config.frozen import freeze
@@ -31,7 +33,7 @@ log = logging.getLogger("fewshot")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = job_parser(jobs.FEWSHOT, __doc__)
     p.add_argument(
         "--checkpoint",
         required=True,

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ssl_vit import jobs
 from ssl_vit.atomic import write_text
 from ssl_vit.cli import training_args
 from ssl_vit.config import FinetuneConfig, load_config, to_dict
@@ -81,7 +82,7 @@ SHOWN = (
 
 
 def parse_args(argv: list[str] | None) -> Namespace:
-    return training_args(__doc__, "configs/finetune/", argv)
+    return training_args(jobs.FINETUNE, __doc__, argv)
 
 
 class Checked(NamedTuple):
@@ -196,7 +197,9 @@ def main(argv: list[str] | None = None) -> dict:
     train_step = TrainStep(
         model, optimizer, forward, tc.grad_clip, acc, compile=c.enabled, compile_mode=c.mode
     )
-    ckpts = Checkpoints(run, cfg, model, optimizer, augment, parts, {"label_names": label_names})
+    started = start.started(t_start)  # a resumed run's: its first process's start
+    record = {"label_names": label_names}
+    ckpts = Checkpoints(run, cfg, model, optimizer, augment, parts, record, started=started)
 
     # --- Data: the labelled stream (and the unlabelled one beside it) ------------------------
     loader = train_loader(
@@ -289,7 +292,7 @@ def main(argv: list[str] | None = None) -> dict:
             results.update(confusion_matrix=summary["confusion_matrix"])
         if selftrain is not None:
             results["distill"] = distill_results(cfg, job.teacher, start.counters, row)
-        results["wall_time_s"] = time.time() - t_start
+        results["wall_time_s"] = time.time() - started
         if acc.is_main_process:  # the averaged weights when there are any (what top1_ema scored)
             save_final(ema.module if ema is not None else raw, cfg, label_names)
         log.info("done: %s", format_metrics(results, ("top1", "top1_ema", "wall_time_s")))

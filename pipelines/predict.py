@@ -25,6 +25,7 @@ import torch
 
 from ssl_vit import jobs
 from ssl_vit.atomic import clean_temporary
+from ssl_vit.cli import job_parser
 from ssl_vit.config import ConfigError, load_config, to_dict
 from ssl_vit.config.checks import auto_num_workers
 from ssl_vit.config.flags import flag_overrides, given_flags
@@ -56,7 +57,7 @@ FLAGS = {  # command-line flag -> config key
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = job_parser(jobs.PREDICT, __doc__)
     p.add_argument("--checkpoint", help="fine-tuning run directory or its model.safetensors")
     p.add_argument("--source", help="image folder, shards, brace pattern or HF dataset")
     p.add_argument("--output", help="directory for predictions.jsonl and results.json")

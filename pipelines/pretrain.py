@@ -19,6 +19,7 @@ from argparse import Namespace
 
 import torch
 
+from ssl_vit import jobs
 from ssl_vit.cli import training_args
 from ssl_vit.config import PretrainConfig, load_config
 from ssl_vit.data import pretrain_loader
@@ -56,7 +57,7 @@ RESULT_KEYS = (
 
 
 def parse_args(argv: list[str] | None) -> Namespace:
-    return training_args(__doc__, "configs/pretrain/", argv)
+    return training_args(jobs.PRETRAIN, __doc__, argv)
 
 
 def check(cfg: PretrainConfig) -> list[str]:
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
     # Micro-batch u's corruption: this rank's slice of the global micro-batch's draws (seed, u).
     draws = CorruptionDraws(cfg.seed, encoder.num_patches, plan.rank, plan.global_micro, acc.device)
-    ckpts = Checkpoints(run, cfg, model, optimizer, augment, parts)
+    started = start.started(t_start)  # a resumed run's: its first process's start
+    ckpts = Checkpoints(run, cfg, model, optimizer, augment, parts, started=started)
     fewshot_every = cfg.fewshot.every if cfg.fewshot.train else 0
 
     # --- Data: every rank streams its own shards (never dispatched from rank 0) -------------
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         # --- Final: the last row, the few-shot evaluation, results.json ---------------------
         meter.log(row)
-        results = final_results(cfg, run, row, time.time() - t_start)
+        results = final_results(cfg, run, row, time.time() - started)
         if cfg.fewshot.train:
             results["fewshot"] = fewshot(cfg, encoder, acc, meter.metrics, tc.steps, model)
         log.info("done: %s", format_metrics(results, ("loss", "color_acc", "wall_time_s")))

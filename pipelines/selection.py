@@ -27,6 +27,8 @@ from pathlib import Path
 
 from accelerate import Accelerator
 
+from ssl_vit import jobs
+from ssl_vit.cli import job_parser
 from ssl_vit.config import ConfigError, SelectConfig, load_config, to_dict
 from ssl_vit.config.checks import auto_num_workers
 from ssl_vit.config.flags import flag_overrides, given_flags
@@ -72,7 +74,7 @@ FLAGS = {  # command-line flag -> config key
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = job_parser(jobs.SELECT, __doc__)
     p.add_argument("--checkpoint", help="pretraining run directory or checkpoint (its encoder)")
     p.add_argument("--source", help="the unlabelled images: folder, shards, HF dataset")
     p.add_argument("--budget", type=int, help="images to pick in all (earlier rounds' included)")

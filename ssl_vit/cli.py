@@ -21,8 +21,9 @@ from types import ModuleType
 from ssl_vit import jobs
 from ssl_vit.cli_data import add_make_shards, add_make_synthetic
 from ssl_vit.errors import ConfigError, UserError
+from ssl_vit.progress import LOG_LINE
 
-__all__ = ["JOBS", "build_parser", "entry", "main", "training_args"]
+__all__ = ["JOBS", "build_parser", "entry", "job_parser", "main", "training_args"]
 
 
 # Sub-commands import their modules when run, so that `ssl-vit --help` does not load torch.
@@ -127,11 +128,20 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 JOBS = jobs.PIPELINES  # `ssl-vit <name>`: the job's pipeline parses its own arguments
 
 
-def training_args(doc: str, configs: str, argv: list[str] | None) -> argparse.Namespace:
-    """The command line of a training job (pretrain, finetune): `doc` is its --help text,
-    `configs` the folder of its shipped configs."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--config", help=f"YAML config (see {configs})")
+def job_parser(job: jobs.Job, doc: str) -> argparse.ArgumentParser:
+    """The command line of `job`'s pipeline, `doc` its --help text. Its usage line names the
+    command it was started as: a script by its name (`python pipelines/pretrain.py`,
+    `accelerate launch -m ...`), else `ssl-vit <job>`."""
+    prog = None if sys.argv[0].endswith(".py") else f"ssl-vit {job.name}"
+    return argparse.ArgumentParser(
+        prog=prog, description=doc, formatter_class=argparse.RawTextHelpFormatter
+    )
+
+
+def training_args(job: jobs.Job, doc: str, argv: list[str] | None) -> argparse.Namespace:
+    """The command line of a training job (pretrain, finetune)."""
+    p = job_parser(job, doc)
+    p.add_argument("--config", help=f"YAML config (see configs/{job.name}/)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a run in output_dir")
     p.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
@@ -213,9 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pipeline_module(argv[0]).main(argv[1:])
         return 0
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=logging.INFO, **LOG_LINE)
     try:
         return args.func(args)
     # User errors: one line, no traceback (an OSError of a command names the path it could not

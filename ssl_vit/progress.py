@@ -13,9 +13,11 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["LogProgress", "format_eta", "progress_bar", "progress_iter"]
+__all__ = ["LOG_LINE", "LogProgress", "format_eta", "progress_bar", "progress_iter"]
 
 log = logging.getLogger(__name__)
+# A log record's line, the same for every command (the jobs': `runtime.setup_logging`).
+LOG_LINE = {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s", "datefmt": "%H:%M:%S"}
 T = TypeVar("T")
 
 

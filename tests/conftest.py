@@ -21,6 +21,7 @@ def _no_stream_handler_outlives_its_test():
     for handler in [h for h in root.handlers if type(h) is logging.StreamHandler]:
         root.removeHandler(handler)
 
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ssl_vit.cli import main
+from ssl_vit.cli import JOBS, main
 from ssl_vit.config.shipped import find_config, shipped_configs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,3 +109,17 @@ def test_help_and_configs_do_not_import_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_a_jobs_usage_line_names_its_command(name, capsys, monkeypatch):
+    """`ssl-vit <job> --help` shows `usage: ssl-vit <job>`; the script, its file's name."""
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/ssl-vit", name, "--help"])
+    with pytest.raises(SystemExit) as e:
+        main([name, "--help"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith(f"usage: ssl-vit {name} [-h]")
+    script = f"{JOBS[name].module}.py"
+    monkeypatch.setattr(sys, "argv", [f"pipelines/{script}", "--help"])
+    with pytest.raises(SystemExit):
+        main([name, "--help"])
+    assert capsys.readouterr().out.startswith(f"usage: {script} [-h]")

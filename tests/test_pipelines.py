@@ -2,6 +2,7 @@
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -93,16 +94,28 @@ def test_pretrain_outputs_and_learning(pretrained):
 
 
 def test_pretrain_resume_continues_from_checkpoint(synthetic_shards, tmp_path):
+    from ssl_vit.train.checkpoint import load_checkpoint
+
     main = pipeline("pretrain")
-    main(pretrain_args(synthetic_shards, tmp_path, "train.steps=10", "train.checkpoint_every=5"))
+    t0 = time.time()
+    first = main(
+        pretrain_args(synthetic_shards, tmp_path, "train.steps=10", "train.checkpoint_every=5")
+    )
+    t1 = time.time()
     results = main(
         pretrain_args(
             synthetic_shards, tmp_path, "train.steps=20", "train.checkpoint_every=5", "--resume"
         )
     )
+    t2 = time.time()
     assert results["step"] == 20
     assert [r["step"] for r in rows(tmp_path)] == [5, 10, 15, 20]  # each step logged once
     assert json.loads((tmp_path / "results.json").read_text())["step"] == 20
+    # wall_time_s is the whole run's: the first job's time up to its step-10 checkpoint (in
+    # the checkpoint), then the resumed job's.
+    saved = load_checkpoint(tmp_path / "checkpoints/step_00000010", rng=False)["wall_time_s"]
+    assert 0 < saved <= first["wall_time_s"] <= t1 - t0
+    assert 0 < results["wall_time_s"] - saved <= t2 - t1
 
 
 def test_bad_config_stops_before_starting(synthetic_shards, tmp_path):

@@ -294,6 +294,28 @@ def test_report_of_the_quickstart_and_a_predict_dir(tmp_path):
     assert "Fine-tunes shown: the best seed (top-1) of each encoder and label budget" in page
 
 
+def test_a_captions_label_budget_is_the_runs_own(tmp_path):
+    """K per class, every label with the run's own count (uneven classes have no per-class
+    figure), or the labels picked without theirs (named with the encoder), never "all"."""
+    from ssl_vit.report.classifier_section import _what
+
+    base = {"top1": 0.5, "num_classes": 10, "seed": 0}
+    picked = {"labels_per_class": 0, "labels_select": "typiclust", "labels_budget": 100}
+    runs = {
+        "k10": ({"labels_per_class": 10}, {"labels_per_class": 10, "num_labelled": 100}),
+        "all": ({"labels_per_class": 0}, {"labels_per_class": 0, "num_labelled": 6043}),
+        "pick": (picked, {"labels_per_class": 0, "num_labelled": 100}),
+    }
+    for name, (data, results) in runs.items():
+        _write(tmp_path / name, {"init": {"checkpoint": CKPT}, "data": data}, base | results)
+    captions = {r.name: _what(r)[1] for r in load_runs([tmp_path])}
+    assert captions == {
+        "k10": "k10: fine-tune of paper_mpp, 10 labels / class, seed 0, on its data.eval.",
+        "all": "all: fine-tune of paper_mpp, every label (6,043 images), seed 0, on its data.eval.",
+        "pick": "pick: fine-tune of paper_mpp [100 labels by typiclust], seed 0, on its data.eval.",
+    }
+
+
 # --- Issue 47 #8: many classes (ImageNet's 1,000) are listed, not drawn, in bounded memory ---
 
 
@@ -348,7 +370,7 @@ def test_many_classes_are_listed_not_drawn(tmp_path, monkeypatch):
     from ssl_vit.report import classifier_section as section
 
     drawn = []
-    monkeypatch.setattr(section, "_draw", lambda s, runs, x_all: drawn.extend(runs))
+    monkeypatch.setattr(section, "_draw", lambda s, runs: drawn.extend(runs))
     ft = _many_classes(tmp_path / "ft-many", MAP_UP_TO + 10, 10, finetune=True, planted=(21, 7))
     pred = _many_classes(tmp_path / "pred-50", MAP_UP_TO, 10, planted=(21, 7))
     s = classifier_section(load_runs([ft, pred]))
@@ -360,7 +382,7 @@ def test_many_classes_are_listed_not_drawn(tmp_path, monkeypatch):
     assert pairs.rows[1] == ["class_0000", "class_0001", "2", "20%"]  # then 2 of 10, by class
     assert worst.rows[0] == ["class_0021", "10.0", "1 / 10", "class_0007 (70%)"]
     assert worst.rows[1] == ["class_0000", "80.0", "8 / 10", "class_0001 (20%)"]
-    assert pairs.caption.startswith("ft-many (scratch, all (10) labels / class, seed ?), top-1")
+    assert pairs.caption.startswith("ft-many (scratch, every label (600 images), seed ?), top-1")
     assert "60 classes" in pairs.caption
     assert any(n.startswith(f"A classifier of more than {MAP_UP_TO} classes") for n in s.notes)
 

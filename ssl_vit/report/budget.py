@@ -31,6 +31,7 @@ __all__ = [
     "fewshot_curves",
     "finetune_groups",
     "images_per_class",
+    "is_picked",
     "labels_curves",
     "scored",
     "spread",
@@ -65,8 +66,8 @@ def encoder_name(run: Run) -> str:
         name += SEMI
     # Labels picked without their labels (data.labels_select, issue 49; K = 0): never averaged
     # with the encoder's fine-tunes on every label.
-    data = run.config.get("data") or {}
-    if data.get("labels_select") in PICKED:
+    if is_picked(run):
+        data = run.config["data"]
         name += f" [{data.get('labels_budget')} labels by {data['labels_select']}]"
     tag = run.config.get("tag")
     return f"{name} [{tag}]" if tag else name
@@ -134,12 +135,13 @@ def labels_curves(runs: list[Run]) -> Curves:
 def all_labels_per_class(runs: list[Run]) -> float | None:
     """Where K = 0 (every label) sits on the labels-per-class axis: the mean num_labelled /
     num_classes of those runs (one dataset: all equal); None without any."""
-    xs = [x for r in scored(runs) if budget_of(r) == 0 and not _picked(r)
+    xs = [x for r in scored(runs) if budget_of(r) == 0 and not is_picked(r)
           and (x := images_per_class(r)) is not None]  # fmt: skip
     return statistics.fmean(xs) if xs else None
 
 
-def _picked(run: Run) -> bool:
+def is_picked(run: Run) -> bool:
+    """A fine-tune on labels picked without their labels (`data.labels_select`)."""
     return (run.config.get("data") or {}).get("labels_select") in PICKED
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ssl_vit.jobs import PREDICT
-from ssl_vit.report.budget import all_labels_per_class, budget_label, budget_of, encoder_name
+from ssl_vit.report.budget import budget_of, encoder_name, is_picked
 from ssl_vit.report.classifier import (
     Confusion,
     chosen_runs,
@@ -42,7 +42,7 @@ MANY = (
 )
 
 
-def _what(run: Run, x_all: float | None) -> tuple[str, str]:
+def _what(run: Run) -> tuple[str, str]:
     """(figure title, caption start) of a run: what was evaluated on what."""
     top1 = run.results.get("top1")
     score = f", top-1 {100 * top1:.1f}%" if isinstance(top1, int | float) else ""
@@ -54,10 +54,20 @@ def _what(run: Run, x_all: float | None) -> tuple[str, str]:
             f"{r.get('source', '?')} ({r.get('images', '?')} images, {r.get('skipped', 0)} "
             "skipped).",
         )
-    budget = f"{budget_label(budget_of(run), x_all)} labels / class"
     seed = run.results.get("seed", run.config.get("seed", "?"))
-    where = f"{encoder_name(run)}, {budget}, seed {seed}"
+    where = f"{encoder_name(run)}, {_labels(run)}seed {seed}"
     return f"{run.name} ({where}){score}", f"{run.name}: fine-tune of {where}, on its data.eval."
+
+
+def _labels(run: Run) -> str:
+    """What a fine-tune was trained on: "10 labels / class, ", "every label (6,000 images), ",
+    "" for picked labels (the encoder's name says "[100 labels by typiclust]")."""
+    if k := budget_of(run):
+        return f"{k} labels / class, "
+    if is_picked(run):
+        return ""
+    n = run.results.get("num_labelled")
+    return f"every label ({n:,} images), " if isinstance(n, int) else "every label, "
 
 
 def _unlabelled(runs: list[Run]) -> list[str]:
@@ -102,7 +112,7 @@ def _listed(conf: Confusion, title: str, caption: str) -> list[Table]:
     ]
 
 
-def _draw(s: Section, drawn: list[tuple[Run, Confusion]], x_all: float | None) -> None:
+def _draw(s: Section, drawn: list[tuple[Run, Confusion]]) -> None:
     """A confusion figure per run (heat map and accuracy bars) into `s`."""
     try:
         from ssl_vit.report.classifier_figures import confusion_figure
@@ -111,7 +121,7 @@ def _draw(s: Section, drawn: list[tuple[Run, Confusion]], x_all: float | None) -
         return
     names = set()
     for run, conf in drawn:
-        title, caption = _what(run, x_all)
+        title, caption = _what(run)
         name = f"confusion_{run.name}"
         while name in names:  # runs of one name in several folders
             name += "_"
@@ -132,9 +142,8 @@ def classifier_section(runs: list[Run]) -> Section | None:
     listed = [(run, conf) for run, conf in confs if len(conf.names) > MAP_UP_TO]
     notes = [READING] * bool(drawn or not listed) + [MANY] * bool(listed)
     s = Section("Per-class accuracy", notes=[n for n in [*notes, how, *unlabelled] if n])
-    x_all = all_labels_per_class(runs)
     for run, conf in listed:
-        s.tables += _listed(conf, *_what(run, x_all))
+        s.tables += _listed(conf, *_what(run))
     if drawn:
-        _draw(s, drawn, x_all)
+        _draw(s, drawn)
     return s

@@ -6,7 +6,7 @@ engine_pretrain.py write theirs):
     ...                                             # model, optimizer, augmentation, parts
     start.restore(run, model, optimizer, augment, parts)
     model, optimizer = acc.prepare(model, optimizer)
-    ckpts = Checkpoints(run, cfg, model, optimizer, augment, parts)
+    ckpts = Checkpoints(run, cfg, model, optimizer, augment, parts, started=...)
     loader = ...(stream_args(run, cfg, start, augment))                  # where the stream was
     meter, batches = Meter(run, cfg, start, SHOWN), Batches(loader, start.counters, ...)
     with StopRequest(...) as stop, batches:
@@ -18,7 +18,8 @@ engine_pretrain.py write theirs):
         meter.end_loop(step); ckpts.save(step, ...)    # then the final evaluation
 
 No trainer class, no callbacks: these are the parts a loop calls. The checkpoint's resume-state
-keys are defined here and nowhere else: per rank (`rng_rank*.pt`) the RNG states, each stream's
+keys are defined here and nowhere else (with "counters" and "wall_time_s", the run's totals):
+per rank (`rng_rank*.pt`) the RNG states, each stream's
 position (`stream`, `stream_<name>`: `StreamTracker`) and "augment" (the resolved augmentation
 mode and the device augmentation's generator); in the training state (main process) each of
 the job's `parts` under its name (its `state_dict()`), and "scaler" (fp16's loss scale). Scaler
@@ -109,6 +110,12 @@ class Resumed:
     rng: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     path: str | None = None  # the checkpoint's
+    wall_time_s: float = 0.0  # the run's earlier processes' time, up to the checkpoint
+
+    def started(self, t_start: float) -> float:
+        """The `time.time()` the run started at, its earlier processes' time counted: this
+        process's `t_start`, moved back by it (a resumed run's wall_time_s is the whole run's)."""
+        return t_start - self.wall_time_s
 
     def restore(
         self,
@@ -173,8 +180,9 @@ def read_resume_point(run: RunContext, enabled: bool) -> Resumed:
     state = ckpt.load_checkpoint(path, rank=run.acc.process_index, verified=True)
     rng = state.pop("rng")
     counters = {**new_counters(), **state.pop("counters", {})}  # (older checkpoints: none)
+    wall_time_s = state.pop("wall_time_s", 0.0)  # (older checkpoints: none)
     log.info("resumed from %s at step %d", path, state["step"])
-    return Resumed(state["step"], counters, rng, state, str(path))
+    return Resumed(state["step"], counters, rng, state, str(path), wall_time_s)
 
 
 def finished_run(cfg: Any, resume: bool) -> dict[str, Any] | None:
@@ -532,8 +540,11 @@ class Checkpoints:
         augment: Stateful | None = None,
         parts: dict[str, Stateful] | None = None,
         record: dict[str, Any] | None = None,
+        *,
+        started: float,
     ) -> None:
         self.run, self.cfg, self.model, self.optimizer = run, cfg, model, optimizer
+        self.started = started  # `Resumed.started`: the run's wall time so far is recorded
         self.raw = run.acc.unwrap_model(model)
         self.augment, self.parts, self.record = augment, parts or {}, record or {}
 
@@ -544,6 +555,7 @@ class Checkpoints:
             "model": self.raw.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "counters": counters,
+            "wall_time_s": time.time() - self.started,
             "config": to_dict(cfg),
             **self.record,
             **{k: p.state_dict() for k, p in self.parts.items()},

@@ -22,6 +22,7 @@ from accelerate.utils import (
 from ssl_vit import seeds
 from ssl_vit.config import ConfigError
 from ssl_vit.config.run import CollectiveTimeoutConfig
+from ssl_vit.progress import LOG_LINE
 from ssl_vit.runs.lock import RunLock, on_main
 from ssl_vit.train.guard import StopRequest
 from ssl_vit.train.plan import RunPlan, build_plan
@@ -125,8 +126,7 @@ def setup_logging(is_main: bool) -> None:
     """INFO on the main process, warnings only elsewhere, one line per record."""
     logging.basicConfig(
         level=logging.INFO if is_main else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
+        **LOG_LINE,
         stream=sys.stderr,
         force=True,
     )
