@@ -62,7 +62,7 @@ from ssl_vit.train.metrics import format_metrics, ratio
 from ssl_vit.train.probe_head import fit_probe_head
 from ssl_vit.train.recipe import BatchMixer, build_finetune_optimizer, recipe_loss
 from ssl_vit.train.rundir import release_new_run
-from ssl_vit.train.runtime import start_run
+from ssl_vit.train.runtime import setup_logging, start_run
 from ssl_vit.train.schedules import set_lr, warmup_cosine
 from ssl_vit.train.step import TrainStep
 from ssl_vit.watchdog import watched
@@ -156,6 +156,7 @@ def evaluate(model, source: str, cfg: FinetuneConfig, run, num_classes: int) -> 
 def main(argv: list[str] | None = None) -> dict:
     t_start = time.time()
     args = parse_args(argv)
+    setup_logging()  # the checks' warnings as every other line (the launcher's rank: INFO)
     with one_line_errors():
         cfg = load_config(FinetuneConfig, args.config, args.overrides)
         if (done := finished_run(cfg, args.resume and not args.overwrite)) is not None:
@@ -295,7 +296,8 @@ def main(argv: list[str] | None = None) -> dict:
         results["wall_time_s"] = time.time() - started
         if acc.is_main_process:  # the averaged weights when there are any (what top1_ema scored)
             save_final(ema.module if ema is not None else raw, cfg, label_names)
-        log.info("done: %s", format_metrics(results, ("top1", "top1_ema", "wall_time_s")))
+        shown = ("top1", "top1_ema", "wall_time_s") if ema is not None else ("top1", "wall_time_s")
+        log.info("done: %s", format_metrics(results, shown))
     return meter.finish(results)
 
 
@@ -371,6 +373,12 @@ def distill_results(cfg: FinetuneConfig, teacher, counters: dict, row: dict) -> 
         return {**teacher.record(), **out, "temperature": d.temperature}
     out.update(momentum=d.momentum, threshold=d.threshold, strong_ops=d.strong_ops)
     out.update(strong_magnitude=d.strong_magnitude)
+    if row.get("pseudo_used") == 0:
+        log.warning(
+            "distill: no unlabelled image passed distill.threshold=%s in the last %d steps: "
+            "they taught nothing; lower distill.threshold or distill.momentum",
+            d.threshold, cfg.train.steps % cfg.train.log_every or cfg.train.log_every,
+        )  # fmt: skip
     return {**out, "pseudo_used": row.get("pseudo_used"), "pseudo_acc": row.get("pseudo_acc")}
 
 

@@ -44,7 +44,7 @@ from ssl_vit.train.loop import (
 )
 from ssl_vit.train.metrics import format_metrics, ratio
 from ssl_vit.train.optim import build_adam
-from ssl_vit.train.runtime import start_run
+from ssl_vit.train.runtime import setup_logging, start_run
 from ssl_vit.train.schedules import set_lr, warmup_cosine
 from ssl_vit.train.step import TrainStep
 
@@ -74,6 +74,7 @@ def check(cfg: PretrainConfig) -> list[str]:
 def main(argv: list[str] | None = None) -> dict:
     t_start = time.time()
     args = parse_args(argv)
+    setup_logging()  # the checks' warnings as every other line (the launcher's rank: INFO)
     with one_line_errors():
         cfg = load_config(PretrainConfig, args.config, args.overrides)
         if (done := finished_run(cfg, args.resume and not args.overwrite)) is not None:

@@ -95,6 +95,42 @@ def test_the_online_keys_are_checked():
         cfg(unlabelled="u", mode="online", threshold=0.0)
 
 
+def test_a_teacher_too_slow_for_its_run_is_named_before_and_after(
+    synthetic_shards, tmp_path, caplog, capsys
+):
+    """A momentum whose window 1 / (1 - m) passes half of train.steps: a warning before the
+    run (with the largest momentum that fits); a run whose last lap used no pseudo-label: a
+    warning at its end. Both in the job's log format."""
+    from ssl_vit.train.distill import _warn_slow_teacher
+
+    for momentum, steps, warned in [
+        (0.999, 100, True),
+        (0.99, 500, False),
+        (0.99, 200, False),
+        (0.99, 199, True),
+        (0.0, 2, False),
+        (0.5, 3, True),
+    ]:
+        caplog.clear()
+        _warn_slow_teacher(momentum, steps)
+        assert bool(caplog.records) is warned, (momentum, steps)
+    caplog.clear()
+    _warn_slow_teacher(0.999, 100)
+    assert "~1000 steps, train.steps=100" in caplog.text and "at most 0.98 " in caplog.text
+    slow = ["distill.momentum=0.999", "distill.threshold=0.99"]
+    res = pipeline("finetune")(online_args(synthetic_shards, tmp_path / "slow", *slow))
+    assert res["distill"]["pseudo_used"] == 0.0
+    err = capsys.readouterr().err
+    assert (
+        "WARNING ssl_vit.train.distill: distill.momentum=0.999: the teacher follows the "
+        "student over ~1000 steps, train.steps=8" in err
+    ), err[-3000:]
+    assert (
+        "WARNING finetune: distill: no unlabelled image passed distill.threshold=0.99 in "
+        "the last 4 steps" in err
+    ), err[-3000:]
+
+
 @pytest.mark.system
 def test_an_online_step_is_one_graph_and_never_waits_on_the_host(
     synthetic_shards, tmp_path, monkeypatch

@@ -20,6 +20,7 @@ images, U unlabelled images, K classes.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +34,8 @@ from ssl_vit.atomic import file_sha256, write_text
 from ssl_vit.errors import ConfigError
 from ssl_vit.jsonfile import read_json
 from ssl_vit.train.metrics import ratio
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "SelfTraining",
@@ -189,6 +192,7 @@ def check_teacher(cfg: Any, label_names: list[str], resume: bool) -> Teacher | N
     d = cfg.distill
     check_unlabelled(cfg)
     if d.online:
+        _warn_slow_teacher(d.momentum, cfg.train.steps)
         return None
     try:
         spec = read_classifier_spec(d.teacher)
@@ -209,6 +213,20 @@ def check_teacher(cfg: Any, label_names: list[str], resume: bool) -> Teacher | N
     if resume:
         _check_same_teacher(Path(cfg.output_dir) / TEACHER_FILE, teacher)
     return teacher
+
+
+def _warn_slow_teacher(momentum: float, steps: int) -> None:
+    """The online teacher averages the student over ~1 / (1 - momentum) steps: a window past
+    half the run keeps it near where the student started (a zero-initialized head: uniform
+    predictions, under any threshold), and the unlabelled images then teach little or nothing."""
+    window = 1 / (1 - momentum)
+    if 2 * window > steps:
+        log.warning(
+            "distill.momentum=%s: the teacher follows the student over ~%.0f steps, train.steps"
+            "=%d: it stays near the starting classifier, whose pseudo-labels rarely pass "
+            "distill.threshold; lower distill.momentum (at most %s for this run) or train longer",
+            momentum, window, steps, f"{1 - 2 / steps:.3g}",
+        )  # fmt: skip
 
 
 def check_unlabelled(cfg: Any) -> None:

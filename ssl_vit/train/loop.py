@@ -32,7 +32,6 @@ the device between log steps: no host sync inside a step.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -212,7 +211,7 @@ def finished_run(cfg: Any, resume: bool) -> dict[str, Any] | None:
         return None
     # Another kind of run, shape or stream is refused as for any --resume (one line).
     check_resumed_config(run_dir, cfg, finished=True)
-    setup_logging(os.environ.get("RANK", "0") == "0")  # the launcher's rank: no process group
+    setup_logging()  # the launcher's rank: no process group
     line = "%s: finished at step %d/%d; nothing to resume (results.json kept)"
     log.info(line, cfg.output_dir, step, steps)
     return results

@@ -122,8 +122,11 @@ def warn_if_launcher_returns_early() -> None:
         )
 
 
-def setup_logging(is_main: bool) -> None:
-    """INFO on the main process, warnings only elsewhere, one line per record."""
+def setup_logging(is_main: bool | None = None) -> None:
+    """INFO on the main process, warnings only elsewhere, one line per record. `is_main`
+    None: from the launcher's RANK (before the Accelerator: a job's checks)."""
+    if is_main is None:
+        is_main = os.environ.get("RANK", "0") == "0"
     logging.basicConfig(
         level=logging.INFO if is_main else logging.WARNING,
         **LOG_LINE,
