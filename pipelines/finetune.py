@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> dict:
             results.update(per_class_top1=summary["per_class_top1"])
             results.update(confusion_matrix=summary["confusion_matrix"])
         if selftrain is not None:
-            results["distill"] = distill_results(cfg, job.teacher, start.counters, row)
+            results["distill"] = distill_results(cfg, job.teacher, start.counters, row, acc)
         results["wall_time_s"] = time.time() - started
         if acc.is_main_process:  # the averaged weights when there are any (what top1_ema scored)
             save_final(ema.module if ema is not None else raw, cfg, label_names)
@@ -361,10 +361,11 @@ def final_results(cfg: FinetuneConfig, row: dict, counters: dict, subset, label_
     }
 
 
-def distill_results(cfg: FinetuneConfig, teacher, counters: dict, row: dict) -> dict:
+def distill_results(cfg: FinetuneConfig, teacher, counters: dict, row: dict, acc) -> dict:
     """What results.json says of the unlabelled images' use: the mode, the unlabelled source
     and how many of its images the run saw (all processes); offline, the teacher (path,
-    checksum, its top-1); online, the momentum, threshold and the last lap's pseudo-labels."""
+    checksum, its top-1); online, the momentum, threshold and the last lap's pseudo-labels
+    (none used: a warning from the main process)."""
     d = cfg.distill
     out = {"mode": d.mode, "unlabelled": d.unlabelled}
     out.update(unlabelled_images_seen=counters.get("images_unlabelled", 0))
@@ -373,7 +374,7 @@ def distill_results(cfg: FinetuneConfig, teacher, counters: dict, row: dict) -> 
         return {**teacher.record(), **out, "temperature": d.temperature}
     out.update(momentum=d.momentum, threshold=d.threshold, strong_ops=d.strong_ops)
     out.update(strong_magnitude=d.strong_magnitude)
-    if row.get("pseudo_used") == 0:
+    if row.get("pseudo_used") == 0 and acc.is_main_process:
         log.warning(
             "distill: no unlabelled image passed distill.threshold=%s in the last %d steps: "
             "they taught nothing; lower distill.threshold or distill.momentum",

@@ -540,8 +540,16 @@ def test_lanes_resolve_and_split_in_order():
         resolve_lanes(32, 96, 1, None, paired=True)
     with pytest.raises(ValueError, match="data.lanes: 3 .auto. does not divide .* 7"):
         resolve_lanes(0, 7, 1, None, paired=True)
-    with pytest.raises(ValueError, match="data.lanes: 50 .auto. lanes do not split over 8"):
-        resolve_lanes(0, 1000, 8, None)
+    # An auto count that does not split over the processes (fewer shards than processes):
+    # the fewest lanes that do, sharing shards; none (an odd mixup share): the error.
+    assert resolve_lanes(0, 32, 2, None, shards=1) == 2  # 1 shard, 2 processes
+    assert resolve_lanes(0, 256, 8, None, shards=3) == 8  # 3 shards, 8 processes
+    assert resolve_lanes(0, 1000, 8, None) == 8  # 50 would not split over 8
+    assert resolve_lanes(0, 32, 1, None, shards=1) == 1  # one process: one lane a shard
+    with pytest.raises(ValueError, match="data.lanes: 3 .auto. lanes do not split over 2"):
+        resolve_lanes(0, 6, 2, None, paired=True)
+    with pytest.raises(ValueError, match="data.lanes: 4 lanes do not split over 8"):
+        resolve_lanes(4, 32, 8, None)  # asked for: as given
     with pytest.raises(ValueError, match="data.lanes: 16 does not divide the global micro"):
         resolve_lanes(16, 24, 1, None)
     for lanes, world in ((16, 1), (16, 2), (12, 3), (64, 8)):

@@ -126,6 +126,28 @@ def test_two_processes(eight_shards, tmp_path):
 
 
 @pytest.mark.system
+def test_two_processes_on_one_shard(tmp_path):
+    """A dataset of one shard (a small folder's make-shards) on 2 processes: auto lanes take 2
+    (the shard shared, each lane its half), not 1 (which cannot split: an error before); every
+    sample once in the epoch, on disjoint ranks."""
+    one = tmp_path / "one_shard"
+    make_synthetic_shards(one, n=96, image_size=32, seed=0, shard_size=96)
+    out = tmp_path / "run"
+    cmd = [
+        *LAUNCH,
+        *("--num_machines", "1", "--main_process_port", str(_free_port())),
+        str(ROOT / "pipelines/pretrain.py"),
+        *pretrain_args(one, out, *RUN),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "data.lanes (auto): 2 lanes over 1 shard(s), shared, to split over 2" in proc.stderr
+    _check_run(out)
+    rng = torch.load(out / "checkpoints/step_00000006/rng_rank0.pt", weights_only=False)
+    assert rng["stream"]["lanes"] == 2
+
+
+@pytest.mark.system
 def test_two_machines_on_loopback(eight_shards, tmp_path):
     port = str(_free_port())
     procs = [

@@ -177,7 +177,8 @@ class PretrainDataConfig(Frozen):
     num_workers: int = -1  # -1: auto, min(8, CPUs // processes per node), in the run plan
     # Sequential lanes every global micro-batch draws from equally (fixed for a run; the sample
     # order depends on it, not on processes or workers): 0 auto, the largest divisor of the
-    # micro-batch up to 64 and up to the shard count (resuming: the checkpoint's). docs/scaling.md
+    # micro-batch up to 64 and up to the shard count, or where that does not split over the
+    # processes the fewest lanes that do (resuming: the checkpoint's). docs/scaling.md
     lanes: int = 0
     shuffle_buffer: int = 2000  # samples shuffled together in memory (a block of one shard)
     resampled: bool = False  # draw shards with replacement instead of epochs

@@ -12,6 +12,7 @@ refuses, in one line, a stream it cannot continue (other shards, seed, shuffle o
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from typing import Any
 import torch.distributed as dist
 
 from ssl_vit.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "MAX_AUTO_LANES",
@@ -76,13 +79,24 @@ def resolve_lanes(
     micro-batch (each lane gives global_micro / lanes samples) and the processes (each takes
     lanes / world_size whole lanes). Auto: the saved count when resuming, otherwise the largest
     divisor of the micro-batch up to 64 and up to `shards` (> 0: a lane per shard at most, so
-    that no shard is read by several lanes; an indexed source's samples count here). Never the
-    number of processes or workers: the sample order depends on the lanes. `paired` (mixup /
-    cutmix pair images within a lane's share, `BatchMixer`): the share must be even (the
-    micro-batch is: `train.plan`)."""
+    that no shard is read by several lanes; an indexed source's samples count here). That
+    count does not depend on the processes or workers (the sample order depends on the lanes),
+    except where it cannot split over the processes (fewer shards than processes): then the
+    fewest lanes that do, sharing shards (each lane keeps its share of a shard's samples).
+    `paired` (mixup / cutmix pair images within a lane's share, `BatchMixer`): the share must
+    be even (the micro-batch is: `train.plan`)."""
     cap = min(MAX_AUTO_LANES, shards) if shards else MAX_AUTO_LANES
     n = global_micro // 2 if paired else global_micro
     lanes = requested or saved or max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+    if not (requested or saved) and lanes % world_size:
+        split = [d for d in range(world_size, n + 1, world_size) if n % d == 0]
+        if split:
+            log.info(
+                "data.lanes (auto): %d lanes over %d shard(s), shared, to split over %d "
+                "processes; set data.lanes for the same sample order on any number of them",
+                split[0], shards, world_size,
+            )  # fmt: skip
+            lanes = split[0]
     how = "" if requested else " (auto)"
     if global_micro % lanes:
         raise ConfigError(

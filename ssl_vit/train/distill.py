@@ -220,7 +220,7 @@ def _warn_slow_teacher(momentum: float, steps: int) -> None:
     half the run keeps it near where the student started (a zero-initialized head: uniform
     predictions, under any threshold), and the unlabelled images then teach little or nothing."""
     window = 1 / (1 - momentum)
-    if 2 * window > steps:
+    if 2 * window > steps + 1e-6:  # (1 / (1 - 0.9) is 10.000000000000002)
         log.warning(
             "distill.momentum=%s: the teacher follows the student over ~%.0f steps, train.steps"
             "=%d: it stays near the starting classifier, whose pseudo-labels rarely pass "

@@ -123,12 +123,14 @@ def warn_if_launcher_returns_early() -> None:
 
 
 def setup_logging(is_main: bool | None = None) -> None:
-    """INFO on the main process, warnings only elsewhere, one line per record. `is_main`
-    None: from the launcher's RANK (before the Accelerator: a job's checks)."""
+    """INFO on the main process, warnings only elsewhere, one line per record. `is_main` None:
+    before the Accelerator (a job's checks, alike on every rank): the launcher's rank 0 says
+    it all, the others only errors."""
+    level = logging.INFO if is_main else logging.WARNING
     if is_main is None:
-        is_main = os.environ.get("RANK", "0") == "0"
+        level = logging.INFO if os.environ.get("RANK", "0") == "0" else logging.ERROR
     logging.basicConfig(
-        level=logging.INFO if is_main else logging.WARNING,
+        level=level,
         **LOG_LINE,
         stream=sys.stderr,
         force=True,
