@@ -664,5 +664,22 @@ def test_report_leaves_out_damaged_runs_and_writes_the_rest(tmp_path, capsys, ca
     assert cli_main(["report", str(damaged / "pred"), "--output", str(tmp_path / "o2")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "ssl-vit report: error: no run to report: the 1 found are damaged (logged above)"
+        "ssl-vit report: error: no run to report: the runs found are 1 damaged (logged above)"
     ]
+    # A selection (ssl-vit select: picks, no figures) in a folder of runs: left out, named.
+    from test_run_ownership import _selection_folder
+
+    _selection_folder(root / "picks")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="ssl_vit.report.runs"):
+        assert cli_main(["report", str(root), "--output", str(tmp_path / "o3")]) == 0
+    assert (
+        f"{root / 'picks'}: a select run (picks, no trained model's figures): left out of "
+        "the report" in caplog.messages
+    )
+    assert (tmp_path / "o3" / "report.md").read_text().split("## Runs")[1] == runs_table
+    capsys.readouterr()
+    assert cli_main(["report", str(root / "picks"), "--output", str(tmp_path / "o4")]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "ssl-vit report: error: no run to report: the runs found are 1 selection(s) (logged above)"
+    )

@@ -127,6 +127,10 @@ def _is_run_dir(path: Path, results: Results) -> bool:
     return results is not None and results.get("job") == PREDICT.name
 
 
+class _NotReportedError(InputError):
+    """A run of a job the report has no figures for (a selection); the message names it."""
+
+
 def _load(path: Path, results: Results) -> Run:
     """The run in `path` given its results.json (`_read_results`); DamagedRunError when a file
     the report reads is no file a job writes, ValueError when `path` is no ssl-vit run."""
@@ -143,7 +147,9 @@ def _load(path: Path, results: Results) -> Run:
         raise InputError(f"{path}: no config.yaml, not an ssl-vit run directory")
     config = _config(path)
     job = by_config(config)  # a predict job's config.yaml (`top_k`) too, before results
-    if job is None or not job.rundir:  # (a selection: no figures of a trained model)
+    if job is not None and not job.rundir:  # a selection: no figures of a trained model
+        raise _NotReportedError(f"{path}: a {job.title} run (picks, no trained model's figures)")
+    if job is None:
         raise InputError(f"{cfg_file}: not a pretrain, fine-tune, few-shot or predict config")
     return Run(path, job, config, _rows(path), results)
 
@@ -204,10 +210,11 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
     twice (named twice, or inside a folder also named) is listed once, where first reached.
 
     A damaged run (a file no job writes: `checks`) is left out with one logged line naming the
-    file and what is wrong; ValueError when no run is left."""
+    file and what is wrong, a selection (`ssl-vit select`: picks, no figures) with one naming
+    it; ValueError when no run is left."""
     runs: list[Run] = []
     seen: set[Path] = set()
-    damaged = 0
+    damaged = others = 0
     for p in map(Path, paths):
         if not p.is_dir():
             raise InputError(f"{p}: no such directory")
@@ -224,8 +231,14 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
             except DamagedRunError as e:
                 log.warning("%s (left out of the report)", e)
                 damaged += 1
+            except _NotReportedError as e:
+                log.info("%s: left out of the report", e)
+                others += 1
     if not runs:
-        raise InputError(f"no run to report: the {damaged} found are damaged (logged above)")
+        kinds = " and ".join(
+            [f"{damaged} damaged"] * bool(damaged) + [f"{others} selection(s)"] * bool(others)
+        )
+        raise InputError(f"no run to report: the runs found are {kinds} (logged above)")
     return runs
 
 
