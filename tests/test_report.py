@@ -324,6 +324,32 @@ def test_labels_curves_group_seeds_by_encoder_and_budget(tmp_path):
     assert {encoder_name(r) for r in runs if r.name == "few-mpp"} == {"paper_mpp"}
 
 
+def test_fine_tunes_of_other_settings_are_not_averaged_as_seeds(tmp_path):
+    """Runs of one encoder and budget that differ in a setting (here train.steps) are groups of
+    their own, named by it; seeds differing in what seeds and runs differ in (seed,
+    output_dir, workers, compile mode, a key only one has) stay one group."""
+    from ssl_vit.report.budget import finetune_groups
+
+    base = {"init": {"checkpoint": CKPT}, "data": {"labels_per_class": 10}, "train": {"lr": 0.1}}
+    settings = {
+        "a0": ({"seed": 0, "output_dir": "a0", "train": {"steps": 60}}, 0.40),
+        "a1": ({"seed": 1, "output_dir": "a1", "train": {"steps": 60}, "data": {"num_workers": 4,
+                "labels_per_class": 10}, "compile": {"mode": "x"}, "only_here": 1},
+               0.50),
+        "b0": ({"seed": 0, "output_dir": "b0", "train": {"steps": 150}}, 0.60),
+    }  # fmt: skip
+    for name, (over, top1) in settings.items():
+        config = base | over | {"train": base["train"] | over["train"]}
+        config["data"] = base["data"] | over.get("data", {})
+        results = {"top1": top1, "labels_per_class": 10, "num_labelled": 100, "num_classes": 10}
+        _fake_run(tmp_path / name, config, results, ({"step": 1, "loss": 2.0},))
+    groups = finetune_groups(load_runs([tmp_path]))
+    assert {g: sorted(r.name for r in rs) for g, rs in groups.items()} == {
+        ("paper_mpp (train.steps=150)", 10): ["b0"],
+        ("paper_mpp (train.steps=60)", 10): ["a0", "a1"],
+    }
+
+
 def test_budget_table_cells_are_mean_std_and_seeds(tmp_path):
     from ssl_vit.report.budget import all_labels_per_class, budget_table, labels_curves
 

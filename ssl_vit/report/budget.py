@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from ssl_vit.config.loader import flat_keys
 from ssl_vit.jobs import FEWSHOT, FINETUNE
 from ssl_vit.report.render import Table
 from ssl_vit.report.runs import Run, fewshot_table, run_dir_of, source_checkpoint
@@ -108,7 +109,9 @@ def _recipe(run: Run) -> str | None:
 def finetune_groups(runs: list[Run]) -> Groups:
     """The fine-tunes (finished or not) by (encoder, K): one group per encoder and label
     budget, its runs the seeds. Encoders by name with scratch last, K ascending with 0 (every
-    label) last. Among several fine-tuning recipes, an encoder's name says its recipe."""
+    label) last. Among several fine-tuning recipes, an encoder's name says its recipe; runs of
+    one encoder and budget that differ in more than their seed (`_NOT_SETTINGS`), e.g. two
+    lengths of one fine-tune, are groups of their own, named by what differs."""
     fts = [r for r in runs if r.job is FINETUNE]
     by_recipe = len({_recipe(r) for r in fts}) > 1
     groups: Groups = {}
@@ -117,8 +120,41 @@ def finetune_groups(runs: list[Run]) -> Groups:
         if by_recipe:
             name += f" ({_recipe(r) or 'recipe unknown'})"
         groups.setdefault((name, budget_of(r)), []).append(r)
-    keys = sorted(groups, key=lambda g: (encoder_order(g[0]), budget_order(g[1])))
-    return {g: groups[g] for g in keys}
+    split: Groups = {}
+    for (name, k), members in groups.items():
+        for r, setting in _settings(members):
+            split.setdefault((name + setting, k), []).append(r)
+    keys = sorted(split, key=lambda g: (encoder_order(g[0]), budget_order(g[1])))
+    return {g: split[g] for g in keys}
+
+
+# Config keys in which the seeds of one setting differ, which say how a run ran rather than what
+# it trained, or which its name already says (the label budget, the recipe): fine-tunes
+# differing only in these are one group.
+_NOT_SETTINGS = (
+    *("seed", "output_dir", "tag", "init.checkpoint", "data.labels_", "distill.teacher"),
+    *("data.num_workers", "data.record_keys", "compile.", "timeouts.", "trackers", "eval_every"),
+    *("train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "train.max_bad_"),
+    *("recipe", "parts."),
+)
+_SHOWN_SETTINGS = 3  # differing keys named in a group's name
+
+
+def _settings(members: list[Run]) -> list[tuple[Run, str]]:
+    """Each run with ' (key=value, ...)': the settings its group's runs differ in beyond the
+    seed ('' for all when they differ in none). A key only some have (a config written by
+    another version) cannot be compared."""
+    flat = [flat_keys(r.config) for r in members]
+    shared = set.intersection(*(set(f) for f in flat))
+    keys = sorted(k for k in shared if not k.startswith(_NOT_SETTINGS))
+    differ = [k for k in keys if len({repr(f[k]) for f in flat}) > 1]
+    if not differ:
+        return [(r, "") for r in members]
+    more = f", +{len(differ) - _SHOWN_SETTINGS} more" if len(differ) > _SHOWN_SETTINGS else ""
+    return [
+        (r, " (" + ", ".join(f"{k}={f[k]}" for k in differ[:_SHOWN_SETTINGS]) + more + ")")
+        for r, f in zip(members, flat, strict=True)
+    ]
 
 
 def labels_curves(runs: list[Run]) -> Curves:
