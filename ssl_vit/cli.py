@@ -12,6 +12,7 @@ import argparse
 import importlib
 import importlib.util
 import logging
+import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -226,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, **LOG_LINE)
     try:
         return args.func(args)
+    except BrokenPipeError:  # `ssl-vit configs | head`: the reader has gone, nothing to say
+        # (Python's own advice: stdout to /dev/null, so that the exit's flush raises no more)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     # User errors: one line, no traceback (an OSError of a command names the path it could not
     # read or write). Anything else, a bare ValueError included, is a bug: its traceback.
     except (UserError, OSError) as e:

@@ -123,3 +123,18 @@ def test_a_jobs_usage_line_names_its_command(name, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         main([name, "--help"])
     assert capsys.readouterr().out.startswith(f"usage: {script} [-h]")
+
+
+def test_a_closed_pipe_ends_a_command_quietly():
+    """`ssl-vit configs | head -1`: the reader gone before the listing is written ends the
+    command with status 1 and nothing on stderr (it printed 'error: [Errno 32] Broken pipe')."""
+    r, w = os.pipe()
+    os.close(r)  # the reader has gone before the first line
+    code = "import sys; from ssl_vit.cli import main; sys.exit(main(['configs']))"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], stdout=w, stderr=subprocess.PIPE, text=True, env=env,
+        timeout=60,
+    )  # fmt: skip
+    os.close(w)
+    assert (proc.returncode, proc.stderr) == (1, "")
