@@ -149,9 +149,10 @@ def main(argv: list[str] | None = None) -> dict:
 
         # --- Final: the last row, the few-shot evaluation, results.json ---------------------
         meter.log(row)
-        results = final_results(cfg, run, row, time.time() - started)
+        results = final_results(cfg, run, row)
         if cfg.fewshot.train:
             results["fewshot"] = fewshot(cfg, encoder, acc, meter.metrics, tc.steps, model)
+        results["wall_time_s"] = time.time() - started  # the final evaluation's included
         log.info("done: %s", format_metrics(results, ("loss", "color_acc", "wall_time_s")))
     return meter.finish(results)
 
@@ -173,15 +174,11 @@ def step_figures(out) -> dict:
     }
 
 
-def final_results(cfg: PretrainConfig, run, last_row: dict, wall_time_s: float) -> dict:
+def final_results(cfg: PretrainConfig, run, last_row: dict) -> dict:
     steps = cfg.train.steps
     results = {k: last_row.get(k) for k in RESULT_KEYS}
-    results.update(
-        step=steps,
-        checkpoint=str(run.ckpt_dir / f"step_{steps:08d}"),
-        wall_time_s=wall_time_s,
-        num_processes=run.plan.world,
-    )
+    checkpoint = str(run.ckpt_dir / f"step_{steps:08d}")
+    results.update(step=steps, checkpoint=checkpoint, num_processes=run.plan.world)
     return results
 
 
@@ -241,8 +238,7 @@ def fewshot(cfg, encoder, acc, metrics, step, model) -> dict | None:
         norm = dict(image_size=cfg.model.image_size, mean=cfg.data.mean, std=cfg.data.std)
         how = dict(device=acc.device, compile=cfg.compile, precision=acc.mixed_precision)
         res = fewshot_evaluate(encoder, cfg.fewshot, **norm, **how)
-        log_fewshot(metrics, step, res)
-        log.info("few-shot at step %d: %s", step, res["summary"])
+        log_fewshot(metrics, step, res)  # (fewshot_evaluate has logged its figures)
     acc.wait_for_everyone()
     model.train()
     return res

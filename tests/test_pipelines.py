@@ -118,6 +118,30 @@ def test_pretrain_resume_continues_from_checkpoint(synthetic_shards, tmp_path):
     assert 0 < results["wall_time_s"] - saved <= t2 - t1
 
 
+def test_pretrain_counts_its_final_fewshot_in_wall_time_and_logs_it_once(
+    synthetic_shards, tmp_path, capsys
+):
+    """wall_time_s ends after the final few-shot evaluation (a 2 s one here: it ended
+    before it); the evaluation is one log line of percentages."""
+    main = pipeline("pretrain")
+    real = main.__globals__["fewshot_evaluate"]
+
+    def slow(*args, **kwargs):
+        time.sleep(2.0)
+        return real(*args, **kwargs)
+
+    main.__globals__["fewshot_evaluate"] = slow
+    few = [f"fewshot.train={synthetic_shards}", f"fewshot.eval={synthetic_shards}"]
+    t0 = time.time()
+    res = main(pretrain_args(synthetic_shards, tmp_path, "train.steps=2", *few))
+    elapsed = time.time() - t0
+    assert elapsed - 1.0 <= res["wall_time_s"] <= elapsed
+    summary = res["fewshot"]["summary"]
+    shown = ", ".join(f"{k[:-4]}-shot {100 * v:.1f}%" for k, v in summary.items())
+    lines = [x for x in capsys.readouterr().err.splitlines() if "few-shot: " in x]
+    assert len(lines) == 1 and f"few-shot: {shown} (96 test images, " in lines[0], lines
+
+
 def test_bad_config_stops_before_starting(synthetic_shards, tmp_path):
     main = pipeline("pretrain")
     with pytest.raises(SystemExit, match="unknown config key 'train.stepz'"):

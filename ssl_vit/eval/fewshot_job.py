@@ -34,7 +34,7 @@ from ssl_vit.eval.readouts import (
     parse_layers,
     plan_readouts,
 )
-from ssl_vit.eval.shots import ALL_SHOTS
+from ssl_vit.eval.shots import ALL_SHOTS, format_summary
 from ssl_vit.model.vit import ViT
 from ssl_vit.progress import progress_bar
 from ssl_vit.watchdog import watched
@@ -164,8 +164,8 @@ def fewshot_evaluate(
         feature_time_s=t_features,
         time_s=time.perf_counter() - t0,
     )
-    log.info("few-shot: %s (%d test images, %.1fs)", result["summary"], len(test_x),
-             result["time_s"])  # fmt: skip
+    log.info("few-shot: %s (%d test images, %.1fs)", format_summary(result["summary"]),
+             len(test_x), result["time_s"])  # fmt: skip
     return result
 
 

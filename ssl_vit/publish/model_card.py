@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ssl_vit.config.pixels import PIXEL_NORM
+from ssl_vit.eval.shots import format_summary
 from ssl_vit.report.runs import fewshot_pool, read_config, read_results, run_dir_of, step_of
 from ssl_vit.train.classifier_file import ClassifierSpec
 
@@ -29,11 +30,6 @@ def run_config(checkpoint: Path) -> dict[str, Any]:
 
 def _pct(x: Any) -> str:
     return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "n/a"
-
-
-def _shots(summary: dict[str, Any]) -> str:
-    """A few-shot summary {"5shot": 0.52, ...} as '5-shot 52.0%, ...'."""
-    return ", ".join(f"{k.replace('shot', '-shot')} {_pct(v)}" for k, v in summary.items())
 
 
 def _downstream(checkpoint: Path, run: Path) -> list[str]:
@@ -53,7 +49,7 @@ def _downstream(checkpoint: Path, run: Path) -> list[str]:
                 f"{res.get('step')} steps, pool {pool} | top-1 {_pct(res['top1'])} |"
             )
         elif "summary" in res:
-            shots = _shots(res["summary"])
+            shots = format_summary(res["summary"])
             rows.append(f"| few-shot linear ({res_file.parent.name}) | pool {pool} | {shots} |")
     return rows
 
@@ -76,7 +72,9 @@ def _results(checkpoint: Path, run: Path | None) -> str:
         )
     fewshot = res.get("fewshot", {}).get("summary")
     if fewshot:
-        lines.append(f"| few-shot linear (during pretraining) | pool cls | {_shots(fewshot)} |")
+        lines.append(
+            f"| few-shot linear (during pretraining) | pool cls | {format_summary(fewshot)} |"
+        )
     lines += _downstream(checkpoint, run)
     if len(lines) == 2:
         return "No results recorded for this checkpoint yet.\n"
