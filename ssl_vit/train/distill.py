@@ -220,12 +220,13 @@ def _warn_slow_teacher(momentum: float, steps: int) -> None:
     half the run keeps it near where the student started (a zero-initialized head: uniform
     predictions, under any threshold), and the unlabelled images then teach little or nothing."""
     window = 1 / (1 - momentum)
-    if 2 * window > steps + 1e-6:  # (1 / (1 - 0.9) is 10.000000000000002)
+    # (1 / (1 - 0.9) is 10.000000000000002; momentum 0: the teacher is the student)
+    if momentum > 0 and 2 * window > steps + 1e-6:
         log.warning(
             "distill.momentum=%s: the teacher follows the student over ~%.0f steps, train.steps"
             "=%d: it stays near the starting classifier, whose pseudo-labels rarely pass "
             "distill.threshold; lower distill.momentum (at most %s for this run) or train longer",
-            momentum, window, steps, f"{1 - 2 / steps:.3g}",
+            momentum, window, steps, f"{max(0.0, 1 - 2 / steps):.3g}",
         )  # fmt: skip
 
 
