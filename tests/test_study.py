@@ -273,6 +273,26 @@ def test_seed_reaches_every_job_after_the_budget(tmp_path, capsys):
     assert "seed=" not in capsys.readouterr().out.replace("seeds=", "")
 
 
+def test_a_study_stopped_during_pretraining_plans_again(tmp_path, capsys):
+    """The quick start stopped (Ctrl-C) during pretraining, then run again: the pretraining's
+    results.json of a stop names no checkpoint, and planning its fine-tunes raised KeyError;
+    they take the placeholder until it has finished, then its final checkpoint."""
+    study = load_study()
+    base = ["--config", str(REPO / "configs/study/quickstart.yaml"), "--dry-run"]
+    argv = [*base, f"full.output_dir={tmp_path}"]
+    pre = tmp_path / "pretrain" / "mean_color_50"
+    pre.mkdir(parents=True)
+    final = {"step": 900, "checkpoint": "x/checkpoints/step_00000900"}
+    for results, ckpt in [
+        ({"step": 588, "preempted": True}, f"<final checkpoint of {pre}>"),
+        (final, f"{pre}/checkpoints/step_00000900"),
+    ]:
+        (pre / "results.json").write_text(json.dumps(results))
+        study.main(argv)
+        plan = [x for x in capsys.readouterr().out.splitlines() if "finetune/mean_color_50" in x]
+        assert plan and all(f"init.checkpoint={ckpt}" in x for x in plan), plan[:2]
+
+
 def test_label_budgets_and_seeds_give_one_fine_tune_each(tmp_path, capsys):
     """`labels:` x `finetune_seeds:` plans finetune/<encoder>-l<K>-s<seed> for every encoder,
     each with its budget's and seed's overrides last; the summary has one column per budget,

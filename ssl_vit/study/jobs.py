@@ -66,10 +66,12 @@ def objective_overrides(obj: ObjectiveConfig) -> list[str]:
 
 
 def checkpoint_of(pretrain_dir: Path) -> str:
-    """The final checkpoint of a finished pretraining run (its results.json names it)."""
+    """The final checkpoint of a finished pretraining run (its results.json names it); before
+    it has finished (not started, a --dry-run, or stopped: a preempted run's results.json
+    names none), a placeholder: the jobs after it build their command again when they start."""
     results = read_results(pretrain_dir)
-    if not results:
-        return f"<final checkpoint of {pretrain_dir}>"  # --dry-run before pretraining
+    if "checkpoint" not in results:
+        return f"<final checkpoint of {pretrain_dir}>"
     return str(pretrain_dir / "checkpoints" / Path(results["checkpoint"]).name)
 
 
