@@ -29,14 +29,13 @@ from ssl_vit.cli import job_parser
 from ssl_vit.config import ConfigError, load_config, to_dict
 from ssl_vit.config.checks import auto_num_workers
 from ssl_vit.config.flags import flag_overrides, given_flags
-from ssl_vit.config.loader import read_yaml_file
 from ssl_vit.config.predict import PredictConfig
 from ssl_vit.data.predict_stream import num_batches, open_predict_source, predict_loader
 from ssl_vit.eval.confusion import add_confusion, confusion_summary
 from ssl_vit.eval.predictions import PredictionWriter, gather_on_main, predict_batch
 from ssl_vit.progress import progress_bar
 from ssl_vit.runs.lock import on_main
-from ssl_vit.runs.occupancy import check_not_source, occupant
+from ssl_vit.runs.occupancy import check_not_source, occupant, saved_job
 from ssl_vit.train.classifier_file import ClassifierError, load_classifier, read_classifier_spec
 from ssl_vit.train.guard import JobError, one_line_errors, run_and_exit
 from ssl_vit.train.metrics import MetricsWriter
@@ -105,9 +104,7 @@ def check(cfg: PredictConfig, overwrite: bool):
 def check_output(out: Path, cfg: PredictConfig, overwrite: bool) -> None:
     """The output holds nothing or earlier predictions (replaced only with --overwrite); never
     a run of another job, a checkpoint, a dataset, or anything predict reads."""
-    config = out / "config.yaml"
-    saved = read_yaml_file(config) if config.is_file() else None  # bounded: any folder's file
-    job = jobs.by_config(saved) if isinstance(saved, dict) else None
+    job = saved_job(out)
     if job not in (None, jobs.PREDICT) or (job is None and occupant(out)):
         what = f"holds a {job.title} run" if job else occupant(out)
         raise ConfigError(f"--output {out}: {what}; write predictions to a folder of their own")

@@ -23,14 +23,14 @@ import numpy as np
 from ssl_vit import jobs
 from ssl_vit.atomic import write_bytes, write_text
 from ssl_vit.config import ConfigError
-from ssl_vit.config.loader import read_yaml_file, save_config
+from ssl_vit.config.loader import save_config
 from ssl_vit.data.image_source import ImageSource, Record
 from ssl_vit.data.sources import FolderSource
 from ssl_vit.eval.select_features import FeatureTable
 from ssl_vit.eval.selection import Picks
 from ssl_vit.jsonfile import dump_json, parse_json
 from ssl_vit.runs.lock import RunLock, lock_run_dir, on_main
-from ssl_vit.runs.occupancy import check_not_source, occupant
+from ssl_vit.runs.occupancy import check_not_source, occupant, saved_job
 
 __all__ = [
     "FEATURES",
@@ -60,9 +60,7 @@ def check_output(out: Path, overwrite: bool, reads: dict[str, str]) -> list[dict
     or a file of a name select writes (config.yaml, to-label/, ...) but no selection; with
     `overwrite`, files in to-label/ that select did not write, or `out` is, holds or lies in
     one of `reads` (the checkpoint, the source)."""
-    config = out / "config.yaml"
-    saved = read_yaml_file(config) if config.is_file() else None  # bounded: any folder's file
-    job = jobs.by_config(saved) if isinstance(saved, dict) else None
+    job = saved_job(out)
     if job is not jobs.SELECT:
         what = f"holds a {job.title} run" if job else occupant(out)
         ours = [n for n in _WRITES if (out / n).exists()]  # never replaced unless select's

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-__all__ = ["ALL_SHOTS", "Shot", "format_summary", "shot_key", "shot_order"]
+__all__ = ["ALL_SHOTS", "Shot", "format_summary", "percent", "shot_key", "shot_order"]
 
 # The shot count meaning "every train sample": a full linear probe. Summary key "allshot",
 # table heading "all-shot", like "5shot" / "5-shot".
@@ -24,11 +24,12 @@ def shot_order(k: int | str) -> tuple[int, int]:
     return (1, 0) if k == ALL_SHOTS else (0, k)
 
 
+def percent(x: Any) -> str:
+    """A fraction as '52.0%' ('n/a' for what is no number: a null in a results file)."""
+    return f"{100 * x:.1f}%" if isinstance(x, int | float) else "n/a"
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """A few-shot summary {"5shot": 0.52, "allshot": 0.6, ...} as '5-shot 52.0%, all-shot
-    60.0%, ...' (a value that is no number: 'n/a'), for log lines and model cards."""
-
-    def pct(x: Any) -> str:
-        return f"{100 * x:.1f}%" if isinstance(x, int | float) else "n/a"
-
-    return ", ".join(f"{k.replace('shot', '-shot')} {pct(v)}" for k, v in summary.items())
+    60.0%, ...', for log lines and model cards."""
+    return ", ".join(f"{k.replace('shot', '-shot')} {percent(v)}" for k, v in summary.items())

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from ssl_vit import interop, jobs
-from ssl_vit.config.loader import read_yaml_file
 from ssl_vit.errors import ConfigError
 from ssl_vit.interop import InteropError
 from ssl_vit.publish.export import check_output, check_target, export_checkpoint, write_export
 from ssl_vit.publish.model_card import classifier_card
+from ssl_vit.runs.occupancy import saved_job
 from ssl_vit.train import classifier_file
 from ssl_vit.train.checkpoint import resolve_checkpoint
 from ssl_vit.train.classifier_file import (
@@ -88,9 +88,7 @@ def export_source(source: str | Path) -> tuple[str, Path]:
     if kind != "encoder":
         return "checkpoint", path
     run = file.parent
-    config = run / "config.yaml"
-    saved = read_yaml_file(config) if config.is_file() else None
-    if isinstance(saved, dict) and jobs.by_config(saved) is jobs.FINETUNE:
+    if saved_job(run) is jobs.FINETUNE:
         raise ClassifierError(
             f"{file}: an encoder (no classifier head, no labels) in the fine-tuning run {run}, "
             f"whose {CLASSIFIER_FILE} is the classifier it trained: replaced or mismatched; to "

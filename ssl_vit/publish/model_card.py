@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ssl_vit.config.pixels import PIXEL_NORM
-from ssl_vit.eval.shots import format_summary
+from ssl_vit.eval.shots import format_summary, percent
 from ssl_vit.report.runs import fewshot_pool, read_config, read_results, run_dir_of, step_of
 from ssl_vit.train.classifier_file import ClassifierSpec
 
@@ -26,10 +26,6 @@ def run_config(checkpoint: Path) -> dict[str, Any]:
     """The resolved config of the run that wrote `checkpoint` ({} when not in a run dir)."""
     run = run_dir_of(checkpoint)
     return {} if run is None else read_config(run)
-
-
-def _pct(x: Any) -> str:
-    return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "n/a"
 
 
 def _downstream(checkpoint: Path, run: Path) -> list[str]:
@@ -46,7 +42,7 @@ def _downstream(checkpoint: Path, run: Path) -> list[str]:
         if "top1" in res:
             rows.append(
                 f"| fine-tune ({res_file.parent.name}) | {res.get('image_size')} px, "
-                f"{res.get('step')} steps, pool {pool} | top-1 {_pct(res['top1'])} |"
+                f"{res.get('step')} steps, pool {pool} | top-1 {percent(res['top1'])} |"
             )
         elif "summary" in res:
             shots = format_summary(res["summary"])
@@ -63,12 +59,12 @@ def _results(checkpoint: Path, run: Path | None) -> str:
         loss = f"{res['loss']:.3f}" if isinstance(res["loss"], (int, float)) else "n/a"
         lines.append(
             f"| pretraining (final) | step {res.get('step')} | loss {loss}, "
-            f"colour accuracy {_pct(res.get('color_acc'))} on corrupted patches |"
+            f"colour accuracy {percent(res.get('color_acc'))} on corrupted patches |"
         )
     if "top1" in res:  # the checkpoint of a fine-tuning run: its own final accuracy
         lines.append(
             f"| fine-tune (this run) | {res.get('image_size')} px, {res.get('step')} steps "
-            f"| top-1 {_pct(res['top1'])} |"
+            f"| top-1 {percent(res['top1'])} |"
         )
     fewshot = res.get("fewshot", {}).get("summary")
     if fewshot:
@@ -185,9 +181,9 @@ def _pretraining(rc: dict[str, Any], step: int | None) -> str:
             ),
             (
                 "corruption",
-                f"{_pct(obj.get('mask_ratio', 0.5))} of the patch embeddings; of those "
-                f"{_pct(probs[0])} replaced by a learned [mask] embedding, "
-                f"{_pct(probs[1])} by another patch's embedding, {_pct(probs[2])} kept",
+                f"{percent(obj.get('mask_ratio', 0.5))} of the patch embeddings; of those "
+                f"{percent(probs[0])} replaced by a learned [mask] embedding, "
+                f"{percent(probs[1])} by another patch's embedding, {percent(probs[2])} kept",
             ),
         ]
     )
@@ -290,10 +286,10 @@ def _classifier_results(rc: dict[str, Any], res: dict[str, Any]) -> str:
     source = f"`{rc.get('data', {}).get('eval', 'n/a')}`"
     if res.get("top1_ema") is not None:  # model.safetensors holds the averaged weights
         return (
-            f"Top-1 {_pct(res['top1_ema'])} on {source} (the averaged weights exported here; "
-            f"the raw weights: {_pct(res['top1'])}), after {res.get('step')} steps.\n"
+            f"Top-1 {percent(res['top1_ema'])} on {source} (the averaged weights exported here; "
+            f"the raw weights: {percent(res['top1'])}), after {res.get('step')} steps.\n"
         )
-    return f"Top-1 {_pct(res['top1'])} on {source}, after {res.get('step')} steps.\n"
+    return f"Top-1 {percent(res['top1'])} on {source}, after {res.get('step')} steps.\n"
 
 
 def _how_to_classify(to: str, out: Path) -> str:

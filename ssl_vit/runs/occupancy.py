@@ -15,6 +15,7 @@ from typing import Any
 
 from ssl_vit import jobs
 from ssl_vit.config import to_dict
+from ssl_vit.config.loader import read_yaml_file
 from ssl_vit.data.format import INDEX_NAME
 from ssl_vit.errors import ConfigError
 from ssl_vit.runs.lock import lock_held
@@ -28,6 +29,7 @@ __all__ = [
     "is_run_dir",
     "occupant",
     "read_paths",
+    "saved_job",
     "source_root",
 ]
 
@@ -51,6 +53,14 @@ def is_run_dir(folder: str | Path) -> bool:
     outputs = ("checkpoints", "results.json", "metrics.jsonl")
     has_run = (folder / "config.yaml").is_file() and any((folder / n).exists() for n in outputs)
     return has_run or lock_held(folder)
+
+
+def saved_job(folder: Path) -> jobs.Job | None:
+    """The job whose run `folder`'s config.yaml records (read bounded: any folder's file);
+    None without one, or for a config no job writes. ConfigError: an unreadable one."""
+    config = folder / "config.yaml"
+    saved = read_yaml_file(config) if config.is_file() else None
+    return jobs.by_config(saved) if isinstance(saved, dict) else None
 
 
 def holds_data(folder: Path) -> str | None:

@@ -27,7 +27,7 @@ from ssl_vit.config.schema import SHAPE_KEYS
 from ssl_vit.data.stream_state import check_same_stream
 from ssl_vit.jsonfile import parse_json
 from ssl_vit.runs.lock import RunLock, lock_run_dir
-from ssl_vit.runs.occupancy import check_not_source, holds_data, read_paths
+from ssl_vit.runs.occupancy import check_not_source, holds_data, read_paths, saved_job
 from ssl_vit.train.checkpoint import ENCODER_FILE, checkpoint_dirs
 from ssl_vit.train.weights_file import read_header
 
@@ -185,10 +185,9 @@ def _saved_job(run_dir: Path) -> jobs.Job | None:
     """The job of the run `run_dir`'s config.yaml records; None without a readable one
     (--resume then refuses what it cannot read: `check_resumed_config`)."""
     try:
-        saved = read_yaml_file(run_dir / "config.yaml")
+        return saved_job(run_dir)
     except (OSError, ConfigError):
         return None
-    return jobs.by_config(saved) if isinstance(saved, dict) else None
 
 
 def _remove(path: Path) -> None:
