@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from test_distributed import LAUNCH
 from test_pipelines import ROOT, pretrain_args
 
@@ -307,3 +308,35 @@ def test_one_line_errors_passes_a_bug_through():
         raise InputError("photos/: no images")
     with pytest.raises(ValueError, match="^boom$"), one_line_errors():
         raise ValueError("boom")
+
+
+class _Endless(torch.utils.data.IterableDataset):
+    """0, 1, 2, ... from each worker, slowly: a loader still running when a worker is killed."""
+
+    def __iter__(self):
+        i = 0
+        while True:
+            time.sleep(0.01)
+            yield i
+            i += 1
+
+
+@pytest.mark.system
+def test_a_killed_worker_of_any_loader_is_named_after_the_loader_closed():
+    """Every WorkerLoader (predict's, select's, the eval stream's, not only training's) is
+    known to the watchdog: a worker a signal ended is named in the job's error line even once
+    the loader has closed and joined its workers (predict printed a traceback instead)."""
+    from ssl_vit.data.stages import WorkerLoader
+    from ssl_vit.watchdog import dead_workers
+
+    loader = WorkerLoader(_Endless(), batch_size=None, num_workers=2)
+    it = iter(loader)
+    next(it)
+    victim = it._workers[0]
+    # DataLoader's SIGCHLD handler raises here, in the main thread, as it does in a job.
+    with contextlib.suppress(RuntimeError):
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(10)
+        time.sleep(0.5)  # the pending handler runs inside this block
+    loader.close()  # as predict's `finally` does before the error reaches the guard
+    assert f"pid {victim.pid} (SIGKILL)" in dead_workers()

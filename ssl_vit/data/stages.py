@@ -36,6 +36,7 @@ from ssl_vit import seeds
 from ssl_vit.data.decode import decode_image
 from ssl_vit.data.format import sample_fields
 from ssl_vit.data.tar import tar_groups
+from ssl_vit.watchdog import track_loader
 
 __all__ = [
     "Batch",
@@ -321,6 +322,7 @@ class WorkerLoader(DataLoader):
         if self.num_workers > 0:
             _LIVE.add(it)
             self._made.add(it)
+            track_loader(it)  # a worker a signal ended is named in the job's error line
         return it
 
     def close(self) -> None:

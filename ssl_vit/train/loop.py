@@ -54,7 +54,7 @@ from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics
 from ssl_vit.train.rng import rng_state, set_rng_state
 from ssl_vit.train.rundir import check_resumed_config
 from ssl_vit.train.runtime import RunContext, replica_checksum, setup_logging
-from ssl_vit.watchdog import track_loader, waiting_for
+from ssl_vit.watchdog import waiting_for
 
 __all__ = [
     "BadSteps",
@@ -284,7 +284,6 @@ class Batches:
     def __enter__(self) -> Batches:
         with waiting_for(self.what):  # worker start-up
             self.it = iter(self.loader)
-        track_loader(self.it)  # a dead worker is named in the job's error line
         return self
 
     def __exit__(self, *exc: object) -> None:
