@@ -149,6 +149,34 @@ def test_hf_dataset_round_trip(tmp_path, workers):
     assert [(r.index, r.data) for r in test.iter_records([1])] == [(1, images[1])]
 
 
+def test_a_dataset_of_several_splits_is_read_by_split_name(tmp_path):
+    """A saved DatasetDict given as a job's source (`data.eval=hf`) names its split: reading
+    "train" unasked would score a fine-tune on its own training images."""
+    datasets = pytest.importorskip("datasets")
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])}
+    )
+    ds = datasets.Dataset.from_dict(
+        {"image": [{"bytes": _image_bytes(i), "path": None} for i in range(5)]}
+        | {"label": [0, 1, 1, 0, 1]},
+        features=features,
+    )
+    datasets.DatasetDict({"train": ds, "test": ds.select([3, 4])}).save_to_disk(tmp_path / "two")
+    datasets.DatasetDict({"test": ds.select([0])}).save_to_disk(tmp_path / "one")
+    two = str(tmp_path / "two")
+
+    with pytest.raises(ConfigError) as e:
+        check_labelled_source("data.eval", two)
+    assert str(e.value) == (
+        f"data.eval={two!r}: {two}: a dataset of 2 splits (test, train); name the one to "
+        f"read: {two}/test or {two}/train"
+    )
+    assert check_labelled_source("data.eval", f"{two}/test") == ["a", "b"]
+    assert open_source(f"{two}/test").labels().tolist() == [0, 1]
+    assert open_source(two, split="test").labels().tolist() == [0, 1]  # make-shards' --split
+    assert open_source(str(tmp_path / "one")).labels().tolist() == [0]  # one split: no choice
+
+
 def test_hub_dataset_name(tmp_path, monkeypatch):
     """`hf://NAME:SPLIT` goes to datasets.load_dataset (stubbed here: no network in tests)."""
     datasets = pytest.importorskip("datasets")

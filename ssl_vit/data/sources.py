@@ -188,8 +188,13 @@ class HFSource(ImageSource):
         else:
             ds = datasets.load_from_disk(path)
         if isinstance(ds, datasets.DatasetDict):
-            if split is None:
-                split = "train" if "train" in ds or len(ds) != 1 else next(iter(ds))
+            if split is None and len(ds) > 1:  # reading "train" unasked could evaluate on it
+                paths = " or ".join(os.path.join(path, s) for s in sorted(ds))
+                raise InputError(
+                    f"{path}: a dataset of {len(ds)} splits ({', '.join(sorted(ds))}); "
+                    f"name the one to read: {paths}"
+                )
+            split = split or next(iter(ds))
             if split not in ds:
                 raise InputError(f"{path}: no split {split!r} (splits: {sorted(ds)})")
             ds = ds[split]
