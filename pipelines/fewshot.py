@@ -1,4 +1,4 @@
-"""Few-shot linear evaluation of a frozen encoder (the paper's metric, as big_vision computes it).
+r"""Few-shot linear evaluation of a frozen encoder (the paper's metric, as big_vision computes it).
 
     python pipelines/fewshot.py --checkpoint runs/x/checkpoints/step_00002000 \
         --config configs/fewshot/cifar10.yaml [key=value ...]

@@ -1,4 +1,4 @@
-"""Pick the images worth labelling from a pool of unlabelled ones, by the pretrained encoder's
+r"""Pick the images worth labelling from a pool of unlabelled ones, by the pretrained encoder's
 own features (TypiClust by default: Hacohen et al., ICML 2022; or k-center, or random).
 
     ssl-vit select --checkpoint runs/pretrain --source path/to/unlabelled --budget 200 \

@@ -117,8 +117,13 @@ def test_a_jobs_usage_line_names_its_command(name, capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["/venv/bin/ssl-vit", name, "--help"])
     with pytest.raises(SystemExit) as e:
         main([name, "--help"])
-    assert e.value.code == 0 and capsys.readouterr().out.startswith(f"usage: ssl-vit {name} [-h]")
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and out.startswith(f"usage: ssl-vit {name} [-h]")
     script = f"{JOBS[name].module}.py"
+    # an example command continued with `\` is shown as written, not run into the next line
+    doc = (ROOT / "pipelines" / script).read_text().split('"""')[1]
+    continued = [line.strip() for line in doc.splitlines() if line.endswith("\\")]
+    assert all(line in out for line in continued), continued
     monkeypatch.setattr(sys, "argv", [f"pipelines/{script}", "--help"])
     with pytest.raises(SystemExit):
         main([name, "--help"])

@@ -62,9 +62,11 @@ def test_missing_file_and_required_key(tmp_path):
         load_config(PretrainConfig, None, [])
 
 
-def test_parse_overrides_rejects_garbage():
-    with pytest.raises(ConfigError, match="not of the form"):
+def test_parse_overrides_rejects_garbage(tmp_path):
+    with pytest.raises(ConfigError, match="not of the form key.sub=value$"):
         parse_overrides(["train.steps"])
+    with pytest.raises(ConfigError, match="value: a path goes after its flag"):
+        parse_overrides([str(tmp_path)])  # `ssl-vit predict runs/ft photos`
     assert parse_overrides(["a.b=[1, 2]", "a.c=x"]) == {"a": {"b": [1, 2], "c": "x"}}
 
 

@@ -149,7 +149,10 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"override '{item}' is not of the form key.sub=value")
+            msg = f"override '{item}' is not of the form key.sub=value"
+            if os.path.exists(item):  # `ssl-vit predict runs/ft photos`: a path without its flag
+                msg += ": a path goes after its flag (--help lists them)"
+            raise ConfigError(msg)
         node = out
         *parents, leaf = key.strip().lstrip("-").split(".")
         for p in parents:

@@ -191,7 +191,8 @@ def build_device_augment(
         return None
     gen = torch.Generator(device).manual_seed(seeds.derive(seed, seeds.DEVICE_AUGMENT))
     load = plan.load_size
-    log.info("augmentation: on %s, batched; workers decode and load at %d px", device, load)
+    what = "the unlabelled images' augmentation" if always else "augmentation"
+    log.info("%s: on %s, batched; workers decode and load at %d px", what, device, load)
     return DeviceAugment(
         image_size, gen, data.crop_scale, hflip=data.hflip, load_size=load,
         stream=(seed, plan.rank, global_micro or plan.global_micro),
