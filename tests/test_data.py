@@ -406,8 +406,13 @@ def test_resolve_shards(synthetic_shards, tmp_path):
     assert read_index(shards[0])["label_names"] == SYNTHETIC_LABELS
     with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve_shards(str(tmp_path / "missing"))
-    with pytest.raises(FileNotFoundError, match="no shards"):
+    with pytest.raises(
+        FileNotFoundError, match=f"no shards \\(\\*.tar\\) in directory {tmp_path}$"
+    ):
         resolve_shards(str(tmp_path))
+    _write_files(tmp_path / "photos", ["cat/a/1.jpg"])  # a new user's photos: how to shard them
+    with pytest.raises(FileNotFoundError, match="it holds images.*make-shards --source .*photos"):
+        resolve_shards(str(tmp_path / "photos"))
     with pytest.raises(FileNotFoundError, match="1 of 3 shards"):
         resolve_shards(f"{d}/shard-{{000000..000002}}.tar")
 

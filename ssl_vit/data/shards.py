@@ -15,6 +15,7 @@ from typing import Any
 import braceexpand
 
 from ssl_vit.data.format import (
+    IMAGE_EXTENSIONS,
     INDEX_NAME,
     PART_DIR,
     check_parts_agree,
@@ -68,8 +69,22 @@ def _resolve_dir(path: str, part: str) -> list[str]:
         return [url for d in parts for url in _shards_from_index(str(d / INDEX_NAME))]
     paths = sorted(glob.glob(os.path.join(path, "*.tar")))
     if not paths:
-        raise FileNotFoundError(f"no shards (*.tar) in directory {part}")
+        msg = f"no shards (*.tar) in directory {part}"
+        if _holds_images(path):  # a new user's photos, or a saved Hugging Face dataset
+            msg += (
+                ": it holds images, which pretraining streams as shards: make them once with "
+                f"`ssl-vit make-shards --source {part} --output <a new folder>`"
+            )
+        raise FileNotFoundError(msg)
     return paths
+
+
+def _holds_images(path: str) -> bool:
+    """Whether an image file or a saved dataset's table (*.arrow) lies anywhere under `path`."""
+    kinds = (*IMAGE_EXTENSIONS, "arrow")
+    return any(
+        name.rpartition(".")[2].lower() in kinds for _, _, names in os.walk(path) for name in names
+    )
 
 
 def _resolve_one(part: str) -> list[str]:
