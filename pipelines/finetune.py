@@ -38,6 +38,7 @@ from ssl_vit.data.labelled import (
     choose_typiclust,
     use_labelled,
 )
+from ssl_vit.errors import ConfigError
 from ssl_vit.eval.confusion import add_confusion, confusion_summary
 from ssl_vit.model import Classifier, PixelNorm, build_vit
 from ssl_vit.train import preflight
@@ -117,6 +118,13 @@ def check(cfg: FinetuneConfig, resume: bool) -> Checked:
     if cfg.data.eval:
         eval_names = preflight.check_labelled_source("data.eval", cfg.data.eval)
         preflight.check_same_labels(("data.train", label_names), ("data.eval", eval_names))
+        label_names = label_names or eval_names  # remote shards, read without their index.json
+    if not label_names:  # the head's size: nothing else says how many classes there are
+        raise ConfigError(
+            f"data.train={cfg.data.train!r}: its class names are unknown (remote shards are "
+            "read without their index.json) and data.eval names none: point data.eval at a "
+            "labelled source with them (local shards, an image folder)"
+        )
     loaded = note = None
     if not cfg.init.scratch:  # a run directory -> its newest valid checkpoint
         cfg, loaded, note = preflight.init_from_checkpoint(

@@ -190,6 +190,23 @@ def test_finetune_evaluates_every_eval_every_steps_between_log_steps(synthetic_s
     assert results["top1"] == log[-1]["top1"]
 
 
+def test_finetune_on_remote_shards_takes_the_class_names_of_its_data_eval(
+    synthetic_shards, tmp_path
+):
+    """`pipe:` shards are read without their index.json: the head is sized by data.eval's class
+    names (it was sized 0, and step 1 died on an IndexError), and without them the job stops
+    in one line before anything is written."""
+    remote = f"pipe:cat {synthetic_shards}/shard-{{000000..000001}}.tar"
+    main = pipeline("finetune")
+    with pytest.raises(SystemExit, match="class names are unknown .* data.eval names none"):
+        main(finetune_args(remote, tmp_path / "a", "train.steps=2"))
+    assert not (tmp_path / "a").exists()
+    extra = ["train.steps=2", f"data.eval={synthetic_shards}"]
+    results = main(finetune_args(remote, tmp_path / "b", *extra))
+    names = json.loads((synthetic_shards / "index.json").read_text())["label_names"]
+    assert results["label_names"] == names and results["num_classes"] == 10 == len(names)
+
+
 def test_finetune_from_a_probe_head_starts_at_the_probe(pretrained, synthetic_shards, tmp_path):
     """init.head=probe (LP-FT): the first logged training accuracy is the probe's, far above
     the zero head's (which predicts class 0 for everything: about 3 of a batch of 32)."""
