@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import stat
 import struct
 import warnings
@@ -42,6 +43,7 @@ __all__ = [
     "pil_to_rgb8",
     "read_image_file",
     "stored_box",
+    "unreadable_reason",
     "upright",
     "upright_pil",
 ]
@@ -339,3 +341,9 @@ def open_jpeg_reduced(data: bytes, scale: int) -> Image.Image | None:
     if im.size != (-(-width // scale), -(-height // scale)):
         return None
     return im
+
+
+def unreadable_reason(e: Exception) -> str:
+    """Why an image could not be read, the same on every run: PIL names the in-memory file it
+    was handed (`cannot identify image file <_io.BytesIO object at 0x7f769dcb4c70>`)."""
+    return re.sub(r" <_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", f"{type(e).__name__}: {e}")

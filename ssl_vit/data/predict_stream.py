@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ssl_vit.data.decode import decode_image
+from ssl_vit.data.decode import decode_image, unreadable_reason
 from ssl_vit.data.image_source import ImageSource
 from ssl_vit.data.images import eval_transform
 from ssl_vit.data.sources import FolderSource, open_source
@@ -92,10 +92,10 @@ class _PredictDataset(IterableDataset):
                     label = self.label_map[rec.label] if self.label_map and rec.label >= 0 else -1
                     items.append((transform(decode_image(rec.data)), label, name, None))
                 except Exception as e:  # any unreadable image: named, counted, never a crash
-                    skipped.append((name, f"{type(e).__name__}: {e}"))
+                    skipped.append((name, unreadable_reason(e)))
                     self.skipped += 1
                     if rate_limited(self.skipped):
-                        log.warning("skipping %s: %s: %s", name, type(e).__name__, e)
+                        log.warning("skipping %s: %s", name, skipped[-1][1])
             batch = collate(items, self.image_size)
             yield PredictBatch(g, batch.images, batch.keys, batch.labels, skipped)
 

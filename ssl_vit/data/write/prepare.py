@@ -13,7 +13,13 @@ from typing import NamedTuple
 
 from PIL import Image
 
-from ssl_vit.data.decode import check_pixels, exif_orientation, pil_to_rgb8, upright_pil
+from ssl_vit.data.decode import (
+    check_pixels,
+    exif_orientation,
+    pil_to_rgb8,
+    unreadable_reason,
+    upright_pil,
+)
 from ssl_vit.errors import ConfigError
 
 __all__ = ["Prepared", "StoreSettings", "image_error", "prepare_image", "shrink"]
@@ -69,7 +75,7 @@ def image_error(data: bytes) -> str | None:
             check_pixels(im.size)  # the limit every reader applies (data.decode)
             im.verify()
     except Exception as e:  # PIL raises many types for bad data
-        return f"{type(e).__name__}: {e}"
+        return unreadable_reason(e)
     return None
 
 
@@ -119,4 +125,4 @@ def prepare_image(data: bytes, ext: str, settings: StoreSettings) -> Prepared:
     try:
         return shrink(data, ext, settings)
     except Exception as e:  # an image that verifies but does not decode
-        return Prepared(ext, b"", f"{type(e).__name__}: {e}")
+        return Prepared(ext, b"", unreadable_reason(e))
