@@ -283,9 +283,9 @@ def main(argv: list[str] | None = None) -> dict:
                 break
             if due(step, tc.checkpoint_every) and step != tc.steps and not meter.bad.in_a_row:
                 with meter.paused():  # never during a run of skipped steps: the last good
-                    ckpts.save(step, start.counters, *streams)  # one stays the resume point
+                    ckpts.save(step, meter.totals(), *streams)  # one stays the resume point
         meter.end_loop(step)
-        ckpts.save(step, start.counters, *streams)
+        ckpts.save(step, meter.totals(), *streams)
         if step < tc.steps:
             return end_preempted(meter, step)
         stop.finish_loop()  # a signal from here on ends the job at once (checkpoint complete)
@@ -354,6 +354,8 @@ def final_results(cfg: FinetuneConfig, row: dict, counters: dict, subset, label_
         "top1": row.get("top1"),
         "top1_ema": row.get("top1_ema"),
         "train_loss": row.get("loss"),
+        "skipped_samples": counters["skipped_samples"],  # unreadable images, bad labels
+        "skipped_shards": counters["skipped_shards"],
         "skipped_steps": counters["skipped_steps"],
         "scaler_skips": counters["scaler_skips"],  # fp16 overflows the loss scaler handled
         "init": "random" if cfg.init.scratch else cfg.init.checkpoint,

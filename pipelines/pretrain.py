@@ -140,9 +140,9 @@ def main(argv: list[str] | None = None) -> dict:
                 break
             if due(step, tc.checkpoint_every) and step != tc.steps and not meter.bad.in_a_row:
                 with meter.paused():  # never during a run of skipped steps: the last good
-                    ckpts.save(step, start.counters, batches)  # one stays the resume point
+                    ckpts.save(step, meter.totals(), batches)  # one stays the resume point
         meter.end_loop(step)
-        ckpts.save(step, start.counters, batches)
+        ckpts.save(step, meter.totals(), batches)
         if step < tc.steps:
             return end_preempted(meter, step)
         stop.finish_loop()  # a signal from here on ends the job at once (checkpoint complete)

@@ -13,10 +13,12 @@ from collections import Counter
 import pytest
 import torch
 from accelerate.utils import DistributedType
+from conftest import pipeline
 from test_pipelines import ROOT, pretrain_args, rows
 
 from ssl_vit.config import PretrainConfig, from_dict
-from ssl_vit.datasets.synthetic import make_synthetic_shards, synthetic_shapes
+from ssl_vit.data.write.writer import ShardWriter
+from ssl_vit.datasets.synthetic import SYNTHETIC_LABELS, make_synthetic_shards, synthetic_shapes
 from ssl_vit.model import build_vit
 from ssl_vit.objectives import MaskedPatchPrediction
 from ssl_vit.train.runtime import replica_checksum
@@ -145,6 +147,35 @@ def test_two_processes_on_one_shard(tmp_path):
     _check_run(out)
     rng = torch.load(out / "checkpoints/step_00000006/rng_rank0.pt", weights_only=False)
     assert rng["stream"]["lanes"] == 2
+
+
+@pytest.mark.system
+def test_two_processes_count_every_ranks_skipped_samples(tmp_path):
+    """A sample skipped on rank 1 is counted: the rows, checkpoints and results of 2 processes
+    say what 1 process says of the same stream (8 shards: the same lanes, the same order). They
+    counted rank 0's skips only: 3 of 11 in a folder of photos with broken files."""
+    shards = tmp_path / "shards"
+    with ShardWriter(shards, shard_size=12) as writer:
+        for i, (key, data, label) in enumerate(synthetic_shapes(96)):
+            writer.write(key, "png", data if i % 7 else b"\x89PNG\r\n\x1a\n broken", label)
+        writer.close(label_names=SYNTHETIC_LABELS, source="test")
+    run = [*RUN[:-1], "train.steps=8", "train.log_every=2"]  # over the epoch: 14 broken of 96
+    one = pipeline("pretrain")(pretrain_args(shards, tmp_path / "one", *run))
+    cmd = [
+        *LAUNCH,
+        *("--num_machines", "1", "--main_process_port", str(_free_port())),
+        str(ROOT / "pipelines/pretrain.py"),
+        *pretrain_args(shards, tmp_path / "two", *run),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = json.loads((tmp_path / "two/results.json").read_text())
+    counts = [[r["skipped_samples"] for r in rows(tmp_path / d)] for d in ("one", "two")]
+    assert counts[0] == counts[1] and counts[0][-1] == one["skipped_samples"] >= 14
+    assert two["skipped_samples"] == one["skipped_samples"]
+    for d in ("one", "two"):
+        state = torch.load(tmp_path / d / "checkpoints/step_00000006/state.pt", weights_only=True)
+        assert state["counters"]["skipped_samples"] == counts[0][2]  # the step-6 row's
 
 
 @pytest.mark.system

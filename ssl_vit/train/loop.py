@@ -88,6 +88,11 @@ def due(step: int, every: int) -> bool:
     return every > 0 and step % every == 0
 
 
+# Counted by each rank's loaders (`Batches`), summed over ranks by `Meter.totals`; the others
+# are the same on every rank (bad steps: device counts after the all-reduce; images: the plan's).
+_RANK_COUNTS = ("skipped_samples", "skipped_shards")
+
+
 def new_counters() -> dict[str, int]:
     """Run totals kept in every checkpoint (images over all ranks)."""
     # scaler_skips: steps the fp16 loss scaler skipped (overflow, scale lowered), not bad steps
@@ -440,6 +445,7 @@ class Meter:
         )
         self.metrics.truncate_after(start.step)
         self.bad = BadSteps(tc.max_bad_steps, run.ckpt_dir, self.counters, acc.device)
+        self.summed = {k: self.counters[k] for k in _RANK_COUNTS}  # as of the last `totals`
         self.stats: StepStats | None = None  # sized by the first micro-batch's figures
         self.bar = progress_bar(tc.steps, start.step, acc.is_main_process)
         self.watch = Stopwatch()  # the first lap starts here, with the loader built
@@ -466,6 +472,16 @@ class Meter:
             self.bad.check(step)
         self.bar.update(1)
 
+    def totals(self) -> dict[str, int]:
+        """The run's counters, with the samples and shards every rank's loaders skipped since
+        the last call added (one all-reduce: each `Batches` counts its own rank's): what a
+        log row and a checkpoint record. On every rank at the same step."""
+        new = [self.counters[k] - self.summed[k] for k in _RANK_COUNTS]
+        new = self.acc.reduce(torch.tensor(new, device=self.acc.device), reduction="sum")
+        for k, n in zip(_RANK_COUNTS, new.tolist(), strict=True):
+            self.counters[k] = self.summed[k] = self.summed[k] + int(n)
+        return self.counters
+
     def lap(self, step: int, lr: float) -> tuple[dict[str, Any], dict[str, Any]]:
         """At a log step: (the lap's sums over ranks, what every row has: lr, throughput and
         the share of time spent waiting for data since the last log step, the counters)."""
@@ -475,7 +491,7 @@ class Meter:
             "lr": lr,
             "img_per_s": steps * self.global_batch / elapsed,
             "data_wait": waits.get("data", 0.0) / elapsed,
-            **{k: v for k, v in self.counters.items() if k != "images"},
+            **{k: v for k, v in self.totals().items() if k != "images"},
             "images_seen": self.counters["images"],
         }
         return self.stats.reduce(self.acc), figures
