@@ -272,7 +272,8 @@ def test_pretraining_monitor_survives_bad_images_and_labels(tmp_path, capfd):
     assert (few["skipped_train"], few["skipped_train_labels"], few["skipped_eval"]) == (1, 0, 1)
     assert few["num_train_features"] == 7 and few["num_test"] == 2
     logged = capfd.readouterr().err  # the job logs to stderr
-    assert f"skipping sample a_1 in {train / 'a' / '1.png'}" in logged  # by a loader worker
+    reason = "UnidentifiedImageError: cannot identify image file (1 skipped by this worker)"
+    assert f"skipping sample a_1 in {train / 'a' / '1.png'}: {reason}" in logged  # by a worker
     assert "label 7 out of range [0, 2)" in logged
 
 

@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data._utils.signal_handling import _remove_worker_pids
 
 from ssl_vit import seeds
-from ssl_vit.data.decode import decode_image
+from ssl_vit.data.decode import decode_image, unreadable_reason
 from ssl_vit.data.format import sample_fields
 from ssl_vit.data.tar import tar_groups
 from ssl_vit.watchdog import track_loader
@@ -202,12 +202,8 @@ def decode_stage(
             stats.consecutive_failures += 1
             if rate_limited(stats.total_skipped):
                 log.warning(
-                    "skipping sample %s in %s: %s: %s (%d skipped by this worker)",
-                    s.key,
-                    s.url,
-                    type(e).__name__,
-                    e,
-                    stats.total_skipped,
+                    "skipping sample %s in %s: %s (%d skipped by this worker)",
+                    *(s.key, s.url, unreadable_reason(e), stats.total_skipped),
                 )
             if stats.consecutive_failures >= limit:
                 raise RuntimeError(
