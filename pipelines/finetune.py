@@ -127,9 +127,11 @@ def check(cfg: FinetuneConfig, resume: bool) -> Checked:
         )
     loaded = note = None
     if not cfg.init.scratch:  # a run directory -> its newest valid checkpoint
-        cfg, loaded, note = preflight.init_from_checkpoint(
-            "init.checkpoint", cfg, cfg.init.checkpoint
-        )
+        path, recorded = cfg.init.checkpoint, None
+        if resume and (own := preflight.resumed_encoder(cfg.output_dir, path)):
+            (path, recorded), what = own, "the encoder's shape and normalisation are read from"
+            log.warning("init.checkpoint=%r is gone: %s the run's own %s", recorded, what, path)
+        cfg, loaded, note = preflight.init_from_checkpoint("init.checkpoint", cfg, path, recorded)
     teacher = check_teacher(cfg, label_names, resume) if cfg.distill.enabled else None
     preflight.check_writable("output_dir", cfg.output_dir)
     return Checked(cfg, label_names, loaded, subset, note, teacher)

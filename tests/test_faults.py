@@ -161,6 +161,34 @@ def stop_after_step(monkeypatch, step: int) -> None:
     monkeypatch.setattr(StopRequest, "agreed", agreed)
 
 
+def test_a_finetune_resumes_when_its_init_checkpoint_is_gone(
+    synthetic_shards, tmp_path, monkeypatch, capfd
+):
+    """The pretraining run cleaned up (or not mounted where the run moved): --resume reads the
+    encoder's shape and normalisation from the run's own checkpoint and continues exactly; it
+    stopped with "init.checkpoint=...: no such file or directory"."""
+    pipeline("pretrain")(pretrain_args(synthetic_shards, tmp_path / "pre", "train.steps=2"))
+    init = tmp_path / "pre/checkpoints/step_00000002"
+
+    def args(out, *extra):
+        every = ["train.log_every=1", "train.checkpoint_every=0", f"init.checkpoint={init}"]
+        return finetune_args(synthetic_shards, out, "train.steps=6", *every, *extra)
+
+    main = pipeline("finetune")
+    main(args(tmp_path / "ref"))
+    stop_after_step(monkeypatch, 3)
+    assert main(args(tmp_path / "run")) == {"step": 3, "preempted": True}
+    monkeypatch.undo()
+    (tmp_path / "pre").rename(tmp_path / "cleaned-up")
+    capfd.readouterr()
+    results = main(args(tmp_path / "run", "--resume"))
+    assert losses(tmp_path / "run") == losses(tmp_path / "ref") and len(rows(tmp_path / "run")) == 6
+    assert results["init"] == str(init)  # as recorded at the start
+    assert f"init.checkpoint='{init}' is gone: the encoder's shape" in capfd.readouterr().err
+    with pytest.raises(SystemExit, match="init.checkpoint=.*: no such file or directory"):
+        main(args(tmp_path / "new"))  # a new run needs it
+
+
 @pytest.mark.system
 def test_finetune_preempted_and_resumed_is_exact(synthetic_shards, tmp_path, monkeypatch):
     """Fine-tuning: a stop request after step 5 (as SIGTERM would set it), then --resume."""

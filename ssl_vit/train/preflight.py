@@ -215,20 +215,38 @@ def _trained_size(path: str) -> tuple[str, int | None]:
         return path, None
 
 
-def init_from_checkpoint(key: str, cfg: Any, path: str) -> tuple[Any, Any, str]:
+def init_from_checkpoint(
+    key: str, cfg: Any, path: str, recorded: str | None = None
+) -> tuple[Any, Any, str]:
     """A job's config resolved for the encoder at `path` (named by `key`; `load_init_encoder`)
-    -> (the config, checked again and frozen, with init.checkpoint the checkpoint used,
-    recorded as such in config.yaml, and the checkpoint's shape and pixel normalisation; the
-    `LoadedEncoder`; the line to log about it)."""
+    -> (the config, checked again and frozen, with init.checkpoint the checkpoint used (or
+    `recorded`), recorded as such in config.yaml, and the checkpoint's shape and pixel
+    normalisation; the `LoadedEncoder`; the line to log about it)."""
     i = cfg.init
     path, loaded = load_init_encoder(key, path, cfg.model, i.pos_interp, i.format)
     data, pixels_from = resolve_pixel_norm(cfg.data, path)  # null mean / std: the checkpoint's
-    init = dataclasses.replace(i, checkpoint=path)
+    init = dataclasses.replace(i, checkpoint=recorded or path)
     # The checkpoint's shape (at this image size) and pixel normalisation: a resolved copy,
     # checked as the loader checks a config.
     resolved = dataclasses.replace(cfg, init=init, model=loaded.model_config, data=data)
     cfg = freeze(validated(resolved))
     return cfg, loaded, checkpoint_note(key, cfg, pixels_from)
+
+
+def resumed_encoder(run_dir: str, init: str) -> tuple[str, str] | None:
+    """`--resume` of a fine-tune whose init checkpoint is gone (cleaned up, or not mounted on
+    the machine the run moved to): (the run's own newest valid checkpoint, which holds the
+    encoder's shape and pixel normalisation at the run's resolution, and the init checkpoint
+    config.yaml records); None while `init` exists or the run has no checkpoint yet."""
+    from ssl_vit.config.loader import read_yaml_file
+    from ssl_vit.train.checkpoint import latest_valid_checkpoint
+
+    own = latest_valid_checkpoint(Path(run_dir) / "checkpoints")
+    if os.path.exists(os.path.expanduser(init)) or own is None:
+        return None
+    saved = Path(run_dir) / "config.yaml"
+    recorded = read_yaml_file(saved).get("init", {}).get("checkpoint") if saved.is_file() else None
+    return str(own), recorded or init
 
 
 def resolve_pixel_norm(data: Any, checkpoint: str | None) -> tuple[Any, str]:
