@@ -18,7 +18,7 @@ from ssl_vit.config.schema import ModelConfig
 from ssl_vit.interop import InteropError, from_hf, from_timm, to_timm
 from ssl_vit.model.vit import ViT
 from ssl_vit.publish import export_checkpoint, import_weights
-from ssl_vit.train.checkpoint import load_encoder, save_encoder
+from ssl_vit.train.checkpoint import PixelStats, load_encoder, read_pixel_norm, save_encoder
 from ssl_vit.train.encoder_init import encoder_from_checkpoint
 
 # The `interop` extra, imported by the tests that use it, not at collection: importing timm,
@@ -252,6 +252,34 @@ def test_cli_export_import_round_trip_is_bitwise(ckpt, tmp_path, capsys):
         assert all(torch.equal(back[k], orig[k]) for k in orig)
     assert cli(["import", str(tmp_path / "nowhere"), str(tmp_path / "x")]) == 1
     assert "no such checkpoint" in capsys.readouterr().err
+
+
+def test_an_import_keeps_the_pixel_normalisation_its_source_records(tmp_path, capsys):
+    """timm's pretrained_cfg and transformers' preprocessor_config.json record the mean and
+    std their weights were trained on: an import (and a job reading the folder directly) keeps
+    them, where it gave every job 0.5 unless the user knew to pass data.mean / data.std."""
+    imagenet = PixelStats((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    (tmp_path / "ck").mkdir()
+    save_encoder(perturb(ViT(16, 4, 32, 2, 2)), tmp_path / "ck/encoder.safetensors", CFG, imagenet)
+    for to in ("timm", "hf"):
+        assert cli(["export", str(tmp_path / "ck"), "--to", to, str(tmp_path / to)]) == 0
+        assert read_pixel_norm(tmp_path / to) == imagenet  # init.checkpoint=<the folder>
+        assert cli(["import", str(tmp_path / to), str(tmp_path / f"in_{to}")]) == 0
+        assert read_pixel_norm(tmp_path / f"in_{to}") == imagenet
+        record = json.loads((tmp_path / f"in_{to}/source.json").read_text())
+        assert record["pixel_norm"] == {"mean": list(imagenet.mean), "std": list(imagenet.std)}
+    bare = tmp_path / "bare/vit.safetensors"  # a state dict alone records nothing
+    bare.parent.mkdir()
+    save_file(load_file(str(tmp_path / "timm/model.safetensors")), str(bare))
+    assert read_pixel_norm(bare) is None
+    config = json.loads((tmp_path / "timm/config.json").read_text())
+    config["pretrained_cfg"]["std"] = [0.2, 0.0, 0.2]
+    (tmp_path / "timm/config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert cli(["import", str(tmp_path / "timm"), str(tmp_path / "in_bad")]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'timm/config.json'}: no usable pixel normalisation (std must be > 0" in err
+    assert not (tmp_path / "in_bad").exists()
 
 
 def test_cli_export_of_a_run_directory_uses_its_newest_valid_checkpoint(ckpt, tmp_path, caplog):

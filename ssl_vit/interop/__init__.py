@@ -6,7 +6,7 @@ head), `read_foreign` for import (encoders only). Exporting and importing
 whole checkpoints (files, model cards) is `ssl_vit.publish`.
 """
 
-from ssl_vit.interop.foreign import detect_format, read_foreign
+from ssl_vit.interop.foreign import detect_format, foreign_pixel_norm, read_foreign
 from ssl_vit.interop.hf_format import (
     from_hf,
     hf_classifier_config,
@@ -20,6 +20,7 @@ from ssl_vit.interop.timm_format import from_timm, timm_config, to_timm
 __all__ = [
     "InteropError",
     "detect_format",
+    "foreign_pixel_norm",
     "from_hf",
     "from_timm",
     "hf_classifier_config",

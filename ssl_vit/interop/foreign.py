@@ -23,8 +23,9 @@ from ssl_vit.interop.hf_format import from_hf
 from ssl_vit.interop.keymap import InteropError
 from ssl_vit.interop.timm_format import from_timm
 from ssl_vit.jsonfile import JsonFileError, read_json
+from ssl_vit.model.pixels import pixel_norm_problem
 
-__all__ = ["detect_format", "read_foreign", "read_weights"]
+__all__ = ["detect_format", "foreign_pixel_norm", "read_foreign", "read_weights"]
 
 log = logging.getLogger(__name__)
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors")
@@ -155,3 +156,29 @@ def read_foreign(
     if dropped:
         log.info("%s: dropped the classifier / pooler weights %s", path, dropped)
     return ours, model_cfg
+
+
+def foreign_pixel_norm(path: str | Path) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """(mean, std) of [0, 1] RGB that timm or transformers weights at `path` were trained on,
+    as their directory records it: timm's config.json `pretrained_cfg`, transformers'
+    preprocessor_config.json `image_mean` / `image_std`; None where it records none (a bare
+    state dict). InteropError naming the file when the values are no usable normalisation."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    cfg = _config(path) or {}
+    timm_cfg, hf_proc = cfg.get("pretrained_cfg"), folder / "preprocessor_config.json"
+    if isinstance(timm_cfg, dict) and "mean" in timm_cfg and "std" in timm_cfg:
+        where, mean, std = folder / "config.json", timm_cfg["mean"], timm_cfg["std"]
+    elif "model_type" in cfg and hf_proc.is_file():
+        try:
+            proc = read_json(hf_proc)
+        except JsonFileError as e:
+            raise InteropError(str(e)) from None
+        if not proc.get("do_normalize", True) or "image_mean" not in proc:
+            return None
+        where, mean, std = hf_proc, proc["image_mean"], proc.get("image_std")
+    else:
+        return None
+    if (why := pixel_norm_problem(mean, std)) is not None:
+        raise InteropError(f"{where}: no usable pixel normalisation ({why})")
+    return tuple(map(float, mean)), tuple(map(float, std))

@@ -148,11 +148,21 @@ def import_weights(
     check_output(out, {"source": str(source)}, overwrite)
     fmt = detect_format(source) if fmt == "auto" else fmt
     state, cfg = load_any_encoder(source, fmt, heads)
+    pixels = ckpt.read_pixel_norm(source)  # what the source's folder records, if anything
     encoder = build_vit(ModelConfig.from_saved(cfg))
     encoder.load_state_dict(state, strict=True)  # keys and shapes were checked on reading
     with staged_dir(out) as tmp, writing(out):
-        ckpt.save_encoder(encoder, tmp / ENCODER_FILE, cfg)
+        ckpt.save_encoder(encoder, tmp / ENCODER_FILE, cfg, pixels)
         record = {"source": str(source), "format": fmt, "model_config": cfg}
+        record["pixel_norm"] = pixels._asdict() if pixels is not None else None
         write_json(tmp / "source.json", record, indent=2)
     log.info("imported %s (%s) to %s", source, fmt, out / ENCODER_FILE)
-    return {"outdir": str(out), "model_config": cfg}
+    if pixels is None:
+        log.warning(
+            "%s records no pixel normalisation: jobs take data.mean / data.std as given "
+            "(default 0.5); give the ones the weights were trained with",
+            source,
+        )
+    else:
+        log.info("pixel normalisation (the source's): mean %s, std %s", *map(list, pixels))
+    return {"outdir": str(out), "model_config": cfg, "pixel_norm": record["pixel_norm"]}

@@ -20,7 +20,7 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -92,17 +92,25 @@ def save_encoder(
 
 
 def read_pixel_norm(path: str | Path) -> PixelStats | None:
-    """The pixel normalisation stored with the ssl-vit encoder at `path` (a checkpoint
-    directory or its encoder.safetensors; the header only); None when it stores none (written
-    before it was stored, imported weights, another format). CheckpointError if malformed."""
+    """The pixel normalisation stored with the encoder at `path`: an ssl-vit checkpoint
+    directory or encoder.safetensors (the header only), or timm / transformers weights whose
+    directory records it (`interop.foreign_pixel_norm`); None when none is stored (an encoder
+    written before it was stored, a bare state dict). CheckpointError if malformed."""
+    from ssl_vit.interop import InteropError, foreign_pixel_norm
+
     path = Path(path)
     file = path / ENCODER_FILE if path.is_dir() else path
-    if file.suffix != ".safetensors" or not file.is_file():
-        return None
-    try:
-        raw = read_header(file)[0].get("pixel_norm")
-    except WeightsFileError:  # not a safetensors file: another format, no stats
-        return None
+    header: dict[str, Any] = {}
+    if file.suffix == ".safetensors" and file.is_file():
+        with suppress(WeightsFileError):  # not a safetensors file: no stats there
+            header = read_header(file)[0]
+    if "model_config" not in header:  # not ours: what a timm or transformers folder records
+        try:
+            stats = foreign_pixel_norm(path) if path.exists() else None
+        except InteropError as e:
+            raise CheckpointError(str(e)) from None
+        return None if stats is None else PixelStats(*stats)  # type: ignore[arg-type]
+    raw = header.get("pixel_norm")
     if raw is None:
         return None
     try:
