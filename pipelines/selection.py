@@ -34,8 +34,7 @@ from ssl_vit.config.checks import auto_num_workers
 from ssl_vit.config.flags import flag_overrides, given_flags
 from ssl_vit.config.frozen import freeze, validated
 from ssl_vit.data.image_source import ImageSource
-from ssl_vit.data.predict_stream import predict_loader
-from ssl_vit.data.sources import open_source
+from ssl_vit.data.predict_stream import open_predict_source, predict_loader
 from ssl_vit.eval.readouts import Extraction
 from ssl_vit.eval.select_features import (
     FeatureTable,
@@ -98,7 +97,7 @@ def check(
     source's image names when there are earlier rows: a next round's, else [])"""
     frozen = load_frozen_encoder("--checkpoint", cfg.checkpoint, cfg.image_size)
     try:
-        source = open_source(cfg.source)
+        source = open_predict_source(cfg.source, ignore_labels=True)  # every image: a pool
         n = len(source)
     except (OSError, ValueError) as e:
         raise ConfigError(f"--source {cfg.source}: {e}") from None
@@ -169,6 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
     t_start = time.time()
     args = parse_args(argv)
     flags = given_flags(args, FLAGS) | ({"--no-copy": ("copy", False)} if args.no_copy else {})
+    setup_logging()  # the checks' warnings as every other line (the launcher's rank: INFO)
     with one_line_errors():
         cfg = load_config(SelectConfig, args.config, flag_overrides(flags, args.overrides))
         cfg, frozen, source, earlier, names = check(cfg, args.overwrite)  # before any image

@@ -192,6 +192,21 @@ def test_unreadable_images_are_skips_and_the_labels_are_never_read(encoder_run, 
     assert rows(tmp_path / "a-random")[0]["cluster"] is None
 
 
+def test_a_pool_with_class_folders_and_loose_images_is_read_whole(encoder_run, tmp_path):
+    """The pool is every image under --source: a first round sorted into class folders beside
+    the images still to label. It read the class folders' images alone for its count and
+    every image in its stream, and died ("6 images, 3 when the job started")."""
+    src = image_folder(tmp_path / "pool", ["cat"], n=3, bad=0)
+    for i in range(3):
+        shutil.copy(src / "cat" / f"img{i:02d}.png", src / f"loose{i}.png")
+    res = run_select(encoder_run, src, tmp_path / "pick", "--budget", "6", "--method", "random")
+    assert res["images"] == 6 and res["skipped"] == 0
+    assert sorted(r["key"] for r in rows(tmp_path / "pick")) == [
+        *(f"cat/img{i:02d}.png" for i in range(3)),
+        *(f"loose{i}.png" for i in range(3)),
+    ]
+
+
 def test_rounds_grow_the_selection_and_keep_the_users_labels(encoder_run, tmp_path):
     src = image_folder(tmp_path / "src", ["x"], bad=0)
     out = tmp_path / "pick"
