@@ -95,6 +95,8 @@ class Checked(NamedTuple):
     subset: Any  # the label budget's subset, None for every label
     note: str | None  # the line to log about the checkpoint
     teacher: Any  # the offline teacher (distill.teacher), None without one
+    eval_map: tuple[int, ...] | None  # data.eval's label -> the classifier's, where they differ
+    eval_left_out: list[str]  # data.eval's classes data.train has no images of
 
 
 def check(cfg: FinetuneConfig, resume: bool) -> Checked:
@@ -115,9 +117,11 @@ def check(cfg: FinetuneConfig, resume: bool) -> Checked:
         subset = choose_typiclust(d.train, d.labels_budget, d.labels_seed, where)
     if resume:  # the run's own subset (or none), or one error line before anything is written
         check_recorded(subset, cfg.output_dir)
+    eval_map, missing = None, []
     if cfg.data.eval:
         eval_names = preflight.check_labelled_source("data.eval", cfg.data.eval)
-        preflight.check_same_labels(("data.train", label_names), ("data.eval", eval_names))
+        eval_map = preflight.eval_label_map(label_names, eval_names)  # by name, if they differ
+        missing = [n for n, i in zip(eval_names, eval_map or (), strict=False) if i < 0]
         label_names = label_names or eval_names  # remote shards, read without their index.json
     if not label_names:  # the head's size: nothing else says how many classes there are
         raise ConfigError(
@@ -134,16 +138,24 @@ def check(cfg: FinetuneConfig, resume: bool) -> Checked:
         cfg, loaded, note = preflight.init_from_checkpoint("init.checkpoint", cfg, path, recorded)
     teacher = check_teacher(cfg, label_names, resume) if cfg.distill.enabled else None
     preflight.check_writable("output_dir", cfg.output_dir)
-    return Checked(cfg, label_names, loaded, subset, note, teacher)
+    if missing:  # the classifier cannot name these
+        log.warning(
+            "data.train has no images of %d class(es) of data.eval (%s): their test images are "
+            "left out of top-1 and the confusion matrix; label some to learn them",
+            len(missing), ", ".join(missing),
+        )  # fmt: skip
+    return Checked(cfg, label_names, loaded, subset, note, teacher, eval_map, missing)
 
 
 @torch.no_grad()
-def evaluate(model, source: str, cfg: FinetuneConfig, run, num_classes: int) -> torch.Tensor:
+def evaluate(model, source: str, cfg: FinetuneConfig, run, num_classes: int, eval_map=None):
     """The confusion matrix [K, K] (rows: true class) over the whole eval split, on the host:
-    each rank counts a disjoint part on its device, the counts are summed."""
+    each rank counts a disjoint part on its device, the counts are summed. `eval_map`: the
+    source's labels -> the classifier's (-1: not counted), where their class names differ."""
     model.eval()
     acc = run.acc
     conf = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=acc.device)
+    lut = None if eval_map is None else torch.tensor([*eval_map, -1], device=acc.device)
     plan = run.plan
     loader = eval_loader(
         source,
@@ -153,12 +165,13 @@ def evaluate(model, source: str, cfg: FinetuneConfig, run, num_classes: int) -> 
         rank=plan.rank,
         world_size=plan.world,
         limit=cfg.data.max_eval,
-        num_classes=num_classes,  # other labels: counted skips
+        num_classes=num_classes if lut is None else len(eval_map),  # others: counted skips
     )
     for batch in watched(loader, "data.eval"):  # a stalled source ends the job
         with acc.autocast():
             pred = model(batch.images.to(acc.device)).argmax(dim=-1)
-        add_confusion(conf, batch.labels.to(acc.device), pred)
+        labels = batch.labels.to(acc.device)
+        add_confusion(conf, labels if lut is None else lut[labels], pred)  # (lut[-1] is -1)
     model.train()
     return acc.reduce(conf, reduction="sum").cpu()
 
@@ -275,7 +288,7 @@ def main(argv: list[str] | None = None) -> dict:
                 row = due_row = log_row(selftrain, *meter.lap(step, lr), step)
             if due(step, cfg.eval_every) and step != tc.steps:  # joins the step's row
                 with meter.paused():
-                    scores = evaluate_all(model, ema, cfg, run, label_names)
+                    scores = evaluate_all(model, ema, cfg, run, label_names, job.eval_map)
                 scores.pop("confusion", None)  # the final evaluation's matrix is in the results
                 if scores:
                     due_row = {**(due_row or {"step": step}), **scores}
@@ -293,10 +306,12 @@ def main(argv: list[str] | None = None) -> dict:
         stop.finish_loop()  # a signal from here on ends the job at once (checkpoint complete)
 
         # --- Final: evaluation (completes the last row), results.json, the classifier -------
-        scores = evaluate_all(model, ema, cfg, run, label_names)
+        scores = evaluate_all(model, ema, cfg, run, label_names, job.eval_map)
         confusion = scores.pop("confusion", None)
         row = meter.log({**row, "step": tc.steps, **scores})
         results = final_results(cfg, row, start.counters, job.subset, label_names)
+        if job.eval_left_out:  # their test images: not in top-1 nor the confusion matrix
+            results["eval_classes_left_out"] = job.eval_left_out
         if confusion is not None:  # per-class accuracy and the matrix of the saved model
             summary = confusion_summary(confusion, label_names)
             results.update(per_class_top1=summary["per_class_top1"])
@@ -395,16 +410,16 @@ def distill_results(cfg: FinetuneConfig, teacher, counters: dict, row: dict, acc
     return {**out, "pseudo_used": row.get("pseudo_used"), "pseudo_acc": row.get("pseudo_acc")}
 
 
-def evaluate_all(model, ema, cfg: FinetuneConfig, run, label_names) -> dict[str, Any]:
+def evaluate_all(model, ema, cfg: FinetuneConfig, run, label_names, eval_map) -> dict[str, Any]:
     """top1 (and top1_ema with Polyak averaging) on data.eval, with `confusion` the summary of
     the model that is saved (the averaged one when there is one); {} without an eval split."""
     if not cfg.data.eval:
         return {}
     K = len(label_names)
-    conf = evaluate(model, cfg.data.eval, cfg, run, K)
+    conf = evaluate(model, cfg.data.eval, cfg, run, K, eval_map)
     row = {"top1": confusion_summary(conf, label_names)["top1"] or 0.0}
     if ema is not None:
-        conf = evaluate(ema.module, cfg.data.eval, cfg, run, K)
+        conf = evaluate(ema.module, cfg.data.eval, cfg, run, K, eval_map)
         row["top1_ema"] = confusion_summary(conf, label_names)["top1"] or 0.0
     row["confusion"] = conf
     return row

@@ -89,15 +89,22 @@ def check(cfg: PredictConfig, overwrite: bool):
         raise ConfigError(f"--source {cfg.source}: {e}") from None
     names = [] if cfg.ignore_labels else list(source.label_names)
     unknown = [name for name in names if name not in spec.label_names]
-    if unknown:
+    if unknown and len(unknown) == len(names):
         raise ConfigError(
             f"--source {cfg.source}: its classes {_listed(unknown)} are not among the "
             f"classifier's {_listed(spec.label_names)}; pass --ignore-labels to label its "
             "images anyway (no accuracy)"
         )
     check_output(Path(cfg.output_dir), cfg, overwrite)
+    if unknown:  # as the fine-tune scored its data.eval (a few picked labels missed a class)
+        log.warning(
+            "--source %s: the classifier has no class %s: those images are predicted, with "
+            "true_label null, and left out of top-1 and the confusion matrix",
+            cfg.source, _listed(unknown),
+        )  # fmt: skip
     # The source's label i is the classifier's class of the same name (folders sort by name).
-    label_map = [spec.label_names.index(name) for name in names] or None
+    index = {name: i for i, name in enumerate(spec.label_names)}
+    label_map = [index.get(name, -1) for name in names] or None
     return spec, n, label_map
 
 
@@ -136,6 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def predict(cfg: PredictConfig, overwrite: bool, t_start: float) -> dict:
     """config -> checks -> ... -> results (`main`, under the stop handler)."""
+    setup_logging()  # the checks' warnings as every other line (the launcher's rank: INFO)
     with one_line_errors():
         spec, n, label_map = check(cfg, overwrite)  # before any image is read
         acc = make_accelerator(cfg.mixed_precision, cfg.timeouts)

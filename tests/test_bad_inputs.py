@@ -242,6 +242,45 @@ def test_pretraining_monitor_class_names_and_bad_shards(tmp_path, synthetic_shar
     assert not (tmp_path / "run").exists()
 
 
+def test_a_finetune_scores_an_eval_split_with_classes_it_has_no_images_of(tmp_path):
+    """A few picked labels missed a class of the test split: the fine-tune trains on the classes
+    it has and scores the test images of those (matched by name, as predict matches them),
+    naming the classes left out; predict on the same split gives the same confusion matrix.
+    Both refused it before ("label names differ"). Names on both sides that the other lacks
+    are still a mismatch, in one line."""
+    from ssl_vit.train.preflight import eval_label_map
+
+    assert eval_label_map(["a", "b"], ["a", "b"]) is None
+    assert eval_label_map(["b", "d"], ["a", "b", "c", "d"]) == (-1, 0, -1, 1)
+    assert eval_label_map(["a", "b", "c"], ["c", "a"]) == (2, 0)  # a test split of fewer
+    with pytest.raises(
+        ConfigError, match=r"only in data.train: \['b'\], only in data.eval: \['c'\]"
+    ):
+        eval_label_map(["a", "b"], ["a", "c"])
+
+    train = _folders(tmp_path / "train", ["b", "d"], n=4)
+    test = _folders(tmp_path / "test", ["a", "b", "c", "d"], n=3)
+    out = tmp_path / "ft"
+    args = ["--config", str(ROOT / "configs/finetune/smoke.yaml"), *TINY, "train.steps=3"]
+    args += [
+        f"data.train={train}",
+        f"data.eval={test}",
+        f"output_dir={out}",
+        "init.checkpoint=none",
+    ]
+    res = pipeline("finetune")(args)
+    assert res["label_names"] == ["b", "d"] and res["eval_classes_left_out"] == ["a", "c"]
+    assert sum(map(sum, res["confusion_matrix"])) == 6  # the 3 test images of b and of d
+    pred = pipeline("predict")(
+        ["--checkpoint", str(out), "--source", str(test), "--output", str(tmp_path / "p")]
+    )
+    assert (pred["images"], pred["confusion_matrix"]) == (12, res["confusion_matrix"])
+    assert pred["top1"] == res["top1"]
+    other = _folders(tmp_path / "other", ["b", "e"])
+    with pytest.raises(SystemExit, match="label names differ"):
+        pipeline("finetune")([*args, f"data.eval={other}", f"output_dir={tmp_path / 'ft2'}"])
+
+
 def _fewshot_sources(tmp_path: Path) -> tuple[Path, Path]:
     """Train: a folder with one corrupt image in class a; eval: shards with one test label (7)
     outside the 2 classes."""

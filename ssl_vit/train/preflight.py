@@ -28,6 +28,7 @@ __all__ = [
     "FrozenEncoder",
     "check_labelled_source",
     "check_same_labels",
+    "eval_label_map",
     "check_shards",
     "check_writable",
     "init_from_checkpoint",
@@ -100,6 +101,20 @@ def check_same_labels(train: tuple[str, list[str]], eval: tuple[str, list[str]])
     else:
         diff = f"same names in another order: {train_names} vs {eval_names}"
     raise ConfigError(f"{eval_key}: label names differ from {train_key}'s ({diff})")
+
+
+def eval_label_map(train_names: list[str], eval_names: list[str]) -> tuple[int, ...] | None:
+    """How data.eval's labels index the classifier's classes (data.train's) when the two
+    sources name them differently, matched by name: for each eval class its train index, -1
+    for a class data.train has no images of (a few picked labels missed it; its test images
+    are left out, logged); None where the names are the same, in the same order. Names on both
+    sides that the other lacks are a naming mismatch: `check_same_labels`' error."""
+    if not train_names or not eval_names or train_names == eval_names:
+        return None
+    if set(train_names) - set(eval_names) and set(eval_names) - set(train_names):
+        check_same_labels(("data.train", train_names), ("data.eval", eval_names))
+    index = {name: i for i, name in enumerate(train_names)}
+    return tuple(index.get(name, -1) for name in eval_names)
 
 
 def check_labelled_source(key: str, spec: str) -> list[str]:
