@@ -149,9 +149,10 @@ def test_hf_dataset_round_trip(tmp_path, workers):
     assert [(r.index, r.data) for r in test.iter_records([1])] == [(1, images[1])]
 
 
-def test_a_dataset_of_several_splits_is_read_by_split_name(tmp_path):
+def test_a_saved_dataset_is_read_by_split_name_and_says_why_it_has_no_labels(tmp_path):
     """A saved DatasetDict given as a job's source (`data.eval=hf`) names its split: reading
-    "train" unasked would score a fine-tune on its own training images."""
+    "train" unasked would score a fine-tune on its own training images. A label column that is
+    no ClassLabel is named, with the fix."""
     datasets = pytest.importorskip("datasets")
     features = datasets.Features(
         {"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])}
@@ -175,6 +176,10 @@ def test_a_dataset_of_several_splits_is_read_by_split_name(tmp_path):
     assert open_source(f"{two}/test").labels().tolist() == [0, 1]
     assert open_source(two, split="test").labels().tolist() == [0, 1]  # make-shards' --split
     assert open_source(str(tmp_path / "one")).labels().tolist() == [0]  # one split: no choice
+    # A class column stored as ints (or strings) names no classes: the error says how to fix it.
+    ds.cast_column("label", datasets.Value("int64")).save_to_disk(tmp_path / "ints")
+    with pytest.raises(ConfigError, match=r"its column 'label' is Value\('int64'\), not a "):
+        check_labelled_source("data.train", str(tmp_path / "ints"))
 
 
 def test_hub_dataset_name(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ from ssl_vit.train.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from ssl_vit.train.metrics import format_metrics
 from ssl_vit.train.rng import rng_state, set_rng_state
 from ssl_vit.train.schedules import warmup_cosine
 
@@ -39,6 +40,14 @@ def _save(root, step, vit, **kw):
         state={"model": vit.state_dict(), "x": step},
         rng=rng_state(),
         **kw,
+    )
+
+
+def test_a_log_line_leaves_out_what_a_row_lacks_or_holds_as_none():
+    """A fine-tune without data.eval ended with 'done: top1 None | wall_time_s 0.56'."""
+    row = {"step": 3, "loss": 1.234567, "top1": None, "lr": 0.1}
+    assert format_metrics(row, ("step", "loss", "top1", "top1_ema", "lr")) == (
+        "step 3 | loss 1.235 | lr 0.1"
     )
 
 

@@ -31,6 +31,8 @@ class ImageSource(ABC):
     """
 
     label_names: list[str]
+    # Why a source has no labels, as a job asking for them says it (each kind its own reason)
+    unlabelled_why = "shards without label names in index.json"
 
     @abstractmethod
     def __len__(self) -> int: ...

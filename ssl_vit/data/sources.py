@@ -95,6 +95,8 @@ class FolderSource(ImageSource):
     images directly in `root` (sorted). A folder without class folders is unlabelled: its
     images, label -1, whatever `labels`."""
 
+    unlabelled_why = "an image folder without class sub-folders"
+
     def __init__(self, root: str | os.PathLike, labels: str = "required") -> None:
         if labels not in LABELS:
             raise ConfigError(f"labels must be one of {LABELS}, got {labels!r}")
@@ -210,6 +212,14 @@ class HFSource(ImageSource):
         self.image_col = images[0]
         labels = [k for k, f in feats.items() if isinstance(f, datasets.ClassLabel)]
         self.label_col = labels[0] if labels else None
+        plain = [k for k in ("label", "labels") if k in feats and k not in labels]
+        self.unlabelled_why = (  # a class column stored as ints or strings: no class names
+            f"its column {plain[0]!r} is {feats[plain[0]]}, not a ClassLabel: store it as one "
+            f"(strings: Dataset.class_encode_column({plain[0]!r}); ints: cast_column with "
+            "ClassLabel(names=[...])) and save_to_disk again"
+            if plain
+            else "no ClassLabel column"
+        )
         self.label_names = list(feats[self.label_col].names) if self.label_col else []
         self._decoded = ds
         self._ds = ds.cast_column(self.image_col, datasets.Image(decode=False))

@@ -49,7 +49,9 @@ def to_python(value: Any) -> Any:
 
 
 def format_metrics(row: dict[str, Any], keys: tuple[str, ...]) -> str:
-    shown = [(k, row[k]) for k in keys if k in row]
+    """`keys` of `row` as "key value | ...", leaving out what the row lacks or holds as None
+    (a fine-tune without data.eval has no top1)."""
+    shown = [(k, row[k]) for k in keys if row.get(k) is not None]
     return " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown)
 
 

@@ -131,10 +131,7 @@ def check_labelled_source(key: str, spec: str) -> list[str]:
     if isinstance(source, ShardSource):
         check_tars(key, source.urls)
     if not source.label_names and not _REMOTE.match(spec):
-        raise ConfigError(
-            f"{key}={spec!r}: has no labels (shards without label names in index.json, or an "
-            "image folder without class sub-folders)"
-        )
+        raise ConfigError(f"{key}={spec!r}: has no labels ({source.unlabelled_why})")
     return list(source.label_names)
 
 
