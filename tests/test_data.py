@@ -149,7 +149,7 @@ def test_hf_dataset_round_trip(tmp_path, workers):
     assert [(r.index, r.data) for r in test.iter_records([1])] == [(1, images[1])]
 
 
-def test_a_saved_dataset_is_read_by_split_name_and_says_why_it_has_no_labels(tmp_path):
+def test_a_saved_dataset_is_read_by_split_name_and_says_why_it_has_no_labels(tmp_path, caplog):
     """A saved DatasetDict given as a job's source (`data.eval=hf`) names its split: reading
     "train" unasked would score a fine-tune on its own training images. A label column that is
     no ClassLabel is named, with the fix."""
@@ -180,6 +180,9 @@ def test_a_saved_dataset_is_read_by_split_name_and_says_why_it_has_no_labels(tmp
     ds.cast_column("label", datasets.Value("int64")).save_to_disk(tmp_path / "ints")
     with pytest.raises(ConfigError, match=r"its column 'label' is Value\('int64'\), not a "):
         check_labelled_source("data.train", str(tmp_path / "ints"))
+    with caplog.at_level(logging.WARNING):
+        make_shards(tmp_path / "ints", tmp_path / "shards", progress=False)
+    assert "not a ClassLabel" in caplog.text and "written without labels" in caplog.text
 
 
 def test_hub_dataset_name(tmp_path, monkeypatch):

@@ -33,6 +33,7 @@ class ImageSource(ABC):
     label_names: list[str]
     # Why a source has no labels, as a job asking for them says it (each kind its own reason)
     unlabelled_why = "shards without label names in index.json"
+    plain_label_column: str | None = None  # a dataset's classes stored as ints or strings
 
     @abstractmethod
     def __len__(self) -> int: ...

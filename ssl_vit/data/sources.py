@@ -212,8 +212,9 @@ class HFSource(ImageSource):
         self.image_col = images[0]
         labels = [k for k, f in feats.items() if isinstance(f, datasets.ClassLabel)]
         self.label_col = labels[0] if labels else None
-        plain = [k for k in ("label", "labels") if k in feats and k not in labels]
-        self.unlabelled_why = (  # a class column stored as ints or strings: no class names
+        plain = [k for k in ("label", "labels") if k in feats and not labels]
+        self.plain_label_column = plain[0] if plain else None  # classes as ints or strings
+        self.unlabelled_why = (
             f"its column {plain[0]!r} is {feats[plain[0]]}, not a ClassLabel: store it as one "
             f"(strings: Dataset.class_encode_column({plain[0]!r}); ints: cast_column with "
             "ClassLabel(names=[...])) and save_to_disk again"

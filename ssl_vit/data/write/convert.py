@@ -236,6 +236,8 @@ def make_shards(
     src = open_raw_source(str(source), split=split, source_format=source_format)
     if len(src) == 0:
         raise InputError(f"no images found in {source}")
+    if src.plain_label_column:  # written unlabelled: say why, and the fix
+        log.warning("%s: %s; its images are written without labels", source, src.unlabelled_why)
     if not part and not overwrite and os.path.isdir(target) and os.listdir(target):
         raise InputError(f"--output {target}: holds a dataset; pass --overwrite to replace it")
     fields: dict[str, Any] = {}  # a part's identity, checked before anything is written
