@@ -31,6 +31,7 @@ from torch import nn
 from ssl_vit.atomic import file_sha256, publish_dir, write_json, writing
 from ssl_vit.config.loader import to_dict
 from ssl_vit.errors import CheckpointError
+from ssl_vit.interop import InteropError, foreign_pixel_norm
 from ssl_vit.jsonfile import JsonFileError, parse_json, read_json
 from ssl_vit.model.pixels import pixel_norm_problem
 from ssl_vit.runs.occupancy import MANIFEST, STATE_FILE, is_checkpoint
@@ -96,8 +97,6 @@ def read_pixel_norm(path: str | Path) -> PixelStats | None:
     directory or encoder.safetensors (the header only), or timm / transformers weights whose
     directory records it (`interop.foreign_pixel_norm`); None when none is stored (an encoder
     written before it was stored, a bare state dict). CheckpointError if malformed."""
-    from ssl_vit.interop import InteropError, foreign_pixel_norm
-
     path = Path(path)
     file = path / ENCODER_FILE if path.is_dir() else path
     header: dict[str, Any] = {}
