@@ -77,7 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def check(cfg: PredictConfig, overwrite: bool):
     """Everything before any image is read: the classifier (its header only), the source and
-    its classes, the output directory. -> (classifier spec, number of images, labelled)"""
+    its classes, the output directory. -> (classifier spec, number of images, the source's
+    labels -> the classifier's or None, the source's classes the classifier lacks)"""
     try:
         spec = read_classifier_spec(cfg.checkpoint)
     except ClassifierError as e:
@@ -105,7 +106,7 @@ def check(cfg: PredictConfig, overwrite: bool):
     # The source's label i is the classifier's class of the same name (folders sort by name).
     index = {name: i for i, name in enumerate(spec.label_names)}
     label_map = [index.get(name, -1) for name in names] or None
-    return spec, n, label_map
+    return spec, n, label_map, unknown
 
 
 def check_output(out: Path, cfg: PredictConfig, overwrite: bool) -> None:
@@ -145,7 +146,7 @@ def predict(cfg: PredictConfig, overwrite: bool, t_start: float) -> dict:
     """config -> checks -> ... -> results (`main`, under the stop handler)."""
     setup_logging()  # the checks' warnings as every other line (the launcher's rank: INFO)
     with one_line_errors():
-        spec, n, label_map = check(cfg, overwrite)  # before any image is read
+        spec, n, label_map, left_out = check(cfg, overwrite)  # before any image is read
         acc = make_accelerator(cfg.mixed_precision, cfg.timeouts)
         setup_logging(acc.is_main_process)
         out = Path(cfg.output_dir)  # (check_output refused an --overwrite of what it reads)
@@ -178,6 +179,8 @@ def predict(cfg: PredictConfig, overwrite: bool, t_start: float) -> dict:
     }  # fmt: skip
     if label_map is not None:
         results.update(confusion_summary(conf, spec.label_names))
+    if left_out:  # their images: true_label null, not in top-1 nor the confusion matrix
+        results["classes_left_out"] = left_out
     if writer is not None:
         results["output"] = str(writer.close())
         write_results(Path(cfg.output_dir), cfg, results)
@@ -216,10 +219,11 @@ def write_results(out: Path, cfg: PredictConfig, results: dict) -> None:
     metrics = MetricsWriter(out, config=to_dict(cfg))
     metrics.log({k: v for k, v in results.items() if isinstance(v, (int, float))})
     metrics.write_results(results)  # results.json last: it says the job finished
-    top1 = results.get("top1")
+    top1, scored = results.get("top1"), results.get("num_labelled")
+    of = f" of the {scored} of its classes" if results.get("classes_left_out") else ""
     log.info(
         "predicted %d images (%d skipped)%s: %s", results["images"], results["skipped"],
-        f", top-1 {100 * top1:.2f}%" if top1 is not None else "", results["output"],
+        f", top-1 {100 * top1:.2f}%{of}" if top1 is not None else "", results["output"],
     )  # fmt: skip
 
 

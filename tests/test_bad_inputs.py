@@ -275,7 +275,12 @@ def test_a_finetune_scores_an_eval_split_with_classes_it_has_no_images_of(tmp_pa
         ["--checkpoint", str(out), "--source", str(test), "--output", str(tmp_path / "p")]
     )
     assert (pred["images"], pred["confusion_matrix"]) == (12, res["confusion_matrix"])
-    assert pred["top1"] == res["top1"]
+    assert pred["top1"] == res["top1"] and pred["classes_left_out"] == ["a", "c"]
+    from ssl_vit.report.classifier_section import classifier_section
+    from ssl_vit.report.runs import load_runs
+
+    captions = [c.caption for c in classifier_section(load_runs([tmp_path])).charts]
+    assert len(captions) == 2 and all("6 scored, the classes a, c left out" in c for c in captions)
     other = _folders(tmp_path / "other", ["b", "e"])
     with pytest.raises(SystemExit, match="label names differ"):
         pipeline("finetune")([*args, f"data.eval={other}", f"output_dir={tmp_path / 'ft2'}"])

@@ -46,17 +46,26 @@ def _what(run: Run) -> tuple[str, str]:
     """(figure title, caption start) of a run: what was evaluated on what."""
     top1 = run.results.get("top1")
     score = f", top-1 {100 * top1:.1f}%" if isinstance(top1, int | float) else ""
+    r = run.results
+    left_out = r.get("classes_left_out") or r.get("eval_classes_left_out")
+    scored = sum(map(sum, r.get("confusion_matrix") or []))
+    lacking = (  # images of classes the classifier does not have: not in top-1 (`scored` are)
+        f"; {scored} scored, the classes {', '.join(left_out)} left out: the classifier has "
+        "no such class"
+        if left_out
+        else ""
+    )
     if run.job is PREDICT:
-        r = run.results
         return (
             f"{run.name}: predictions on {Path(str(r.get('source', '?'))).name}{score}",
             f"{run.name}: `ssl-vit predict` of {r.get('checkpoint', '?')} on "
             f"{r.get('source', '?')} ({r.get('images', '?')} images, {r.get('skipped', 0)} "
-            "skipped).",
+            f"skipped{lacking}).",
         )
-    seed = run.results.get("seed", run.config.get("seed", "?"))
+    seed = r.get("seed", run.config.get("seed", "?"))
     where = f"{encoder_name(run)}, {_labels(run)}seed {seed}"
-    return f"{run.name} ({where}){score}", f"{run.name}: fine-tune of {where}, on its data.eval."
+    on = f"its data.eval ({lacking[2:]})" if lacking else "its data.eval"
+    return f"{run.name} ({where}){score}", f"{run.name}: fine-tune of {where}, on {on}."
 
 
 def _labels(run: Run) -> str:
