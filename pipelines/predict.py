@@ -58,7 +58,7 @@ FLAGS = {  # command-line flag -> config key
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = job_parser(jobs.PREDICT, __doc__)
     p.add_argument("--checkpoint", help="fine-tuning run directory or its model.safetensors")
-    p.add_argument("--source", help="image folder, shards, brace pattern or HF dataset")
+    p.add_argument("--source", help="image folder or file, shards, brace pattern or HF dataset")
     p.add_argument("--output", help="directory for predictions.jsonl and results.json")
     p.add_argument("--top-k", type=int, help="classes listed per image (default 5)")
     p.add_argument("--format", choices=["jsonl", "csv"], help="predictions.jsonl (default) or .csv")

@@ -152,6 +152,13 @@ def test_an_unreadable_image_is_a_named_skip_and_keys_are_relative_paths(finetun
     # The folder's classes (sorted by name) are mapped to the classifier's by name.
     assert all(r["true_label"] == r["key"].split("/")[0] for r in table)
     assert res["num_labelled"] == 12  # the labels came from the class folders
+    # One photo: `--source` the file itself, its row the folder's (as a file, without a class)
+    one = next(r for r in table if r["key"] == f"{names[5]}/sub/img.05.png")
+    alone = predict("--checkpoint", str(finetuned["run"]), "--source", str(src / one["key"]),
+                    "--output", str(tmp_path / "p1"))  # fmt: skip
+    (row,) = [json.loads(line) for line in (tmp_path / "p1/predictions.jsonl").open()]
+    assert alone["images"] == 1 and row["key"] == "img.05.png" and "true_label" not in row
+    assert (row["label"], f"{row['score']:.6f}") == (one["label"], one["score"])
 
 
 def test_bad_input_is_one_line_before_any_image_is_read(finetuned, tmp_path, capsys):

@@ -101,12 +101,15 @@ class FolderSource(ImageSource):
         if labels not in LABELS:
             raise ConfigError(f"labels must be one of {LABELS}, got {labels!r}")
         self.root = Path(root)
-        if not self.root.is_dir():
+        if self.root.is_file() and _is_image(self.root.name):  # `predict --source photo.jpg`
+            self.root, classes, per_class, top = self.root.parent, [], {}, [self.root.name]
+        elif not self.root.is_dir():
             raise FileNotFoundError(f"image folder not found: {root}")
-        classes = sorted(d.name for d in os.scandir(root) if d.is_dir() and d.name[0] != ".")
-        per_class = {c: _images_under(self.root / c) for c in classes}
-        classes = [c for c in classes if per_class[c]]
-        top = sorted(e.name for e in os.scandir(root) if e.is_file() and _is_image(e.name))
+        else:
+            classes = sorted(d.name for d in os.scandir(root) if d.is_dir() and d.name[0] != ".")
+            per_class = {c: _images_under(self.root / c) for c in classes}
+            classes = [c for c in classes if per_class[c]]
+            top = sorted(e.name for e in os.scandir(root) if e.is_file() and _is_image(e.name))
         if classes and top and labels == "required":
             if str(self.root) not in _LEFT_OUT:  # once: a training stream opens it every visit
                 _LEFT_OUT.add(str(self.root))
@@ -374,11 +377,19 @@ def _records(
 def open_raw_source(
     spec: str, split: str | None = None, source_format: str = "auto", labels: str = "optional"
 ) -> ImageSource:
-    """An image folder or HF dataset directory (what `make_shards` reads); see `open_source`.
+    """An image folder, one image file or an HF dataset directory (what `make_shards` reads);
+    see `open_source`.
     `labels`: a folder's (`FolderSource`); by default its images outside the class folders are
     samples with label -1, so that make-shards meets, and counts, every image."""
     if source_format not in ("auto", "folder", "hf", "hf-imagefolder"):
         raise ConfigError(f"unknown source format {source_format!r}")
+    if os.path.isfile(spec) and _is_image(os.path.basename(spec)):  # one photo
+        return FolderSource(spec, labels)
+    if os.path.isfile(spec):
+        raise FileNotFoundError(
+            f"{spec}: a file, neither an image ({', '.join(IMAGE_EXTENSIONS)}) nor a folder, "
+            "a dataset or shards"
+        )
     if not os.path.isdir(spec):
         raise FileNotFoundError(f"source directory not found: {spec}")
     if source_format == "hf-imagefolder":
