@@ -22,6 +22,7 @@ import atexit
 import logging
 import multiprocessing.util  # noqa: F401 - its exit handler is registered before ours (below)
 import signal
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -247,11 +248,21 @@ class StreamDataset(IterableDataset):
             raise ValueError(f"need 0 <= rank < world_size, got {self.rank}, {self.world_size}")
 
 
-def _ignore_stop_signals(_: int) -> None:
+def _init_worker(_: int) -> None:
     # SIGINT (Ctrl-C reaches the whole process group) and SIGTERM (preemption) are the main
     # process's to handle: it finishes the step and checkpoints while the workers keep serving.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.excepthook = _quiet_when_the_main_process_is_gone
+
+
+def _quiet_when_the_main_process_is_gone(kind: type, value: BaseException, tb: Any) -> None:
+    """A worker's file-descriptor sharing thread (multiprocessing.resource_sharer, which hands
+    a batch's tensors to the main process) reports a connection the main process dropped as it
+    ended, e.g. after another worker died: a traceback under the job's one error line, which
+    already says why it ended. Anything else is printed as Python prints it."""
+    if not issubclass(kind, (ConnectionResetError, BrokenPipeError, EOFError)):
+        sys.__excepthook__(kind, value, tb)
 
 
 # The iterators whose worker processes may still run (weak: a deleted one ends its own).
@@ -349,5 +360,5 @@ def make_loader(
         pin_memory=pin and torch.cuda.is_available(),
         persistent_workers=persistent and num_workers > 0,
         prefetch_factor=prefetch if num_workers > 0 else None,
-        worker_init_fn=_ignore_stop_signals if num_workers > 0 else None,
+        worker_init_fn=_init_worker if num_workers > 0 else None,
     )
