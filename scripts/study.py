@@ -67,6 +67,37 @@ def check_jobs(jobs: list[Job]) -> None:
             sys.exit(f"error: {job.stage.name}/{job.name}: {e}")
 
 
+SOURCE_KEYS = ("data.train_shards", "data.train", "data.eval", "fewshot.train", "fewshot.eval")
+
+
+def check_sources(jobs: list[Job]) -> None:
+    """Every data source the jobs read, opened once before the first job runs, as the job
+    will open it: a missing or unreadable one is one line naming the job (a typo in data.eval
+    stopped the first fine-tune, after the pretraining had run)."""
+    from ssl_vit.data import open_source
+    from ssl_vit.train import preflight
+
+    seen: set[tuple[str, str]] = set()
+    for job in jobs:
+        cfg = load_config(job.stage.config_class, *job_config(job.argv()))
+        for key in (*SOURCE_KEYS, "distill.unlabelled"):
+            section, _, name = key.partition(".")
+            spec = str(getattr(getattr(cfg, section, None), name, None) or "")
+            if not spec or (key, spec) in seen:
+                continue
+            seen.add((key, spec))
+            try:
+                if key == "data.train_shards":
+                    preflight.check_shards(key, spec)
+                elif key == "distill.unlabelled":  # any images: their labels are not read
+                    open_source(spec, labels="ignored")
+                else:
+                    preflight.check_labelled_source(key, spec)
+            except (OSError, ValueError) as e:  # ConfigError and InputError among them
+                why = str(e) if isinstance(e, ConfigError) else f"{key}={spec!r}: {e}"
+                sys.exit(f"error: {job.stage.name}/{job.name}: {why}")
+
+
 BASELINES = ("random", "scratch")  # the random-init rows' job names
 
 
@@ -365,6 +396,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
     check_jobs(planned)  # all of them, whichever run now
     if not args.dry_run:
+        check_sources(planned)
         (out / "logs").mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "study.yaml")
     t0 = time.time()

@@ -53,6 +53,27 @@ def test_bad_job_overrides_stop_the_study_before_its_first_job(
     assert not ran and not (tmp_path / "q" / "logs").exists()  # nothing ran, nothing written
 
 
+def test_a_missing_source_stops_the_study_before_its_first_job(
+    synthetic_shards, tmp_path, monkeypatch
+):
+    """A typo in data.eval stopped the first fine-tune, after the pretraining had run (minutes
+    on the quick start, hours on a GPU budget): every source is opened before any job."""
+    study = load_study()
+    ran = []
+    ended = SimpleNamespace(poll=lambda: 0, wait=lambda timeout=None: 0)  # a job's process
+    monkeypatch.setattr(study, "start", lambda argv, *_: ran.append(argv) or ended)
+    missing = tmp_path / "cifar10-tset"
+    argv = ["--config", str(LABELS), "--quick", f"quick.output_dir={tmp_path / 'q'}"]
+    argv += [f"data.train={synthetic_shards}", f"data.eval={missing}"]
+    with pytest.raises(SystemExit) as stop:
+        study.main(argv)
+    line = str(stop.value.code)
+    assert line.startswith("error: ") and f".eval='{missing}': image source not found" in line
+    assert not ran and not (tmp_path / "q").exists()  # nothing ran, nothing written
+    study.main([*argv[:-1], f"data.eval={synthetic_shards}", "--only", "scratch"])
+    assert ran  # with the sources there, the jobs start
+
+
 @pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_the_shipped_studies_pass_the_check(tmp_path):
     """Every job of every shipped study config loads against its schema (`check_jobs`)."""
