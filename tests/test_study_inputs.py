@@ -53,6 +53,7 @@ def test_bad_job_overrides_stop_the_study_before_its_first_job(
     assert not ran and not (tmp_path / "q" / "logs").exists()  # nothing ran, nothing written
 
 
+@pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
 def test_a_missing_source_stops_the_study_before_its_first_job(
     synthetic_shards, tmp_path, monkeypatch
 ):
@@ -62,16 +63,18 @@ def test_a_missing_source_stops_the_study_before_its_first_job(
     ran = []
     ended = SimpleNamespace(poll=lambda: 0, wait=lambda timeout=None: 0)  # a job's process
     monkeypatch.setattr(study, "start", lambda argv, *_: ran.append(argv) or ended)
-    missing = tmp_path / "cifar10-tset"
-    argv = ["--config", str(LABELS), "--quick", f"quick.output_dir={tmp_path / 'q'}"]
+    missing = tmp_path / "shapes-tset"
+    config = REPO / "configs/study/quickstart.yaml"  # every source its jobs read: data.*
+    argv = ["--config", str(config), "--quick", f"quick.output_dir={tmp_path / 'q'}"]
     argv += [f"data.train={synthetic_shards}", f"data.eval={missing}"]
     with pytest.raises(SystemExit) as stop:
         study.main(argv)
     line = str(stop.value.code)
     assert line.startswith("error: ") and f".eval='{missing}': image source not found" in line
     assert not ran and not (tmp_path / "q").exists()  # nothing ran, nothing written
-    study.main([*argv[:-1], f"data.eval={synthetic_shards}", "--only", "scratch"])
-    assert ran  # with the sources there, the jobs start
+    there = [f"data.train={synthetic_shards}", f"data.eval={synthetic_shards}"]
+    cfg = study.load_config(StudyConfig, config, there)
+    study.check_sources(study.plan(cfg, cfg.quick, tmp_path / "q"))  # no job reads data/
 
 
 @pytest.mark.system  # takes seconds (the marker's definition): out of the fast tier
