@@ -36,6 +36,7 @@ from ssl_vit.eval.predictions import PredictionWriter, gather_on_main, predict_b
 from ssl_vit.progress import progress_bar
 from ssl_vit.runs.lock import on_main
 from ssl_vit.runs.occupancy import check_not_source, occupant, saved_job
+from ssl_vit.train import preflight
 from ssl_vit.train.classifier_file import ClassifierError, load_classifier, read_classifier_spec
 from ssl_vit.train.guard import JobError, one_line_errors, run_and_exit
 from ssl_vit.train.metrics import MetricsWriter
@@ -83,6 +84,7 @@ def check(cfg: PredictConfig, overwrite: bool):
         spec = read_classifier_spec(cfg.checkpoint)
     except ClassifierError as e:
         raise ConfigError(f"--checkpoint {cfg.checkpoint}: {e}") from None
+    preflight.check_not_a_run("--source", cfg.source)
     try:
         source = open_predict_source(cfg.source, cfg.ignore_labels)  # every image in it
         n = len(source)

@@ -56,7 +56,7 @@ from ssl_vit.eval.select_output import (
 )
 from ssl_vit.train.guard import one_line_errors, run_and_exit
 from ssl_vit.train.metrics import MetricsWriter
-from ssl_vit.train.preflight import FrozenEncoder, load_frozen_encoder
+from ssl_vit.train.preflight import FrozenEncoder, check_not_a_run, load_frozen_encoder
 from ssl_vit.train.runtime import make_accelerator, resolve_mixed_precision, setup_logging
 
 log = logging.getLogger("select")
@@ -96,6 +96,7 @@ def check(
     its earlier picks. -> (config resolved, the `FrozenEncoder`, source, earlier rows, the
     source's image names when there are earlier rows: a next round's, else [])"""
     frozen = load_frozen_encoder("--checkpoint", cfg.checkpoint, cfg.image_size)
+    check_not_a_run("--source", cfg.source)
     try:
         source = open_predict_source(cfg.source, ignore_labels=True)  # every image: a pool
         n = len(source)

@@ -207,6 +207,25 @@ def test_a_pool_with_class_folders_and_loose_images_is_read_whole(encoder_run, t
     ]
 
 
+def test_a_run_directory_given_as_images_is_named_with_where_its_images_are(encoder_run, tmp_path):
+    """`data.train=runs/mine-pick` (the select run, not its to-label/) trained one class named
+    'to-label', and predict / select read its folders as classes: each is now one line."""
+    from ssl_vit.config import ConfigError
+    from ssl_vit.train.preflight import check_labelled_source
+
+    src = image_folder(tmp_path / "pool", ["cat"], n=4, bad=0)
+    pick = tmp_path / "pick"
+    run_select(encoder_run, src, pick, "--budget", "2", "--method", "random")
+    said = f"a select run directory, not images: the images it picked are in {pick / 'to-label'}"
+    with pytest.raises(ConfigError, match=f"^data.train='{pick}': {said}$"):
+        check_labelled_source("data.train", str(pick))
+    with pytest.raises(SystemExit, match=f"--source {pick}: {said}"):
+        run_select(encoder_run, pick, tmp_path / "again", "--budget", "1")
+    with pytest.raises(ConfigError, match="a pretraining run directory, not images$"):
+        check_labelled_source("fewshot.train", str(encoder_run))
+    assert not (tmp_path / "again").exists()
+
+
 def test_rounds_grow_the_selection_and_keep_the_users_labels(encoder_run, tmp_path):
     src = image_folder(tmp_path / "src", ["x"], bad=0)
     out = tmp_path / "pick"

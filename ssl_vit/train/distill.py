@@ -233,8 +233,10 @@ def _warn_slow_teacher(momentum: float, steps: int) -> None:
 def check_unlabelled(cfg: Any) -> None:
     """distill.unlabelled: a readable source with at least a step's unlabelled images."""
     from ssl_vit.data.sources import open_source
+    from ssl_vit.train.preflight import check_not_a_run
 
     d = cfg.distill
+    check_not_a_run("distill.unlabelled", d.unlabelled)
     try:
         images = len(open_source(d.unlabelled, labels="ignored"))  # as the stream reads it
         if images == 0:

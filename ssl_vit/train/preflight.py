@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FrozenEncoder",
     "check_labelled_source",
+    "check_not_a_run",
     "check_same_labels",
     "eval_label_map",
     "check_shards",
@@ -117,10 +118,26 @@ def eval_label_map(train_names: list[str], eval_names: list[str]) -> tuple[int, 
     return tuple(index.get(name, -1) for name in eval_names)
 
 
+def check_not_a_run(key: str, spec: str) -> None:
+    """A run directory of ours given as a source of images (a select run's folder for its
+    `to-label/`): one line saying what it is, where its sub-folders ('to-label', 'checkpoints')
+    would have been read as classes, or its picks as a class of their own."""
+    from ssl_vit import jobs
+    from ssl_vit.runs.occupancy import saved_job
+
+    folder = Path(os.path.expanduser(spec))
+    job = saved_job(folder) if folder.is_dir() else None
+    if job is not None:
+        where = f": the images it picked are in {folder / 'to-label'}" if job is jobs.SELECT else ""
+        named = f"{key} {spec}" if key.startswith("--") else f"{key}={spec!r}"  # a flag or key
+        raise ConfigError(f"{named}: a {job.title} run directory, not images{where}")
+
+
 def check_labelled_source(key: str, spec: str) -> list[str]:
     """Label names of the labelled source `spec` (shards, image folder, HF dataset).
 
     Remote shards (pipe:, URLs) without an index are only read when the job gets to them."""
+    check_not_a_run(key, spec)
     try:
         source = open_source(spec)
     except (FileNotFoundError, NotADirectoryError, ValueError) as e:
