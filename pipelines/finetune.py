@@ -129,6 +129,11 @@ def check(cfg: FinetuneConfig, resume: bool) -> Checked:
             "read without their index.json) and data.eval names none: point data.eval at a "
             "labelled source with them (local shards, an image folder)"
         )
+    if len(label_names) < 2:  # a folder with one class folder: nothing to tell apart
+        raise ConfigError(
+            f"data.train={cfg.data.train!r}: one class ({label_names[0]!r}); a classifier "
+            "needs at least 2 (an image folder: one sub-folder per class)"
+        )
     loaded = note = None
     if not cfg.init.scratch:  # a run directory -> its newest valid checkpoint
         path, recorded = cfg.init.checkpoint, None

@@ -284,6 +284,10 @@ def test_a_finetune_scores_an_eval_split_with_classes_it_has_no_images_of(tmp_pa
     other = _folders(tmp_path / "other", ["b", "e"])
     with pytest.raises(SystemExit, match="label names differ"):
         pipeline("finetune")([*args, f"data.eval={other}", f"output_dir={tmp_path / 'ft2'}"])
+    one = _folders(tmp_path / "one", ["b"])  # it trained a 1-class "classifier" silently
+    with pytest.raises(SystemExit, match=r"data.train='.*one': one class \('b'\); a classifier"):
+        pipeline("finetune")([*args, f"data.train={one}", f"output_dir={tmp_path / 'ft3'}"])
+    assert not (tmp_path / "ft2").exists() and not (tmp_path / "ft3").exists()
 
 
 def _fewshot_sources(tmp_path: Path) -> tuple[Path, Path]:
