@@ -2,6 +2,9 @@
 
 import importlib.util
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +26,16 @@ def _no_stream_handler_outlives_its_test():
 
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_python(code: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    """`code` run by a fresh interpreter that imports this checkout (text output; stdout and
+    stderr captured unless `kwargs` route them elsewhere)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    streams = {} if "stdout" in kwargs else {"capture_output": True}
+    return subprocess.run(
+        [sys.executable, "-c", code], text=True, env=env, timeout=timeout, **streams, **kwargs
+    )
 
 
 def pipeline(name: str) -> Callable:

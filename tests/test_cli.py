@@ -9,6 +9,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import run_python
 
 from ssl_vit.cli import JOBS, main
 from ssl_vit.config.shipped import find_config, shipped_configs
@@ -104,10 +105,7 @@ def test_help_and_configs_do_not_import_torch():
         "from ssl_vit import ViT, ridge_accuracies\n"
         "assert 'torch' in sys.modules and ViT.__name__ == 'ViT'\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
-    )
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
@@ -136,10 +134,6 @@ def test_a_closed_pipe_ends_a_command_quietly():
     r, w = os.pipe()
     os.close(r)  # the reader has gone before the first line
     code = "import sys; from ssl_vit.cli import main; sys.exit(main(['configs']))"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], stdout=w, stderr=subprocess.PIPE, text=True, env=env,
-        timeout=60,
-    )  # fmt: skip
+    proc = run_python(code, timeout=60, stdout=w, stderr=subprocess.PIPE)
     os.close(w)
     assert (proc.returncode, proc.stderr) == (1, "")

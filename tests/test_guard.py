@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_python
 from test_distributed import LAUNCH
 from test_pipelines import ROOT, pretrain_args
 
@@ -144,10 +145,7 @@ def test_a_worker_is_quiet_about_the_main_process_gone_and_prints_anything_else(
         " worker_init_fn=_init_worker)\n"
         "print(list(loader))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
-    )
+    proc = run_python(code)
     assert proc.returncode == 0 and proc.stdout == "[1]\n", proc.stderr
     assert "ValueError: a bug" in proc.stderr and "Traceback" in proc.stderr
     assert "ConnectionResetError" not in proc.stderr and "BrokenPipeError" not in proc.stderr
