@@ -106,8 +106,7 @@ def check(cfg: PredictConfig, overwrite: bool):
             cfg.source, _listed(unknown),
         )  # fmt: skip
     # The source's label i is the classifier's class of the same name (folders sort by name).
-    index = {name: i for i, name in enumerate(spec.label_names)}
-    label_map = [index.get(name, -1) for name in names] or None
+    label_map = list(preflight.indices_by_name(names, list(spec.label_names))) or None
     return spec, n, label_map, unknown
 
 

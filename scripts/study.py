@@ -74,8 +74,8 @@ def check_sources(jobs: list[Job]) -> None:
     """Every data source the jobs read, opened once before the first job runs, as the job
     will open it: a missing or unreadable one is one line naming the job (a typo in data.eval
     stopped the first fine-tune, after the pretraining had run)."""
-    from ssl_vit.data import open_source
     from ssl_vit.train import preflight
+    from ssl_vit.train.distill import check_unlabelled
 
     seen: set[tuple[str, str]] = set()
     for job in jobs:
@@ -86,16 +86,15 @@ def check_sources(jobs: list[Job]) -> None:
             if not spec or (key, spec) in seen:
                 continue
             seen.add((key, spec))
-            try:
+            try:  # the jobs' own checks: each a ConfigError naming the key
                 if key == "data.train_shards":
                     preflight.check_shards(key, spec)
-                elif key == "distill.unlabelled":  # any images: their labels are not read
-                    open_source(spec, labels="ignored")
+                elif key == "distill.unlabelled":  # (and that it holds a step's images)
+                    check_unlabelled(cfg)
                 else:
                     preflight.check_labelled_source(key, spec)
-            except (OSError, ValueError) as e:  # ConfigError and InputError among them
-                why = str(e) if isinstance(e, ConfigError) else f"{key}={spec!r}: {e}"
-                sys.exit(f"error: {job.stage.name}/{job.name}: {why}")
+            except ConfigError as e:
+                sys.exit(f"error: {job.stage.name}/{job.name}: {e}")
 
 
 BASELINES = ("random", "scratch")  # the random-init rows' job names

@@ -49,22 +49,21 @@ def _what(run: Run) -> tuple[str, str]:
     r = run.results
     left_out = r.get("classes_left_out") or r.get("eval_classes_left_out")
     scored = sum(map(sum, r.get("confusion_matrix") or []))
-    lacking = (  # images of classes the classifier does not have: not in top-1 (`scored` are)
-        f"; {scored} scored, the classes {', '.join(left_out)} left out: the classifier has "
-        "no such class"
-        if left_out
-        else ""
+    # images of classes the classifier does not have: not in top-1 (the `scored` ones are)
+    lacking = left_out and (
+        f"{scored} scored, the classes {', '.join(left_out)} left out: the classifier has no "
+        "such class"
     )
     if run.job is PREDICT:
         return (
             f"{run.name}: predictions on {Path(str(r.get('source', '?'))).name}{score}",
             f"{run.name}: `ssl-vit predict` of {r.get('checkpoint', '?')} on "
             f"{r.get('source', '?')} ({r.get('images', '?')} images, {r.get('skipped', 0)} "
-            f"skipped{lacking}).",
+            f"skipped{f'; {lacking}' if lacking else ''}).",
         )
     seed = r.get("seed", run.config.get("seed", "?"))
     where = f"{encoder_name(run)}, {_labels(run)}seed {seed}"
-    on = f"its data.eval ({lacking[2:]})" if lacking else "its data.eval"
+    on = f"its data.eval ({lacking})" if lacking else "its data.eval"
     return f"{run.name} ({where}){score}", f"{run.name}: fine-tune of {where}, on {on}."
 
 

@@ -55,12 +55,19 @@ def is_run_dir(folder: str | Path) -> bool:
     return has_run or lock_held(folder)
 
 
-def saved_job(folder: Path) -> jobs.Job | None:
-    """The job whose run `folder`'s config.yaml records (read bounded: any folder's file);
-    None without one, or for a config no job writes. ConfigError: an unreadable one."""
-    config = folder / "config.yaml"
+def saved_config(folder: Path) -> dict | None:
+    """The mapping `folder`'s config.yaml holds (read bounded: any folder's file); None
+    without one, or for a file holding no mapping. ConfigError: an unreadable one."""
+    config = Path(folder) / "config.yaml"
     saved = read_yaml_file(config) if config.is_file() else None
-    return jobs.by_config(saved) if isinstance(saved, dict) else None
+    return saved if isinstance(saved, dict) else None
+
+
+def saved_job(folder: Path) -> jobs.Job | None:
+    """The job whose run `folder`'s config.yaml records; None without one, or for a config no
+    job writes. ConfigError: an unreadable one."""
+    saved = saved_config(folder)
+    return jobs.by_config(saved) if saved is not None else None
 
 
 def holds_data(folder: Path) -> str | None:

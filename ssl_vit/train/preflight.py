@@ -30,6 +30,7 @@ __all__ = [
     "check_not_a_run",
     "check_same_labels",
     "eval_label_map",
+    "indices_by_name",
     "check_shards",
     "check_writable",
     "init_from_checkpoint",
@@ -114,8 +115,13 @@ def eval_label_map(train_names: list[str], eval_names: list[str]) -> tuple[int, 
         return None
     if set(train_names) - set(eval_names) and set(eval_names) - set(train_names):
         check_same_labels(("data.train", train_names), ("data.eval", eval_names))
-    index = {name: i for i, name in enumerate(train_names)}
-    return tuple(index.get(name, -1) for name in eval_names)
+    return indices_by_name(eval_names, train_names)
+
+
+def indices_by_name(names: list[str], classes: list[str]) -> tuple[int, ...]:
+    """Each of a source's class `names` as its index in a classifier's `classes` (-1: none)."""
+    index = {name: i for i, name in enumerate(classes)}
+    return tuple(index.get(name, -1) for name in names)
 
 
 def check_not_a_run(key: str, spec: str) -> None:
@@ -267,14 +273,13 @@ def resumed_encoder(run_dir: str, init: str) -> tuple[str, str] | None:
     the machine the run moved to): (the run's own newest valid checkpoint, which holds the
     encoder's shape and pixel normalisation at the run's resolution, and the init checkpoint
     config.yaml records); None while `init` exists or the run has no checkpoint yet."""
-    from ssl_vit.config.loader import read_yaml_file
+    from ssl_vit.runs.occupancy import saved_config
     from ssl_vit.train.checkpoint import latest_valid_checkpoint
 
     own = latest_valid_checkpoint(Path(run_dir) / "checkpoints")
     if os.path.exists(os.path.expanduser(init)) or own is None:
         return None
-    saved = Path(run_dir) / "config.yaml"
-    recorded = read_yaml_file(saved).get("init", {}).get("checkpoint") if saved.is_file() else None
+    recorded = ((saved_config(Path(run_dir)) or {}).get("init") or {}).get("checkpoint")
     return str(own), recorded or init
 
 
