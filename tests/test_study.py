@@ -686,6 +686,31 @@ def slot_jobs(study, tmp_path, spec):
     ]  # fmt: skip
 
 
+def test_ready_jobs_start_those_others_need_then_the_heaviest(tmp_path):
+    """`ready_jobs`: of the jobs whose needs have ended, those that others wait on first, then
+    the heaviest (`Job.weight`, images trained), ties in the plan's order; a job whose need is
+    pending or running waits."""
+    study = load_study()
+
+    def job(name, weight, after=()):
+        made = study.Job(jobs.FINETUNE, name, tmp_path / name, lambda: [],
+                         after=tuple(tmp_path / a for a in after))  # fmt: skip
+        made.weight = weight
+        return made
+
+    light, heavy, pre, tie = job("light", 10), job("heavy", 500), job("pre", 100), job("tie", 10)
+    waits = job("waits", 900, ["pre"])
+    needed = {pre.run_dir}
+
+    def order(pending, running=()):
+        busy = {j.run_dir for j in [*pending, *running]}
+        return [j.name for j in study.ready_jobs(pending, busy, needed)]
+
+    assert order([light, heavy, pre, tie, waits]) == ["pre", "heavy", "light", "tie"]
+    assert order([light, tie, waits], running=[pre]) == ["light", "tie"]
+    assert order([light, tie, waits]) == ["waits", "light", "tie"]  # pre has ended
+
+
 @pytest.mark.system
 def test_jobs_run_side_by_side_after_the_jobs_they_need(tmp_path, capsys):
     """`--jobs 2` (`run_jobs`): never more than two jobs at once, each with half the cores'
