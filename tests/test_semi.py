@@ -5,6 +5,7 @@ host sync; stop and --resume bit-identical with both streams and the teacher; 2 
 1; the offline and paper paths untouched by the new keys."""
 
 import json
+import logging
 import math
 import subprocess
 
@@ -129,6 +130,48 @@ def test_a_teacher_too_slow_for_its_run_is_named_before_and_after(
         "WARNING finetune: distill: no unlabelled image passed distill.threshold=0.99 in "
         "the last 4 steps" in err
     ), err[-3000:]
+
+
+def test_the_unlabelled_epochs_a_run_reads_are_said_before_it_and_under_one_warned(
+    synthetic_shards, caplog
+):
+    """The online stage gains with unlabelled epochs (docs/results.md), so the check says
+    how many a run reads, train.steps x train.batch_size x distill.ratio / the source's
+    images, and warns an online run of under one; offline is only said."""
+    from ssl_vit.train.distill import check_teacher
+
+    caplog.set_level(logging.INFO, logger="ssl_vit.train.distill")
+
+    def said(steps, mode="online", ratio=1):  # synthetic_shards: 96 images
+        keys = {"steps": steps, "batch_size": 8}
+        distill = {"mode": mode, "unlabelled": str(synthetic_shards), "ratio": ratio}
+        if mode == "offline":
+            distill["teacher"] = "unused"  # the check stops at the teacher, after the line
+        data = {"train": str(synthetic_shards)}
+        cfg = from_dict(FinetuneConfig, {"train": keys, "distill": distill, "data": data})
+        caplog.clear()
+        try:
+            check_teacher(cfg, [], resume=False)
+        except ConfigError:
+            assert mode == "offline"
+        return [(r.levelname, r.getMessage()) for r in caplog.records if "epoch" in r.message]
+
+    info = "distill: %d unlabelled images a step (train.batch_size x distill.ratio) of the 96 in "
+    (level, line), warned = said(6)
+    assert (
+        level == "INFO"
+        and line.startswith(info % 8)
+        and line.endswith(": 6 steps read 0.5 epochs of them")
+    )
+    assert warned == (
+        "WARNING",
+        "distill: 6 steps read 0.5 of an epoch of the unlabelled images; the online stage has "
+        "gained over its control only after several (docs/results.md): raise train.steps or "
+        "distill.ratio",
+    )
+    assert said(6, ratio=2)[0][1].endswith(": 6 steps read 1 epoch of them")  # 16 a step
+    assert len(said(6, ratio=2)) == 1 and len(said(12)) == 1  # one epoch: not warned
+    assert [lvl for lvl, _ in said(6, mode="offline")] == ["INFO"]
 
 
 @pytest.mark.system
