@@ -852,3 +852,35 @@ def test_import_of_a_pickle_or_a_malformed_config_json_is_one_line(tmp_path, cap
         f"ssl-vit import: error: {tmp_path / 'hf' / 'config.json'}: not valid JSON ("
     ), err
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+@pytest.mark.system
+def test_a_source_of_no_images_ends_the_job_in_one_line_whichever_process_reads_it(tmp_path):
+    """Every sample unreadable: the stream stops after `max_consecutive_failures` in a row
+    rather than spin, and its error is the job's one line, no traceback, exit 1, the same
+    whether the job's process read it or a loader worker (which DataLoader re-raises with the
+    worker's traceback in the message: before, the line said only "Caught RuntimeError in
+    DataLoader worker process 0." after the traceback)."""
+    import webdataset as wds
+
+    with wds.TarWriter(str(tmp_path / "bad.tar"), encoder=False) as w:
+        for i in range(20):
+            w.write({"__key__": f"k{i:02d}", "png": b"not a png"})
+    lines = []
+    for workers in (0, 1):
+        proc = _run(
+            "pretrain.py",
+            *("--config", str(ROOT / "configs/pretrain/smoke.yaml"), *TINY, "train.steps=2"),
+            *(f"data.train_shards={tmp_path / 'bad.tar'}", f"data.num_workers={workers}"),
+            f"output_dir={tmp_path / f'run{workers}'}",
+            cwd=tmp_path,
+        )
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        lines.append(proc.stderr.strip().splitlines()[-1])
+    assert lines[0] == lines[1], lines
+    assert lines[0].startswith(
+        "error: InputError: 1000 samples in a row failed to decode (last: k"
+    ) and lines[0].endswith(
+        f" in {tmp_path / 'bad.tar'}: UnidentifiedImageError: cannot identify image file); is "
+        "the data corrupt or not images? (last good checkpoint: none)"
+    ), lines[0]

@@ -27,6 +27,7 @@ from ssl_vit.data import (
 )
 from ssl_vit.data.write.convert import make_shards
 from ssl_vit.datasets.synthetic import SYNTHETIC_LABELS, synthetic_shapes
+from ssl_vit.errors import InputError
 from ssl_vit.train.preflight import check_labelled_source
 
 
@@ -276,11 +277,11 @@ def test_stream_fails_loudly_instead_of_spinning(tmp_path):
             w.write({"__key__": f"k{i}", "png": b"not a png"})
     stream = StreamArgs(4, 0, 16, max_consecutive_failures=10)
     loader = pretrain_loader(_data(str(tmp_path / "bad.tar")), stream)
-    with pytest.raises(RuntimeError, match="10 samples in a row failed to decode"):
+    with pytest.raises(InputError, match="10 samples in a row failed to decode"):
         next(iter(loader))
     missing = [str(tmp_path / "gone.tar")]
     loader = pretrain_loader(_data(), stream, urls=missing)
-    with pytest.raises(RuntimeError, match="no samples from the last 10 shards"):
+    with pytest.raises(InputError, match="no samples from the last 10 shards"):
         next(iter(loader))
 
 

@@ -37,6 +37,7 @@ from ssl_vit import seeds
 from ssl_vit.data.decode import decode_image, unreadable_reason
 from ssl_vit.data.format import sample_fields
 from ssl_vit.data.tar import tar_groups
+from ssl_vit.errors import InputError
 from ssl_vit.watchdog import track_loader
 
 __all__ = [
@@ -206,10 +207,10 @@ def decode_stage(
                     "skipping sample %s in %s: %s (%d skipped by this worker)",
                     *(s.key, s.url, unreadable_reason(e), stats.total_skipped),
                 )
-            if stats.consecutive_failures >= limit:
-                raise RuntimeError(
-                    f"{limit} samples in a row failed to decode (last: {s.key} in {s.url}: {e}); "
-                    "is the data corrupt or not images?"
+            if stats.consecutive_failures >= limit:  # a source of no images: said, not spun
+                raise InputError(
+                    f"{limit} samples in a row failed to decode (last: {s.key} in {s.url}: "
+                    f"{unreadable_reason(e)}); is the data corrupt or not images?"
                 ) from e
             continue
         stats.consecutive_failures = 0

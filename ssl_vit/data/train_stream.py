@@ -49,7 +49,7 @@ from ssl_vit.data.shards import is_shard_spec, resolve_shards
 from ssl_vit.data.sources import open_source
 from ssl_vit.data.stages import Batch, Sample, Stats, StreamDataset
 from ssl_vit.data.stream_state import StreamArgs, lane_range, source_id, start_stream
-from ssl_vit.errors import ConfigError
+from ssl_vit.errors import ConfigError, InputError
 
 __all__ = ["pretrain_loader", "train_loader"]
 
@@ -108,7 +108,7 @@ class _LaneStream(StreamDataset):
                         yield sample, aug, (v, place)
             skip, empty = 0, 0 if n else empty + 1
             if empty >= self.max_consecutive_failures:
-                raise RuntimeError(
+                raise InputError(
                     f"no samples from the last {empty} shards (missing, unreadable or empty)"
                 )
 

@@ -134,6 +134,22 @@ def run_and_exit(
     hard_exit(EXIT_OK)
 
 
+def _one_line(e: BaseException) -> str:
+    """The error's message, its first line; for one a loader worker raised, the worker's own
+    message: DataLoader re-raises it in the job's process as the same type with "Caught X in
+    DataLoader worker process N." first and the worker's traceback after it, whose last line
+    is "module.X: <the message>"."""
+    lines = str(e).splitlines()
+    if not lines:
+        return ""
+    if lines[0].startswith("Caught ") and " in DataLoader worker process " in lines[0]:
+        kind = type(e)
+        for name in (f"{kind.__module__}.{kind.__qualname__}: ", f"{kind.__qualname__}: "):
+            if lines[-1].startswith(name):
+                return lines[-1][len(name) :]
+    return lines[0]
+
+
 def _report(e: BaseException, dead: list[str] = ()) -> int:
     """Print what ended the job (one line last) and return the exit status."""
     if isinstance(e, SystemExit):
@@ -152,7 +168,7 @@ def _report(e: BaseException, dead: list[str] = ()) -> int:
         return EXIT_ERROR
     if not isinstance(e, USER_ERRORS) and not dead:  # a dead worker is named: no bug to trace
         traceback.print_exception(e)
-    message = str(e).splitlines()[0] if str(e) else ""
+    message = _one_line(e)
     if dead:
         message += f" [dead loader worker(s): {', '.join(dead)}]"
     print(f"error: {type(e).__name__}: {message}{_last_good_checkpoint()}", file=sys.stderr)
