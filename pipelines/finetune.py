@@ -154,9 +154,10 @@ def check(cfg: FinetuneConfig, resume: bool) -> Checked:
 
 @torch.no_grad()
 def evaluate(model, source: str, cfg: FinetuneConfig, run, num_classes: int, eval_map=None):
-    """The confusion matrix [K, K] (rows: true class) over the whole eval split, on the host:
-    each rank counts a disjoint part on its device, the counts are summed. `eval_map`: the
-    source's labels -> the classifier's (-1: not counted), where their class names differ."""
+    """(the confusion matrix [K, K] (rows: true class) over the whole eval split, on the host;
+    the images skipped): each rank counts a disjoint part on its device, the counts are summed.
+    `eval_map`: the source's labels -> the classifier's (-1: not counted), where their class
+    names differ."""
     model.eval()
     acc = run.acc
     conf = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=acc.device)
@@ -172,13 +173,15 @@ def evaluate(model, source: str, cfg: FinetuneConfig, run, num_classes: int, eva
         limit=cfg.data.max_eval,
         num_classes=num_classes if lut is None else len(eval_map),  # others: counted skips
     )
+    skipped = torch.zeros((), dtype=torch.int64, device=acc.device)
     for batch in watched(loader, "data.eval"):  # a stalled source ends the job
         with acc.autocast():
             pred = model(batch.images.to(acc.device)).argmax(dim=-1)
         labels = batch.labels.to(acc.device)
         add_confusion(conf, labels if lut is None else lut[labels], pred)  # (lut[-1] is -1)
+        skipped += batch.skipped  # unreadable, or labelled outside the classes
     model.train()
-    return acc.reduce(conf, reduction="sum").cpu()
+    return acc.reduce(conf, reduction="sum").cpu(), int(acc.reduce(skipped, reduction="sum"))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -295,6 +298,7 @@ def main(argv: list[str] | None = None) -> dict:
                 with meter.paused():
                     scores = evaluate_all(model, ema, cfg, run, label_names, job.eval_map)
                 scores.pop("confusion", None)  # the final evaluation's matrix is in the results
+                scores.pop("eval_skipped", None)  # and its skips
                 if scores:
                     due_row = {**(due_row or {"step": step}), **scores}
             if due_row is not None and step != tc.steps:  # the last row: logged at the end
@@ -312,9 +316,12 @@ def main(argv: list[str] | None = None) -> dict:
 
         # --- Final: evaluation (completes the last row), results.json, the classifier -------
         scores = evaluate_all(model, ema, cfg, run, label_names, job.eval_map)
-        confusion = scores.pop("confusion", None)
+        confusion, eval_skipped = scores.pop("confusion", None), scores.pop("eval_skipped", 0)
         row = meter.log({**row, "step": tc.steps, **scores})
         results = final_results(cfg, row, start.counters, job.subset, label_names)
+        if eval_skipped or (cfg.data.eval and row["top1"] is None):
+            results["eval_skipped"] = eval_skipped
+            warn_eval_skipped(cfg.data.eval, eval_skipped, confusion)
         if job.eval_left_out:  # their test images: not in top-1 nor the confusion matrix
             results["eval_classes_left_out"] = job.eval_left_out
         if confusion is not None:  # per-class accuracy and the matrix of the saved model
@@ -416,18 +423,35 @@ def distill_results(cfg: FinetuneConfig, teacher, counters: dict, row: dict, acc
 
 
 def evaluate_all(model, ema, cfg: FinetuneConfig, run, label_names, eval_map) -> dict[str, Any]:
-    """top1 (and top1_ema with Polyak averaging) on data.eval, with `confusion` the summary of
-    the model that is saved (the averaged one when there is one); {} without an eval split."""
+    """top1 (and top1_ema with Polyak averaging) on data.eval (None when no image of it was
+    scored), with `confusion` the summary of the model that is saved (the averaged one when
+    there is one) and `eval_skipped` the images skipped; {} without an eval split."""
     if not cfg.data.eval:
         return {}
     K = len(label_names)
-    conf = evaluate(model, cfg.data.eval, cfg, run, K, eval_map)
-    row = {"top1": confusion_summary(conf, label_names)["top1"] or 0.0}
+    conf, skipped = evaluate(model, cfg.data.eval, cfg, run, K, eval_map)
+    row = {"top1": confusion_summary(conf, label_names)["top1"]}  # None: no image scored
     if ema is not None:
-        conf = evaluate(ema.module, cfg.data.eval, cfg, run, K, eval_map)
-        row["top1_ema"] = confusion_summary(conf, label_names)["top1"] or 0.0
-    row["confusion"] = conf
+        conf, _ = evaluate(ema.module, cfg.data.eval, cfg, run, K, eval_map)  # the same images
+        row["top1_ema"] = confusion_summary(conf, label_names)["top1"]
+    row["confusion"], row["eval_skipped"] = conf, skipped
     return row
+
+
+def warn_eval_skipped(source: str, skipped: int, confusion) -> None:
+    """Images of data.eval that top-1 does not count: said, and when none was scored, top-1
+    is not measured (None), never a 0% it did not see."""
+    scored = int(confusion.sum())
+    if scored == 0:
+        log.warning(
+            "data.eval=%s: none of its images was scored (%d skipped: unreadable, or labelled "
+            "outside data.train's classes): top-1 not measured", source, skipped,
+        )  # fmt: skip
+    else:
+        log.warning(
+            "data.eval=%s: %d image(s) skipped (unreadable, or labelled outside data.train's "
+            "classes): top-1 is over the %d scored", source, skipped, scored,
+        )  # fmt: skip
 
 
 def save_final(model, cfg: FinetuneConfig, label_names: list[str]) -> None:

@@ -6,6 +6,7 @@ shards named in one `error:` line."""
 import dataclasses
 import gzip
 import io
+import json
 import math
 import os
 import struct
@@ -288,6 +289,35 @@ def test_a_finetune_scores_an_eval_split_with_classes_it_has_no_images_of(tmp_pa
     with pytest.raises(SystemExit, match=r"data.train='.*one': one class \('b'\); a classifier"):
         pipeline("finetune")([*args, f"data.train={one}", f"output_dir={tmp_path / 'ft3'}"])
     assert not (tmp_path / "ft2").exists() and not (tmp_path / "ft3").exists()
+
+
+def test_a_finetunes_unreadable_test_images_are_counted_and_none_scored_is_no_top1(tmp_path, capfd):
+    """data.eval with unreadable images: top-1 is over those scored, the skipped counted in
+    results.json and warned; with none scored, top-1 is None ("not measured"), not the 0.0
+    it reported before (and no count)."""
+    train = _folders(tmp_path / "train", ["a", "b"], n=4)
+    test = _folders(tmp_path / "test", ["a", "b"], n=2)
+    for cls in ("a", "b"):
+        (test / cls / "9.png").write_bytes(b"not a png")
+    bad = tmp_path / "bad"
+    for cls in ("a", "b"):
+        (bad / cls).mkdir(parents=True)
+        (bad / cls / "0.png").write_bytes(b"not a png")
+    args = ["--config", str(ROOT / "configs/finetune/smoke.yaml"), *TINY, "train.steps=2"]
+    args += [f"data.train={train}", "init.checkpoint=none", "data.num_workers=0"]
+    some = pipeline("finetune")([*args, f"data.eval={test}", f"output_dir={tmp_path / 'ft'}"])
+    assert some["eval_skipped"] == 2 and sum(map(sum, some["confusion_matrix"])) == 4
+    assert some["top1"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+    logged = capfd.readouterr().err  # the job logs to stderr
+    assert f"data.eval={test}: 2 image(s) skipped (unreadable, " in logged
+    assert "top-1 is over the 4 scored" in logged
+    none = pipeline("finetune")([*args, f"data.eval={bad}", f"output_dir={tmp_path / 'ft2'}"])
+    assert none["top1"] is None and none["eval_skipped"] == 2
+    logged = capfd.readouterr().err
+    assert f"data.eval={bad}: none of its images was scored (2 skipped: " in logged
+    assert "top-1 not measured" in logged
+    rows = (tmp_path / "ft2" / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(rows[-1])["top1"] is None
 
 
 def _fewshot_sources(tmp_path: Path) -> tuple[Path, Path]:
