@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import time
 from typing import Any, NamedTuple
 
@@ -108,6 +109,13 @@ def main(argv: list[str] | None = None) -> dict:
     return res
 
 
+def _mean_std(r: dict) -> str:
+    """'52.00 +- 1.20%', or 'not measured' (NaN: no test image was scored)."""
+    if r["mean"] is None or math.isnan(r["mean"]):
+        return "not measured"
+    return f"{100 * r['mean']:.2f} +- {100 * r['std']:.2f}%"
+
+
 def format_results(cfg: FewshotConfig, res: dict) -> str:
     """The printed table: each shot's accuracy per l2, the layer table, the k-NN line."""
     lines = []
@@ -115,9 +123,7 @@ def format_results(cfg: FewshotConfig, res: dict) -> str:
         row = res["shots"][k]["l2_reg"]
         lines.append(
             f"{k:>3}-shot: "
-            + ", ".join(
-                f"l2={l2}: {100 * r['mean']:.2f} +- {100 * r['std']:.2f}%" for l2, r in row.items()
-            )
+            + ", ".join(f"l2={l2}: {_mean_std(r)}" for l2, r in row.items())
         )
     if "layers" in res:
         lines.append(format_layer_table(res["layers"]))

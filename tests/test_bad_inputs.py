@@ -318,6 +318,16 @@ def test_a_finetunes_unreadable_test_images_are_counted_and_none_scored_is_no_to
     assert "top-1 not measured" in logged
     rows = (tmp_path / "ft2" / "metrics.jsonl").read_text().splitlines()
     assert json.loads(rows[-1])["top1"] is None
+    # Few-shot on the same test split: null accuracies (NaN in the job), said as such.
+    few = ["--checkpoint", "random", *TINY, f"fewshot.train={train}", f"fewshot.eval={bad}"]
+    few += ["fewshot.shots=[2]", "fewshot.seeds=[0]", f"output_dir={tmp_path / 'fs'}"]
+    pipeline("fewshot")(few)
+    saved = json.loads((tmp_path / "fs" / "results.json").read_text())
+    assert (saved["2shot"], saved["num_test"], saved["skipped_eval"]) == (None, 0, 2)
+    out = capfd.readouterr()
+    assert "2-shot: l2=1024.0: not measured" in out.out and "nan" not in out.out
+    assert "few-shot: 2-shot n/a (0 test images" in out.err
+    assert f"fewshot.eval={bad}: none of its images was scored (2 skipped: " in out.err
 
 
 def _fewshot_sources(tmp_path: Path) -> tuple[Path, Path]:

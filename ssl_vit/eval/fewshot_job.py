@@ -166,6 +166,12 @@ def fewshot_evaluate(
     )
     log.info("few-shot: %s (%d test images, %.1fs)", format_summary(result["summary"]),
              len(test_x), result["time_s"])  # fmt: skip
+    if len(test_x) == 0:  # its accuracies are NaN: results.json's null, "not measured"
+        log.warning(
+            "fewshot.eval=%s: none of its images was scored (%d skipped: unreadable, or "
+            "labelled outside the classes): the accuracies are not measured", spec.eval,
+            skipped[1],
+        )  # fmt: skip
     return result
 
 

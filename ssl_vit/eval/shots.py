@@ -25,8 +25,9 @@ def shot_order(k: int | str) -> tuple[int, int]:
 
 
 def percent(x: Any) -> str:
-    """A fraction as '52.0%' ('n/a' for what is no number: a null in a results file)."""
-    return f"{100 * x:.1f}%" if isinstance(x, int | float) else "n/a"
+    """A fraction as '52.0%' ('n/a' for what is no number: a null in a results file, or the
+    NaN of an accuracy over no image)."""
+    return f"{100 * x:.1f}%" if isinstance(x, int | float) and x == x else "n/a"  # NaN != NaN
 
 
 def format_summary(summary: dict[str, Any]) -> str:
