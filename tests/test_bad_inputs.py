@@ -318,6 +318,11 @@ def test_a_finetunes_unreadable_test_images_are_counted_and_none_scored_is_no_to
     assert "top-1 not measured" in logged
     rows = (tmp_path / "ft2" / "metrics.jsonl").read_text().splitlines()
     assert json.loads(rows[-1])["top1"] is None
+    from ssl_vit.cli import main as cli
+
+    assert cli(["export", str(tmp_path / "ft2"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert f"No top-1 measured: none of the images of `{bad}` could be scored (2 skipped)" in card
     # Few-shot on the same test split: null accuracies (NaN in the job), said as such.
     few = ["--checkpoint", "random", *TINY, f"fewshot.train={train}", f"fewshot.eval={bad}"]
     few += ["fewshot.shots=[2]", "fewshot.seeds=[0]", f"output_dir={tmp_path / 'fs'}"]

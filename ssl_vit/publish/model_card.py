@@ -282,6 +282,12 @@ def _finetuning(rc: dict[str, Any], res: dict[str, Any], spec: ClassifierSpec) -
 
 def _classifier_results(rc: dict[str, Any], res: dict[str, Any]) -> str:
     if res.get("top1") is None:
+        if res.get("eval_skipped"):  # an eval split of which no image could be scored
+            return (
+                f"No top-1 measured: none of the images of "
+                f"`{rc.get('data', {}).get('eval', 'n/a')}` could be scored "
+                f"({res['eval_skipped']} skipped).\n"
+            )
         return "No top-1 recorded (no results.json next to the classifier, or no eval split).\n"
     source = f"`{rc.get('data', {}).get('eval', 'n/a')}`"
     if res.get("top1_ema") is not None:  # model.safetensors holds the averaged weights
