@@ -63,6 +63,10 @@ def check(cfg: FewshotConfig, checkpoint: str) -> Checked:
     train_names = preflight.check_labelled_source("fewshot.train", cfg.fewshot.train)
     eval_names = preflight.check_labelled_source("fewshot.eval", cfg.fewshot.eval)
     preflight.check_same_labels(("fewshot.train", train_names), ("fewshot.eval", eval_names))
+    preflight.warn_shared(
+        ("fewshot.train", cfg.fewshot.train), ("fewshot.eval", cfg.fewshot.eval),
+        "the accuracies count images the probe is fitted to",
+    )  # fmt: skip
     encoder = note = None
     if checkpoint != "random":
         cfg, (encoder, _, _), note = preflight.init_from_checkpoint("--checkpoint", cfg, checkpoint)
@@ -122,8 +126,7 @@ def format_results(cfg: FewshotConfig, res: dict) -> str:
     for k in cfg.fewshot.shots:
         row = res["shots"][k]["l2_reg"]
         lines.append(
-            f"{k:>3}-shot: "
-            + ", ".join(f"l2={l2}: {_mean_std(r)}" for l2, r in row.items())
+            f"{k:>3}-shot: " + ", ".join(f"l2={l2}: {_mean_std(r)}" for l2, r in row.items())
         )
     if "layers" in res:
         lines.append(format_layer_table(res["layers"]))

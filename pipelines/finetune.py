@@ -143,6 +143,13 @@ def check(cfg: FinetuneConfig, resume: bool) -> Checked:
         cfg, loaded, note = preflight.init_from_checkpoint("init.checkpoint", cfg, path, recorded)
     teacher = check_teacher(cfg, label_names, resume) if cfg.distill.enabled else None
     preflight.check_writable("output_dir", cfg.output_dir)
+    if cfg.data.eval:  # top-1 is read as a held-out figure: say when it is not one
+        test = ("data.eval", cfg.data.eval)
+        preflight.warn_shared(("data.train", d.train), test, "top-1 counts images it trains on")
+        if cfg.distill.enabled:
+            unlabelled = ("distill.unlabelled", cfg.distill.unlabelled)
+            why = "its test images are trained on (without their labels), so top-1 is not held-out"
+            preflight.warn_shared(unlabelled, test, why)
     if missing:  # the classifier cannot name these
         log.warning(
             "data.train has no images of %d class(es) of data.eval (%s): their test images are "

@@ -929,3 +929,50 @@ def test_a_source_of_no_images_ends_the_job_in_one_line_whichever_process_reads_
         f" in {tmp_path / 'bad.tar'}: UnidentifiedImageError: cannot identify image file); is "
         "the data corrupt or not images? (last good checkpoint: none)"
     ), lines[0]
+
+
+def test_a_test_split_that_is_the_training_source_is_warned(tmp_path, caplog, capfd, monkeypatch):
+    """The source a job scores on is the one it trains on, holds it or is held in it (a folder
+    and a shard of it, whatever the spelling of the path): a warning naming both keys and what
+    the figure then is; siblings, other folders and other remote specs are not warned."""
+    from ssl_vit.train.preflight import warn_shared
+
+    (tmp_path / "data" / "train").mkdir(parents=True)
+    (tmp_path / "data" / "train-more").mkdir()
+    monkeypatch.chdir(tmp_path)
+    shared = [
+        ("data/train", "./data/train/"),
+        ("data/train", str(tmp_path / "data" / "train")),
+        ("data/train", "data/train/shard-{000000..000003}.tar"),
+        ("data/train/shard-000001.tar", "data"),
+        ("pipe:curl -s u/a.tar", " pipe:curl -s u/a.tar"),
+    ]
+    apart = [("data/train", "data/train-more"), ("pipe:curl -s u/a.tar", "pipe:curl -s u/b.tar")]
+    for reads, scores in shared + apart:
+        caplog.clear()
+        warn_shared(
+            ("data.train", reads), ("data.eval", scores), "top-1 counts images it trains on"
+        )
+        want = [] if (reads, scores) in apart else [
+            f"data.eval={scores} is data.train={reads} or shares its images: top-1 counts "
+            "images it trains on"
+        ]  # fmt: skip
+        assert [r.getMessage() for r in caplog.records] == want, (reads, scores)
+    # The jobs that score: fine-tune (data.train, distill.unlabelled) and few-shot.
+    imgs = str(_folders(tmp_path / "imgs", ["a", "b"], n=4))
+    args = ["--config", str(ROOT / "configs/finetune/smoke.yaml"), *TINY, "train.steps=1"]
+    args += [f"data.train={imgs}", f"data.eval={imgs}/", "init.checkpoint=none"]
+    args += ["train.batch_size=4"]
+    online = ["distill.mode=online", f"distill.unlabelled={imgs}", "distill.momentum=0.5"]
+    pipeline("finetune")([*args, *online, f"output_dir={tmp_path / 'ft'}"])
+    few = ["--checkpoint", "random", *TINY, f"fewshot.train={imgs}", f"fewshot.eval={imgs}"]
+    pipeline("fewshot")([*few, "fewshot.shots=[1]", f"output_dir={tmp_path / 'fs'}"])
+    logged = capfd.readouterr().err
+    assert f"data.eval={imgs}/ is data.train={imgs} or shares its images: top-1 counts" in logged
+    assert (
+        f"data.eval={imgs}/ is distill.unlabelled={imgs} or shares its images: its test " in logged
+    )
+    assert (
+        f"fewshot.eval={imgs} is fewshot.train={imgs} or shares its images: the accuracies "
+        in logged
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import logging
 import math
 import os
 import re
@@ -37,7 +38,10 @@ __all__ = [
     "load_frozen_encoder",
     "load_init_encoder",
     "resolve_pixel_norm",
+    "warn_shared",
 ]
+
+log = logging.getLogger(__name__)
 
 _REMOTE = re.compile(r"^(pipe:|[a-zA-Z][a-zA-Z0-9+.-]*://)")  # read only when the job gets there
 
@@ -137,6 +141,26 @@ def check_not_a_run(key: str, spec: str) -> None:
         where = f": the images it picked are in {folder / 'to-label'}" if job is jobs.SELECT else ""
         named = f"{key} {spec}" if key.startswith("--") else f"{key}={spec!r}"  # a flag or key
         raise ConfigError(f"{named}: a {job.title} run directory, not images{where}")
+
+
+def _local_path(spec: str) -> Path | None:
+    """A local source's resolved path (a shard pattern's: its folder); None for a remote one."""
+    if _REMOTE.match(spec):
+        return None
+    path = Path(os.path.expanduser(spec.strip()))
+    return (path.parent if any(c in spec for c in "{*?[") else path).resolve()
+
+
+def warn_shared(reads: tuple[str, str], scores: tuple[str, str], what: str) -> None:
+    """A warning (not a refusal: a check of memorisation is a use) when the source a job
+    scores on, `scores` (key, spec), is the one it `reads` to train, or holds it or is held
+    in it (a folder and a shard of it): its figure is then not a held-out one, and `what`
+    says why."""
+    (rkey, rspec), (skey, sspec) = reads, scores
+    a, b = _local_path(rspec), _local_path(sspec)
+    same = rspec.strip() == sspec.strip() if a is None or b is None else a == b
+    if same or (a is not None and b is not None and (a in b.parents or b in a.parents)):
+        log.warning("%s=%s is %s=%s or shares its images: %s", skey, sspec, rkey, rspec, what)
 
 
 def check_labelled_source(key: str, spec: str) -> list[str]:
