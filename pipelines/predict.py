@@ -35,9 +35,14 @@ from ssl_vit.eval.confusion import add_confusion, confusion_summary
 from ssl_vit.eval.predictions import PredictionWriter, gather_on_main, predict_batch
 from ssl_vit.progress import progress_bar
 from ssl_vit.runs.lock import on_main
-from ssl_vit.runs.occupancy import check_not_source, occupant, saved_job
+from ssl_vit.runs.occupancy import check_not_source, occupant, saved_config, saved_job
 from ssl_vit.train import preflight
-from ssl_vit.train.classifier_file import ClassifierError, load_classifier, read_classifier_spec
+from ssl_vit.train.classifier_file import (
+    ClassifierError,
+    find_classifier,
+    load_classifier,
+    read_classifier_spec,
+)
 from ssl_vit.train.guard import JobError, one_line_errors, run_and_exit
 from ssl_vit.train.metrics import MetricsWriter
 from ssl_vit.train.rundir import claim_run_dir, run_files
@@ -99,6 +104,13 @@ def check(cfg: PredictConfig, overwrite: bool):
             "images anyway (no accuracy)"
         )
     check_output(Path(cfg.output_dir), cfg, overwrite)
+    if names:  # its top-1 reads as held-out: say when the classifier was trained on it
+        trained = (saved_config(find_classifier(cfg.checkpoint).parent) or {}).get("data")
+        if isinstance(trained, dict) and isinstance(trained.get("train"), str):
+            why = "top-1 counts images the classifier was trained on"
+            preflight.warn_shared(
+                ("the classifier's data.train", trained["train"]), ("--source", cfg.source), why
+            )
     if unknown:  # as the fine-tune scored its data.eval (a few picked labels missed a class)
         log.warning(
             "--source %s: the classifier has no class %s: those images are predicted, with "

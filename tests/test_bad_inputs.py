@@ -967,7 +967,10 @@ def test_a_test_split_that_is_the_training_source_is_warned(tmp_path, caplog, ca
     pipeline("finetune")([*args, *online, f"output_dir={tmp_path / 'ft'}"])
     few = ["--checkpoint", "random", *TINY, f"fewshot.train={imgs}", f"fewshot.eval={imgs}"]
     pipeline("fewshot")([*few, "fewshot.shots=[1]", f"output_dir={tmp_path / 'fs'}"])
+    pred = ["--checkpoint", str(tmp_path / "ft"), "--source", imgs]
+    pipeline("predict")([*pred, "--output", str(tmp_path / "p")])
     logged = capfd.readouterr().err
+    assert f"--source {imgs} is the classifier's data.train={imgs} or shares its images" in logged
     assert f"data.eval={imgs}/ is data.train={imgs} or shares its images: top-1 counts" in logged
     assert (
         f"data.eval={imgs}/ is distill.unlabelled={imgs} or shares its images: its test " in logged

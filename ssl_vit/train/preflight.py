@@ -156,11 +156,12 @@ def warn_shared(reads: tuple[str, str], scores: tuple[str, str], what: str) -> N
     scores on, `scores` (key, spec), is the one it `reads` to train, or holds it or is held
     in it (a folder and a shard of it): its figure is then not a held-out one, and `what`
     says why."""
-    (rkey, rspec), (skey, sspec) = reads, scores
+    rspec, sspec = reads[1], scores[1]
     a, b = _local_path(rspec), _local_path(sspec)
     same = rspec.strip() == sspec.strip() if a is None or b is None else a == b
     if same or (a is not None and b is not None and (a in b.parents or b in a.parents)):
-        log.warning("%s=%s is %s=%s or shares its images: %s", skey, sspec, rkey, rspec, what)
+        named = (f"{k} {v}" if k.startswith("--") else f"{k}={v}" for k, v in (scores, reads))
+        log.warning("%s is %s or shares its images: %s", *named, what)
 
 
 def check_labelled_source(key: str, spec: str) -> list[str]:
