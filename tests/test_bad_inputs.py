@@ -939,6 +939,7 @@ def test_a_test_split_that_is_the_training_source_is_warned(tmp_path, caplog, ca
 
     (tmp_path / "data" / "train").mkdir(parents=True)
     (tmp_path / "data" / "train-more").mkdir()
+    (tmp_path / "data" / "train" / "shard-000001.tar").touch()  # the sources a job has checked
     monkeypatch.chdir(tmp_path)
     shared = [
         ("data/train", "./data/train/"),

@@ -27,6 +27,7 @@ __all__ = [
     "holds_data",
     "is_checkpoint",
     "is_run_dir",
+    "local_path",
     "occupant",
     "read_paths",
     "saved_job",
@@ -130,7 +131,7 @@ def read_paths(cfg: Any) -> dict[str, str]:
     return found
 
 
-def _local_path(spec: str) -> Path | None:
+def local_path(spec: str) -> Path | None:
     """The local file or folder a source spec names (a brace pattern or glob: the folder it
     starts in); None when there is none here (a remote source: pipe:, a URL)."""
     head = re.split(r"[{*?\[]", spec, maxsplit=1)[0]
@@ -154,7 +155,7 @@ def check_not_source(
     to the run rules (`train.rundir`)."""
     t = Path(target).expanduser().resolve()
     for name, spec in sources.items():
-        local = _local_path(str(spec)) if spec else None
+        local = local_path(str(spec)) if spec else None
         if local is None:
             continue
         root = source_root(local)

@@ -143,23 +143,20 @@ def check_not_a_run(key: str, spec: str) -> None:
         raise ConfigError(f"{named}: a {job.title} run directory, not images{where}")
 
 
-def _local_path(spec: str) -> Path | None:
-    """A local source's resolved path (a shard pattern's: its folder); None for a remote one."""
-    if _REMOTE.match(spec):
-        return None
-    path = Path(os.path.expanduser(spec.strip()))
-    return (path.parent if any(c in spec for c in "{*?[") else path).resolve()
-
-
 def warn_shared(reads: tuple[str, str], scores: tuple[str, str], what: str) -> None:
     """A warning (not a refusal: a check of memorisation is a use) when the source a job
     scores on, `scores` (key, spec), is the one it `reads` to train, or holds it or is held
     in it (a folder and a shard of it): its figure is then not a held-out one, and `what`
     says why."""
+    from ssl_vit.runs.occupancy import local_path  # the one reading of a source spec's path
+
     rspec, sspec = reads[1], scores[1]
-    a, b = _local_path(rspec), _local_path(sspec)
-    same = rspec.strip() == sspec.strip() if a is None or b is None else a == b
-    if same or (a is not None and b is not None and (a in b.parents or b in a.parents)):
+    a, b = local_path(rspec), local_path(sspec)
+    if a is None or b is None:  # remote, or not here: the same spec
+        shared = rspec.strip() == sspec.strip()
+    else:
+        shared = a.is_relative_to(b) or b.is_relative_to(a)
+    if shared:
         named = (f"{k} {v}" if k.startswith("--") else f"{k}={v}" for k, v in (scores, reads))
         log.warning("%s is %s or shares its images: %s", *named, what)
 
