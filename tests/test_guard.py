@@ -369,3 +369,31 @@ def test_a_killed_worker_of_any_loader_is_named_after_the_loader_closed():
         time.sleep(0.5)  # the pending handler runs inside this block
     loader.close()  # as predict's `finally` does before the error reaches the guard
     assert f"pid {victim.pid} (SIGKILL)" in dead_workers()
+
+
+class _Finalized:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def __del__(self) -> None:
+        raise self.exc  # as DataLoader's SIGCHLD handler does when it runs inside a finalizer
+
+
+def test_a_dead_worker_seen_inside_a_finalizer_is_one_line_and_a_bug_there_keeps_its_trace(
+    capsys, caplog, monkeypatch
+):
+    """The CI failure of 2026-11-29: the SIGCHLD handler fired inside a tempfile's `__del__`,
+    and Python printed "Exception ignored in ..." with a traceback before the job's error line.
+    """
+    from ssl_vit.train import guard
+
+    monkeypatch.setattr(sys, "unraisablehook", guard._quiet_dead_worker(sys.__unraisablehook__))
+    killed = RuntimeError("DataLoader worker (pid 28929) is killed by signal: Killed. ")
+    _Finalized(killed)  # dropped at once: its __del__ raises
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == guard.__name__]
+    assert warning.startswith("DataLoader worker (pid 28929) is killed by signal: Killed."), warning
+    _Finalized(ValueError("a bug in a finalizer"))
+    err = capsys.readouterr().err
+    assert "Exception ignored" in err and "Traceback" in err and "a bug in a finalizer" in err

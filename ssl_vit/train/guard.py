@@ -22,7 +22,10 @@ A job that hangs burns its allocation and never reports failure, so the entry po
   nor be checkpointed, without it.
 - A data source that stalls (no batch for `timeouts.data_s`) ends the job: exit 1
   (`watchdog.watched`). A loader worker found dead is named in the error line, whichever
-  error surfaced first.
+  error surfaced first. DataLoader's SIGCHLD handler raises its "worker killed" error wherever
+  the main process is, a finalizer (`__del__`) included; Python prints one raised there as
+  "Exception ignored in ..." with a traceback and goes on, so the job says it in one line
+  (`_quiet_dead_worker`) and ends on its next read with the error line above.
 
 Why the teardown kills the loader workers: they ignore SIGTERM / SIGINT (a preemption signal
 sent to the process group must not kill them before the main process has checkpointed), so
@@ -118,6 +121,7 @@ def run_and_exit(
     main: Callable[[list[str] | None], Any], argv: list[str] | None = None
 ) -> NoReturn:
     """Run a job's `main(argv)` and end the process on every path (see the module docstring)."""
+    sys.unraisablehook = _quiet_dead_worker(sys.unraisablehook)
     try:
         main(argv)
     except BaseException as e:  # noqa: BLE001 - every failure must end the process
@@ -132,6 +136,21 @@ def run_and_exit(
         kill_children()
         hard_exit(_report(e, dead))
     hard_exit(EXIT_OK)
+
+
+def _quiet_dead_worker(previous: Callable[[Any], object]) -> Callable[[Any], object]:
+    """`sys.unraisablehook` saying DataLoader's "worker killed" error, raised by its SIGCHLD
+    handler inside a finalizer, in one line (the module docstring); anything else ignored
+    there (a bug in a `__del__`) goes to `previous`, with its traceback."""
+
+    def hook(unraisable: Any) -> None:
+        e = unraisable.exc_value
+        if isinstance(e, RuntimeError) and str(e).startswith("DataLoader worker (pid"):
+            log.warning("%s (seen during cleanup: the job ends at its next read)", _one_line(e))
+            return
+        previous(unraisable)
+
+    return hook
 
 
 def _one_line(e: BaseException) -> str:
