@@ -82,20 +82,10 @@ class StudyLabels(Frozen):
     # The online semi-supervised stage at this budget (beyond the paper, issue 50): each
     # pretrained encoder fine-tuned with distill.mode=online and distill.unlabelled =
     # data.train, these overrides after `finetune`'s (e.g. train.steps, distill.threshold).
-    # Beside the same equal-compute control as `self_train` (so with both, their overrides
-    # other than distill.* must agree). With none but distill.* the control is the budget's
-    # own fine-tune of that seed (the same command): no run of its own. null: none.
+    # Beside its equal-compute control: the same fine-tune without distill.* (shared with
+    # `self_train` where their other overrides agree). With none but distill.* the control is
+    # the budget's own fine-tune of that seed (the same command): no run of its own. null: none.
     semi: list[str] | None = None
-
-    def validate(self) -> None:
-        if self.self_train is None or self.semi is None:
-            return
-        if schedule(self.self_train) != schedule(self.semi):
-            raise ConfigError(
-                f"labels: per_class {self.per_class}: self_train and semi share one "
-                f"equal-compute control, so their overrides other than distill.* must agree: "
-                f"{schedule(self.self_train)} vs {schedule(self.semi)}"
-            )
 
 
 def schedule(overrides: list[str]) -> list[str]:

@@ -227,8 +227,9 @@ def self_trainings(cfg: StudyConfig, own: list[str] = ()) -> list[SelfTraining]:
     """The fine-tunes of one pretrained encoder on the unlabelled images too: per label budget
     with `self_train` (offline) or `semi` (online) and per seed, with the first recipe; the
     overrides are its teacher's (the encoder's `own` among them), then the budget's. Each has
-    its equal-compute control (`control_of`), one per budget and seed: the budget's own
-    fine-tune of that seed (`teacher`) when the method changes nothing but distill.* keys."""
+    its equal-compute control (`control_of`), per budget and seed: the budget's own fine-tune
+    of that seed (`teacher`) when the method changes nothing but distill.* keys, else a run
+    shared by the methods of the same schedule."""
     r, recipe = (f"-{cfg.recipes[0].name}", cfg.recipes[0].finetune) if cfg.recipes else ("", [])
     seeds = [(f"-s{s}", [f"seed={s}"]) for s in cfg.finetune_seeds] or [("", [])]
     out = []
@@ -236,8 +237,18 @@ def self_trainings(cfg: StudyConfig, own: list[str] = ()) -> list[SelfTraining]:
         budget = f"-l{labels_tag(b.per_class)}"
         base = [*recipe, f"data.labels_per_class={b.per_class}", *b.finetune]
         methods = [(SELF_TRAINED, b.self_train, False), (SEMI, b.semi, True)]
-        for suffix, overrides, online in (m for m in methods if m[1] is not None):
-            ctl = CONTROL if schedule(overrides) else ""  # else the plain fine-tune is it
+        methods = [m for m in methods if m[1] is not None]
+        schedules = {tuple(schedule(overrides)) for _, overrides, _ in methods} - {()}
+        for suffix, overrides, online in methods:
+            # No schedule of its own: the plain fine-tune is its control. One schedule among
+            # the methods: one control run ("-ctl"); two: one each ("-st-ctl", "-semi-ctl").
+            ctl = (
+                ""
+                if not schedule(overrides)
+                else CONTROL
+                if len(schedules) == 1
+                else suffix + CONTROL
+            )
             for tag, seed in seeds:
                 out.append(SelfTraining(
                     teacher=r + budget + tag,

@@ -101,22 +101,30 @@ def _method_row(cfg: StudyConfig, encoder_row: dict, method: str, runs: dict[str
 
 
 def self_trained_rows(cfg: StudyConfig, encoder_row: dict, finetunes_dir: Path, name: str):
-    """An encoder's rows of the fine-tunes on the unlabelled images too, after their shared
+    """An encoder's rows of the fine-tunes on the unlabelled images too, each after its
     equal-compute control's (the same fine-tunes without them): "self-trained" (offline),
     "semi-supervised" (online), each with the encoder's pretraining and few-shot figures and
-    its label-budget columns (those with the method filled), naming its control."""
+    its label-budget columns (those with the method filled), naming its control: "control",
+    or "control of <method>" where the two methods' differ (schedules of their own)."""
     trainings = self_trainings(cfg)
-    methods = [("control", trainings, "control")]
-    for method, online in (("self-trained", False), ("semi-supervised", True)):
-        mine = [st for st in trainings if st.online == online]
-        methods += [(method, mine, "name")] if mine else []
-    rows = []
-    for method, mine, suffix in methods:
-        runs = {st.teacher: read_results(finetunes_dir / (name + getattr(st, suffix)))
+    methods = [(m, [st for st in trainings if st.online == online])
+               for m, online in (("self-trained", False), ("semi-supervised", True))]  # fmt: skip
+    methods = [(m, mine) for m, mine in methods if mine]
+
+    def runs(mine: list, suffix: str) -> dict[str, dict]:
+        return {st.teacher: read_results(finetunes_dir / (name + getattr(st, suffix)))
                 for st in mine}  # fmt: skip
-        rows.append(_method_row(cfg, encoder_row, method, runs))
-    for row in rows[1:]:
-        row["control"] = rows[0]["variant"]
+
+    controls = {m: tuple(st.control for st in mine) for m, mine in methods}
+    shared = len(set(controls.values())) == 1
+    rows, named = [], {}
+    for method, mine in methods:
+        control = "control" if shared else f"control of {method}"
+        if controls[method] not in named:
+            rows.append(_method_row(cfg, encoder_row, control, runs(mine, "control")))
+            named[controls[method]] = rows[-1]["variant"]
+        rows.append(_method_row(cfg, encoder_row, method, runs(mine, "name")))
+        rows[-1]["control"] = named[controls[method]]
     return rows
 
 
