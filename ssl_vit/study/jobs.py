@@ -240,15 +240,10 @@ def self_trainings(cfg: StudyConfig, own: list[str] = ()) -> list[SelfTraining]:
         methods = [m for m in methods if m[1] is not None]
         schedules = {tuple(schedule(overrides)) for _, overrides, _ in methods} - {()}
         for suffix, overrides, online in methods:
-            # No schedule of its own: the plain fine-tune is its control. One schedule among
-            # the methods: one control run ("-ctl"); two: one each ("-st-ctl", "-semi-ctl").
-            ctl = (
-                ""
-                if not schedule(overrides)
-                else CONTROL
-                if len(schedules) == 1
-                else suffix + CONTROL
-            )
+            if not schedule(overrides):
+                ctl = ""  # no schedule of its own: the plain fine-tune is its control
+            else:  # a run of its own: "-ctl", or with two schedules "-st-ctl" and "-semi-ctl"
+                ctl = CONTROL if len(schedules) == 1 else suffix + CONTROL
             for tag, seed in seeds:
                 out.append(SelfTraining(
                     teacher=r + budget + tag,
