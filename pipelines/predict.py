@@ -26,9 +26,9 @@ import torch
 from ssl_vit import jobs
 from ssl_vit.atomic import clean_temporary
 from ssl_vit.cli import job_parser
-from ssl_vit.config import ConfigError, load_config, to_dict
+from ssl_vit.config import ConfigError, to_dict
 from ssl_vit.config.checks import auto_num_workers
-from ssl_vit.config.flags import flag_overrides, given_flags
+from ssl_vit.config.flags import given_flags, load_flagged
 from ssl_vit.config.predict import PredictConfig
 from ssl_vit.data.predict_stream import num_batches, open_predict_source, predict_loader
 from ssl_vit.eval.confusion import add_confusion, confusion_summary
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         with stops_raise():  # nothing to checkpoint: a stop ends the job where it is
             with one_line_errors():
-                cfg = load_config(PredictConfig, args.config, flag_overrides(flags, args.overrides))
+                cfg = load_flagged(PredictConfig, args.config, flags, args.overrides)
             return predict(cfg, args.overwrite, t_start)
     except Stopped as e:  # what it was writing is removed on the way out (`run_rounds`)
         if cfg is not None:  # (and a file it was just opening)

@@ -29,9 +29,9 @@ from accelerate import Accelerator
 
 from ssl_vit import jobs
 from ssl_vit.cli import job_parser
-from ssl_vit.config import ConfigError, SelectConfig, load_config, to_dict
+from ssl_vit.config import ConfigError, SelectConfig, to_dict
 from ssl_vit.config.checks import auto_num_workers
-from ssl_vit.config.flags import flag_overrides, given_flags
+from ssl_vit.config.flags import given_flags, load_flagged
 from ssl_vit.config.frozen import freeze, validated
 from ssl_vit.data.image_source import ImageSource
 from ssl_vit.data.predict_stream import open_predict_source, predict_loader
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
     flags = given_flags(args, FLAGS) | ({"--no-copy": ("copy", False)} if args.no_copy else {})
     setup_logging()  # the checks' warnings as every other line (the launcher's rank: INFO)
     with one_line_errors():
-        cfg = load_config(SelectConfig, args.config, flag_overrides(flags, args.overrides))
+        cfg = load_flagged(SelectConfig, args.config, flags, args.overrides)
         cfg, frozen, source, earlier, names = check(cfg, args.overwrite)  # before any image
         acc = make_accelerator(cfg.mixed_precision, cfg.timeouts)
         setup_logging(acc.is_main_process)

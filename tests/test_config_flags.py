@@ -62,3 +62,21 @@ def test_a_switch_and_an_override_that_disagree_are_refused(job, switch, overrid
     rest = _job_lines(tmp_path)[job][0]
     for argv in ([job, *rest, switch, override], [job, *rest, override, switch]):
         assert _error(argv) == f"error: {switch} and {override} disagree"
+
+
+@pytest.mark.parametrize(
+    "job, flag, value, line",
+    [
+        ("predict", "--top-k", "0", "top_k: must be > 0, got 0"),
+        ("predict", "--batch-size", "0", "batch_size: must be > 0, got 0"),
+        ("select", "--batch-size", "0", "batch_size: must be > 0, got 0"),
+    ],
+)
+def test_a_bad_flag_value_is_refused_by_the_flag_the_user_typed(job, flag, value, line, tmp_path):
+    """The user typed `--top-k 0`, not `top_k=0`: the refusal names the flag first, then the
+    key the check knows (before any checkpoint or source is read: neither exists here)."""
+    rest = _job_lines(tmp_path)[job][0]
+    assert _error([job, *rest, flag, value]) == f"error: {flag} {value}: {line}"
+    # The same value as an override names the key alone, as every other job's keys.
+    key = line.split(":")[0]
+    assert _error([job, *rest, f"{key}={value}"]) == f"error: {line}"

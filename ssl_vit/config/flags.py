@@ -7,10 +7,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ssl_vit.config.loader import flat_keys, parse_overrides
+from ssl_vit.config.loader import T, flat_keys, load_config, parse_overrides
 from ssl_vit.errors import ConfigError
 
-__all__ = ["flag_overrides", "given_flags"]
+__all__ = ["flag_overrides", "given_flags", "load_flagged"]
 
 
 def flag_overrides(flags: dict[str, tuple[str, Any]], overrides: Sequence[str]) -> list[str]:
@@ -33,3 +33,19 @@ def given_flags(args: Any, names: dict[str, str]) -> dict[str, tuple[str, Any]]:
     `flag_overrides`: {'--batch-size 8': ('batch_size', 8)}."""
     given = {dest: v for dest in names if (v := getattr(args, dest)) is not None}
     return {f"--{dest.replace('_', '-')} {v}": (names[dest], v) for dest, v in given.items()}
+
+
+def load_flagged(
+    cls: type[T], path: str | None, flags: dict[str, tuple[str, Any]], overrides: Sequence[str]
+) -> T:
+    """`load_config` of the flags and overrides (`flag_overrides`). A check that refuses a key a
+    flag set names the flag as it was typed before the key, since the user typed no key:
+    "--top-k 0: top_k: must be > 0, got 0"."""
+    try:
+        return load_config(cls, path, flag_overrides(flags, overrides))
+    except ConfigError as e:
+        message = str(e)
+        for shown, (key, _) in flags.items():
+            if any(message.startswith(key + sep) for sep in (":", "=", " ")):
+                raise ConfigError(f"{shown}: {message}") from None
+        raise
