@@ -10,8 +10,9 @@ process (forked from the study, which imports the pipelines once: no job waits s
 imports; `--jobs N`: N at once, each after the jobs it needs), its output in
 `<output_dir>/<stage>/<name>/` and its log in `<output_dir>/logs/`.
 A finished job (results.json) is skipped and an interrupted pretraining or fine-tuning resumes
-from its newest checkpoint, so the study can be stopped (SIGTERM, Ctrl-C: the running job
-checkpoints, then the study exits 0) and started again; a failed job stops it with exit 1.
+from its newest checkpoint, so the study can be stopped (SIGTERM, Ctrl-C, its terminal closed:
+the running job checkpoints, then the study exits 0) and started again; a failed job stops it
+with exit 1.
 Every job's config and overrides are checked before the first job runs, and a job dies with
 the study (even a SIGKILL of the study ends it: no orphan keeps its run directory).
 At the end: `summary.json` and `summary.md` (the table), then `ssl-vit report` over all runs.
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shlex
 import shutil
 import signal
@@ -173,24 +175,40 @@ class StudyProgress:
 RUNNING: list = []  # the jobs' processes running now: a stop signal reaches each once
 
 
-def forward(signum: int, _frame) -> None:
+def forward(signum: int, _frame, relay: int | None = None) -> None:
     """The study's SIGTERM / SIGINT while jobs run: noted in `STOPPED` (the study stops after
-    them) and relayed to each job; a later Ctrl-C is relayed too (a job's second Ctrl-C: it
-    exits without checkpoint)."""
+    them) and relayed to each job (as `relay` if given); a later Ctrl-C is relayed too (a job's
+    second Ctrl-C: it exits without checkpoint)."""
     if not STOPPED:
         STOPPED.append(signal.Signals(signum).name)
     elif signum != signal.SIGINT:  # the stop under way
         return
     for proc in RUNNING:
-        proc.send_signal(signum)
+        proc.send_signal(relay or signum)
+
+
+def hang_up(signum: int, frame) -> None:
+    """The study's terminal closed (SIGHUP; the jobs, in sessions of their own, get none): its
+    output goes to /dev/null from here, since a write to the closed terminal would fail and end
+    the study (and, with it, the jobs by SIGKILL, losing their steps since the last checkpoint),
+    and the jobs stop as on SIGTERM: each checkpoints, the study exits 0; running it again
+    resumes them."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    forward(signum, frame, relay=signal.SIGTERM)
 
 
 @contextlib.contextmanager
 def relaying() -> Iterator[None]:
-    """Jobs started inside get the study's stop signals (`forward`) and die with it: killed
-    by the kernel when the study dies (SIGKILL included, `ssl_vit.children`), and here on any
-    way out of the block with one still running (an exception)."""
+    """Jobs started inside get the study's stop signals (`forward`, `hang_up`) and die with it:
+    killed by the kernel when the study dies (SIGKILL included, `ssl_vit.children`), and here on
+    any way out of the block with one still running (an exception). Under `nohup` (SIGHUP
+    ignored) a closed terminal stays ignored."""
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hang_up)
     try:
         yield
     finally:

@@ -1,6 +1,7 @@
 """scripts/study.py end to end on the synthetic fixture: every job runs, the summary table is
 written, and a second invocation skips every finished job."""
 
+import contextlib
 import importlib.util
 import json
 import sys
@@ -766,6 +767,73 @@ def test_a_failed_job_stops_the_others_side_by_side_and_the_study(tmp_path, caps
     order = [tuple(line.split()[:2]) for line in events.read_text().splitlines()]
     assert ("term", "long") in order and ("start", "later") not in order
     assert study.RUNNING == []
+
+
+HANG_UP_STUDY = """import sys, pathlib
+sys.path.insert(0, sys.argv[2])
+from test_study import load_study, slot_jobs
+study, tmp = load_study(), pathlib.Path(sys.argv[1])
+_, planned = slot_jobs(study, tmp, [("a", "long", [], "b"), ("b", "long", [], "a")])
+study.run_jobs(planned, 2, tmp / "logs", study.StudyProgress(planned, enabled=True))
+"""
+
+
+@pytest.mark.system
+def test_a_closed_terminal_stops_the_jobs_as_sigterm_does(tmp_path):
+    """The study in a real terminal (a pty) that closes while two jobs run: the kernel's SIGHUP
+    reaches the study only (the jobs have sessions of their own). Each job gets SIGTERM (a
+    training job checkpoints on it) and the study exits 0, its output gone to /dev/null
+    rather than failing on the closed terminal. Before, the study died of the SIGHUP and the
+    kernel SIGKILLed the jobs: their steps since the last checkpoint were lost."""
+    import os
+    import pty
+    import select
+    import signal
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the study, the pty its controlling terminal
+        os.execv(
+            sys.executable,
+            [sys.executable, "-c", HANG_UP_STUDY, str(tmp_path), str(REPO / "tests")],
+        )
+    events, end = tmp_path / "events", time.monotonic() + 120
+    try:
+        while not (events.exists() and {"start a", "start b"} <= {
+            " ".join(line.split()[:2]) for line in events.read_text().splitlines()
+        }):  # fmt: skip
+            assert time.monotonic() < end, "the jobs never started"
+            if select.select([fd], [], [], 0.05)[0]:
+                os.read(fd, 65536)  # the study's output: read, so that it never blocks
+        os.close(fd)  # the terminal closes
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            assert time.monotonic() < end, "the study did not end"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    said = [line.split()[:2] for line in events.read_text().splitlines()]
+    assert sorted(said) == [["start", "a"], ["start", "b"], ["term", "a"], ["term", "b"]]
+
+
+def test_under_nohup_a_closed_terminal_stays_ignored():
+    """`nohup python scripts/study.py ...` ignores SIGHUP: the study keeps that (its jobs run
+    on); otherwise SIGHUP is `hang_up` while jobs run, and the handler before it after."""
+    import signal
+
+    study = load_study()
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with study.relaying():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        with study.relaying():
+            assert signal.getsignal(signal.SIGHUP) is study.hang_up
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 def test_jobs_needs_one_slot_or_more(capsys):
