@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import shlex
@@ -330,29 +331,34 @@ def run_jobs(jobs: list[Job], slots: int, log_dir: Path, bar: StudyProgress) -> 
     with relaying():
         try:
             while running or (pending and not STOPPED):
-                busy = {j.run_dir for j in pending} | {r.job.run_dir for r in running}
-                ready = ready_jobs(pending, busy, needed) if not STOPPED else []
-                for job in ready[: slots - len(running)]:
-                    pending.remove(job)
-                    run = begin(job, log_dir, False, bar.bar.write,
-                                lambda f, job=job: bar.running(job, f), threads)  # fmt: skip
-                    if isinstance(run, str):  # finished before
-                        bar.ended(job, skipped=True)
-                        bar.bar.write(run)
-                    else:
-                        running.append(run)
-                time.sleep(0.05 if running else 0)
-                for run in [r for r in running if r.proc.poll() is not None]:
-                    running.remove(run)
-                    if run.proc in RUNNING:  # ended: no signal for it any more
-                        RUNNING.remove(run.proc)
-                    line = end(run)
-                    bar.ended(run.job, skipped=False)
-                    bar.bar.write(line)
-                if time.monotonic() - ticked >= POLL_S:
-                    ticked = time.monotonic()
-                    for run in running:
-                        run.tick()
+                try:
+                    busy = {j.run_dir for j in pending} | {r.job.run_dir for r in running}
+                    ready = ready_jobs(pending, busy, needed) if not STOPPED else []
+                    for job in ready[: slots - len(running)]:
+                        pending.remove(job)
+                        run = begin(job, log_dir, False, bar.bar.write,
+                                    lambda f, job=job: bar.running(job, f), threads)  # fmt: skip
+                        if isinstance(run, str):  # finished before
+                            bar.ended(job, skipped=True)
+                            bar.bar.write(run)
+                        else:
+                            running.append(run)
+                    time.sleep(0.05 if running else 0)
+                    for run in [r for r in running if r.proc.poll() is not None]:
+                        running.remove(run)
+                        if run.proc in RUNNING:  # ended: no signal for it any more
+                            RUNNING.remove(run.proc)
+                        line = end(run)
+                        bar.ended(run.job, skipped=False)
+                        bar.bar.write(line)
+                    if time.monotonic() - ticked >= POLL_S:
+                        ticked = time.monotonic()
+                        for run in running:
+                            run.tick()
+                except OSError as e:  # a write to the terminal closing, before its SIGHUP came
+                    if e.errno != errno.EIO:
+                        raise
+                    hang_up(signal.SIGHUP, None)
         except SystemExit:  # a job failed, or a run directory holds another command's run
             for run in running:  # they checkpoint and end; then the study exits
                 run.proc.send_signal(signal.SIGTERM)

@@ -774,7 +774,12 @@ sys.path.insert(0, sys.argv[2])
 from test_study import load_study, slot_jobs
 study, tmp = load_study(), pathlib.Path(sys.argv[1])
 _, planned = slot_jobs(study, tmp, [("a", "long", [], "b"), ("b", "long", [], "a")])
-study.run_jobs(planned, 2, tmp / "logs", study.StudyProgress(planned, enabled=True))
+try:
+    study.run_jobs(planned, 2, tmp / "logs", study.StudyProgress(planned, enabled=True))
+except BaseException as e:  # its terminal gone: what ended it, for the test to show
+    import traceback
+    (tmp / "ended").write_text(f"{e!r} " + traceback.format_exc())
+    raise
 """
 
 
@@ -792,7 +797,9 @@ def test_a_closed_terminal_stops_the_jobs_as_sigterm_does(tmp_path):
     import time
 
     pid, fd = pty.fork()
-    if pid == 0:  # the study, the pty its controlling terminal
+    if pid == 0:  # the study, the pty its controlling terminal, as from a shell there (the
+        # suite may itself run under nohup, whose ignored SIGHUP a child inherits)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         os.execv(
             sys.executable,
             [sys.executable, "-c", HANG_UP_STUDY, str(tmp_path), str(REPO / "tests")],
@@ -813,7 +820,8 @@ def test_a_closed_terminal_stops_the_jobs_as_sigterm_does(tmp_path):
         with contextlib.suppress(ProcessLookupError, ChildProcessError):
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(done[1]) == 0
+    ended = (tmp_path / "ended").read_text() if (tmp_path / "ended").exists() else "no error"
+    assert os.waitstatus_to_exitcode(done[1]) == 0, ended
     said = [line.split()[:2] for line in events.read_text().splitlines()]
     assert sorted(said) == [["start", "a"], ["start", "b"], ["term", "a"], ["term", "b"]]
 
