@@ -328,33 +328,38 @@ def run_jobs(jobs: list[Job], slots: int, log_dir: Path, bar: StudyProgress) -> 
     threads = max(1, torch.get_num_threads() // slots) if slots > 1 else 0
     needed = {d for job in jobs for d in job.after}
     pending, running, ticked = list(jobs), [], time.monotonic()
+
+    def turn() -> None:  # start what is ready, collect what ended, the running jobs' status
+        nonlocal ticked
+        busy = {j.run_dir for j in pending} | {r.job.run_dir for r in running}
+        ready = ready_jobs(pending, busy, needed) if not STOPPED else []
+        for job in ready[: slots - len(running)]:
+            pending.remove(job)
+            run = begin(job, log_dir, False, bar.bar.write,
+                        lambda f, job=job: bar.running(job, f), threads)  # fmt: skip
+            if isinstance(run, str):  # finished before
+                bar.ended(job, skipped=True)
+                bar.bar.write(run)
+            else:
+                running.append(run)
+        time.sleep(0.05 if running else 0)
+        for run in [r for r in running if r.proc.poll() is not None]:
+            running.remove(run)
+            if run.proc in RUNNING:  # ended: no signal for it any more
+                RUNNING.remove(run.proc)
+            line = end(run)
+            bar.ended(run.job, skipped=False)
+            bar.bar.write(line)
+        if time.monotonic() - ticked >= POLL_S:
+            ticked = time.monotonic()
+            for run in running:
+                run.tick()
+
     with relaying():
         try:
             while running or (pending and not STOPPED):
                 try:
-                    busy = {j.run_dir for j in pending} | {r.job.run_dir for r in running}
-                    ready = ready_jobs(pending, busy, needed) if not STOPPED else []
-                    for job in ready[: slots - len(running)]:
-                        pending.remove(job)
-                        run = begin(job, log_dir, False, bar.bar.write,
-                                    lambda f, job=job: bar.running(job, f), threads)  # fmt: skip
-                        if isinstance(run, str):  # finished before
-                            bar.ended(job, skipped=True)
-                            bar.bar.write(run)
-                        else:
-                            running.append(run)
-                    time.sleep(0.05 if running else 0)
-                    for run in [r for r in running if r.proc.poll() is not None]:
-                        running.remove(run)
-                        if run.proc in RUNNING:  # ended: no signal for it any more
-                            RUNNING.remove(run.proc)
-                        line = end(run)
-                        bar.ended(run.job, skipped=False)
-                        bar.bar.write(line)
-                    if time.monotonic() - ticked >= POLL_S:
-                        ticked = time.monotonic()
-                        for run in running:
-                            run.tick()
+                    turn()
                 except OSError as e:  # a write to the terminal closing, before its SIGHUP came
                     if e.errno != errno.EIO:
                         raise
