@@ -410,7 +410,7 @@ def final_results(cfg: FinetuneConfig, row: dict, counters: dict, subset, label_
 def distill_results(cfg: FinetuneConfig, teacher, counters: dict, row: dict, acc) -> dict:
     """What results.json says of the unlabelled images' use: the mode, the unlabelled source
     and how many of its images the run saw (all processes); offline, the teacher (path,
-    checksum, its top-1); online, the momentum, threshold and the last lap's pseudo-labels
+    checksum, its top-1); online, its knobs and the last lap's pseudo-labels
     (none used: a warning from the main process)."""
     d = cfg.distill
     out = {"mode": d.mode, "unlabelled": d.unlabelled}
@@ -419,7 +419,7 @@ def distill_results(cfg: FinetuneConfig, teacher, counters: dict, row: dict, acc
     if not d.online:
         return {**teacher.record(), **out, "temperature": d.temperature}
     out.update(momentum=d.momentum, threshold=d.threshold, strong_ops=d.strong_ops)
-    out.update(strong_magnitude=d.strong_magnitude)
+    out.update(strong_magnitude=d.strong_magnitude, mixup=d.mixup)
     if row.get("pseudo_used") == 0 and acc.is_main_process:
         log.warning(
             "distill: no unlabelled image passed distill.threshold=%s in the last %d steps: "

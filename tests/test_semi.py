@@ -23,7 +23,7 @@ from test_step_sync import EVERY, STEPS, _between_log_steps, _run_counting
 
 from ssl_vit.config import ConfigError, FinetuneConfig, from_dict
 from ssl_vit.model import compile as compile_mod
-from ssl_vit.train.distill import online_forward, pseudo_label_loss
+from ssl_vit.train.distill import mixup_partners, online_forward, pseudo_label_loss, pseudo_mixup
 from ssl_vit.train.ema import EMA
 
 # A low threshold: the smoke runs' 8 steps from scratch use some pseudo-labels.
@@ -50,6 +50,64 @@ def test_the_pseudo_label_loss_by_hand():
     assert torch.allclose(student.grad, want, atol=1e-6)  # the unused row: no gradient at all
     # Over the threshold nothing is used: the term is exactly 0 whatever the student says.
     assert pseudo_label_loss(student, teacher, 0.81)[0].item() == 0.0
+
+
+def test_mixup_partners_cycle_in_blocks_of_four_and_two_halves_pair_as_the_whole():
+    assert mixup_partners(8).tolist() == [1, 2, 3, 0, 5, 6, 7, 4]
+    assert mixup_partners(6).tolist() == [1, 2, 3, 0, 5, 4]  # a last block of two
+    assert mixup_partners(5).tolist() == [1, 2, 3, 0, 4]  # of one: itself, an unblended view
+    assert mixup_partners(1).tolist() == [0]
+    for n in (4, 8, 12, 32):  # 2 processes with n images each pair them as 1 with 2n
+        whole = mixup_partners(2 * n)
+        assert torch.equal(whole[:n], mixup_partners(n))
+        assert torch.equal(whole[n:], mixup_partners(n) + n)
+    for n in range(3, 40):  # a permutation, with no image its own partner or mutual pairs
+        v = mixup_partners(n)
+        assert sorted(v.tolist()) == list(range(n))
+        whole = n - n % 4  # the images in full blocks
+        assert all(v[i] != i and v[v[i]] != i for i in range(whole))
+
+
+def test_pseudo_mixup_by_hand():
+    """Confidences (0.8, 0.2, 0.6, 0.4), pseudo-labels (0, 1, 2, 1), partners (1, 2, 3, 0):
+    lam = 0.8 / 1.0, 0.2 / 0.8, 0.6 / 1.0, 0.4 / 1.2; targets the same blends of the one-hot
+    labels; each blend's confidence the larger of the pair's."""
+    images = torch.tensor([0, 51, 102, 255], dtype=torch.uint8).view(4, 1, 1, 1).expand(4, 3, 2, 2)
+    confidence = torch.tensor([0.8, 0.2, 0.6, 0.4])
+    mixed, target, counts = pseudo_mixup(images, torch.tensor([0, 1, 2, 1]), confidence, 3)
+    lam = torch.tensor([0.8, 0.25, 0.6, 1 / 3])
+    pixel = torch.tensor([0.8 * 0 + 0.2 * 51, 0.25 * 51 + 0.75 * 102, 0.6 * 102 + 0.4 * 255,
+                          255 / 3 + 0])  # fmt: skip
+    assert torch.allclose(mixed, (pixel / 255).view(4, 1, 1, 1).expand(4, 3, 2, 2), atol=1e-6)
+    want = torch.tensor([[0.8, 0.2, 0.0], [0.0, 0.25, 0.75], [0.0, 0.4, 0.6], [2 / 3, 1 / 3, 0.0]])
+    assert torch.allclose(target, want, atol=1e-6) and torch.allclose(target.sum(-1), lam / lam)
+    assert torch.allclose(counts, torch.tensor([0.8, 0.6, 0.6, 0.8]))
+
+
+def test_with_pseudo_mixup_a_blend_counts_where_its_more_confident_image_passes():
+    """The online loss with `mixup`: the teacher's confidences on the weak views weight the
+    blends of the strong views. A threshold between the two largest confidences: only the most
+    confident image u passes, so the two blends holding u count (u's own and the one whose
+    partner u is) and the other two add nothing; `used` (the log's) is each image's own."""
+    student, teacher = _tiny_classifier(0), _tiny_classifier(1).eval().requires_grad_(False)
+    images = torch.randint(0, 256, (10, 3, 16, 16), dtype=torch.uint8)
+    labelled, targets, strong, weak = images[:2], torch.tensor([0, 2]), images[2:6], images[6:]
+    with torch.no_grad():
+        confidence, pseudo = F.softmax(teacher(weak), -1).max(-1)
+    top, second = confidence.sort(descending=True).values[:2]
+    threshold = float(top + second) / 2
+    forward = online_forward(student, teacher, F.cross_entropy, threshold, 1.0, mixup=True)
+    out = forward(labelled, targets, strong, weak)
+    mixed, target, counts = pseudo_mixup(strong, pseudo, confidence, 3)
+    assert (counts >= threshold).sum() == 2  # the case the test is about
+    with torch.no_grad():
+        ce = -(target * F.log_softmax(student(mixed), -1)).sum(-1)
+        want = (ce * (counts >= threshold)).mean()
+        labelled_ce = F.cross_entropy(student(labelled), targets)
+    assert out.distill.item() == pytest.approx(want.item(), rel=1e-5)
+    assert out.loss.item() == pytest.approx(labelled_ce.item() + want.item(), rel=1e-5)
+    assert torch.equal(out.used, confidence >= threshold) and out.used.sum() == 1
+    assert torch.equal(out.pseudo, pseudo)
 
 
 def test_the_ema_teacher_gets_no_gradient_and_follows_the_student_by_the_momentum_rule():
@@ -94,6 +152,9 @@ def test_the_online_keys_are_checked():
         cfg(unlabelled="u", mode="online", momentum=1.0)
     with pytest.raises(ConfigError, match=r"^distill.threshold: must be in \(0, 1\], got 0.0$"):
         cfg(unlabelled="u", mode="online", threshold=0.0)
+    assert cfg(unlabelled="u", mode="online", mixup=True).distill.mixup
+    with pytest.raises(ConfigError, match=r"^distill.mixup: blends pseudo-labelled views, whi"):
+        cfg(unlabelled="u", teacher="t", mixup=True)
 
 
 def test_a_teacher_too_slow_for_its_run_is_named_before_and_after(
@@ -175,21 +236,23 @@ def test_the_unlabelled_epochs_a_run_reads_are_said_before_it_and_under_one_warn
 
 
 @pytest.mark.system
+@pytest.mark.parametrize("mixup", ["false", "true"])
 def test_an_online_step_is_one_graph_and_never_waits_on_the_host(
-    synthetic_shards, tmp_path, monkeypatch
+    synthetic_shards, tmp_path, monkeypatch, mixup
 ):
     every = [f"train.log_every={EVERY}", f"train.checkpoint_every={EVERY}"]
-    args = online_args(synthetic_shards, tmp_path / "sync", *every)
+    mix = f"distill.mixup={mixup}"
+    args = online_args(synthetic_shards, tmp_path / "sync", *every, mix)
     args = [a for a in args if a != "train.log_every=4"] + [f"train.steps={STEPS}"]
     assert _between_log_steps(_run_counting(monkeypatch, pipeline("finetune"), args)) == []
     backend = Backend()
     monkeypatch.setattr(compile_mod, "BACKEND", backend)
     main = pipeline("finetune")
     torch.manual_seed(0)
-    main(online_args(synthetic_shards, tmp_path / "c", "compile.enabled=true"))
+    main(online_args(synthetic_shards, tmp_path / "c", "compile.enabled=true", mix))
     assert backend.graphs == 1  # fullgraph=True: a graph break would have raised
     torch.manual_seed(0)
-    main(online_args(synthetic_shards, tmp_path / "e", "compile.enabled=false"))
+    main(online_args(synthetic_shards, tmp_path / "e", "compile.enabled=false", mix))
     assert _losses(tmp_path / "c") == pytest.approx(_losses(tmp_path / "e"), rel=1e-4)
 
 
@@ -225,16 +288,18 @@ def test_stopped_and_resumed_online_continues_exactly(synthetic_shards, tmp_path
 
 
 @pytest.mark.system
-def test_two_processes_train_online_as_one(synthetic_shards, tmp_path):
+@pytest.mark.parametrize("mixup", ["false", "true"])
+def test_two_processes_train_online_as_one(synthetic_shards, tmp_path, mixup):
     """Every pseudo-label used (a threshold near 0): a confidence within float error of the
     threshold would flip an image in or out between the all-reduce's rounding and one
     process's, a difference of the discrete rule, not of the processes (the threshold itself:
-    the hand-computed test and the exact resume above)."""
-    every = "distill.threshold=1e-6"
+    the hand-computed test and the exact resume above). With pseudo-mixup each process's 16
+    unlabelled images are whole blocks of the 32: the same pairs as one process's."""
+    every = ["distill.threshold=1e-6", f"distill.mixup={mixup}"]
     torch.manual_seed(0)
-    pipeline("finetune")(online_args(synthetic_shards, tmp_path / "one", every))
+    pipeline("finetune")(online_args(synthetic_shards, tmp_path / "one", *every))
     cmd = [*LAUNCH, str(ROOT / "pipelines/finetune.py")]
-    cmd += online_args(synthetic_shards, tmp_path / "two", "data.num_workers=1", every)
+    cmd += online_args(synthetic_shards, tmp_path / "two", "data.num_workers=1", *every)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, two = _losses(tmp_path / "one"), _losses(tmp_path / "two")

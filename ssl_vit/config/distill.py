@@ -46,6 +46,10 @@ class DistillConfig(Frozen):
     # device, at data.crop_scale): the teacher's targets are its best guesses and the student
     # must reach them from harder views (FixMatch's weak / strong views, Sohn et al. 2020).
     views: Literal["same", "weak_strong"] = "same"
+    # online: Semi-ViT's probabilistic pseudo-mixup (Cai et al. 2022, section 3.3): each
+    # strong view is blended with another's in proportion to the two pseudo-labels'
+    # confidences, and trained toward the same blend of the two pseudo-labels.
+    mixup: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -68,6 +72,11 @@ class DistillConfig(Frozen):
         if self.mode == "offline" and teacher != self.enabled:
             raise ConfigError(
                 "distill.teacher and distill.unlabelled: give both (self-training) or neither"
+            )
+        if self.mixup and self.mode != "online":
+            raise ConfigError(
+                "distill.mixup: blends pseudo-labelled views, which only distill.mode=online "
+                "makes; drop it or set distill.mode=online"
             )
         if self.mode == "online" and teacher:
             raise ConfigError(

@@ -12,6 +12,8 @@ softmax maximum reaches `distill.threshold`, and the student's cross-entropy to 
 a strong view of the same image (`strong_augment`: RandAugment-style ops and erasing on the
 device, no second decode). An image below the threshold adds nothing; the mean is over all U
 images (FixMatch's normalisation), so the unlabelled term grows as the teacher grows confident.
+With `distill.mixup`, Semi-ViT's probabilistic pseudo-mixup blends the strong views in pairs
+first (`pseudo_mixup`), weighted by the teacher's confidences.
 
 In both, labelled and unlabelled micro-batches share each step. Shape legend: B labelled
 images, U unlabelled images, K classes.
@@ -46,8 +48,10 @@ __all__ = [
     "distill_forward",
     "distillation_loss",
     "frozen_teacher",
+    "mixup_partners",
     "online_forward",
     "pseudo_label_loss",
+    "pseudo_mixup",
     "record_teacher",
 ]
 
@@ -135,13 +139,74 @@ def pseudo_label_loss(
     return (ce_U * used_U).mean(), pseudo_U, used_U
 
 
+MIXUP_BLOCK = 4  # pseudo-mixup partners: the next image in its block of four (`mixup_partners`)
+
+
+def mixup_partners(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[n] each image's partner: the next image in its block of `MIXUP_BLOCK`, cyclically (a
+    last block of n % 4 images cycles on its own). The stream is shuffled, so partners are
+    random images. Blocks rather than one permutation of the micro-batch: a process holds whole
+    blocks of the global micro-batch when its share is a multiple of 4, so N processes pair
+    the images as one does. Cycles of 3 or more: never mutual partners (u with v and v with u
+    would blend into one image twice)."""
+    i = torch.arange(n, device=device)
+    start = i - i % MIXUP_BLOCK
+    return start + (i - start + 1) % (n - start).clamp(max=MIXUP_BLOCK)
+
+
+def pseudo_mixup(
+    strong_U: torch.Tensor, pseudo_U: torch.Tensor, confidence_U: torch.Tensor, classes: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Semi-ViT's probabilistic pseudo-mixup (Cai et al. 2022, section 3.3): image u and its
+    partner v (`mixup_partners`) blend as lam x_u + (1 - lam) x_v, lam = c_u / (c_u + c_v)
+    from the teacher's confidences, so the more confident pseudo-label dominates, and the
+    target is the same blend of the two one-hot pseudo-labels; the blend counts where the
+    larger of c_u, c_v passes the threshold. (blended views [U, 3, S, S] in [0, 1], targets
+    [U, K], their confidences [U])."""
+    v = mixup_partners(len(strong_U), strong_U.device)
+    lam_U = confidence_U / (confidence_U + confidence_U[v])  # each >= 1 / K: never 0 / 0
+    x = strong_U.float() / 255.0 if strong_U.dtype == torch.uint8 else strong_U.float()
+    lam = lam_U.view(-1, *[1] * (x.dim() - 1))
+    # (F.one_hot checks its values on the host: a sync per step)
+    onehot_UK = (pseudo_U[:, None] == torch.arange(classes, device=pseudo_U.device)).float()
+    target_UK = lam_U[:, None] * onehot_UK + (1 - lam_U[:, None]) * onehot_UK[v]
+    return lam * x + (1 - lam) * x[v], target_UK, torch.maximum(confidence_U, confidence_U[v])
+
+
 class OnlineLoss(NamedTuple):
     loss: torch.Tensor  # labelled cross-entropy + weight x pseudo-label term
     logits: torch.Tensor  # [B, K] the student's on the labelled images
     labelled: torch.Tensor
     distill: torch.Tensor  # the pseudo-label term (named as offline's: one log column)
     pseudo: torch.Tensor  # [U] the teacher's argmax on the weak views
-    used: torch.Tensor  # [U] bool: confident enough to count
+    used: torch.Tensor  # [U] bool: confident enough to count (before any blending)
+
+
+def _mixed_loss(
+    model: nn.Module,
+    teacher: nn.Module,
+    images_B: torch.Tensor,
+    strong_U: torch.Tensor,
+    weak_U: torch.Tensor,
+    threshold: float,
+    autocast: torch.dtype | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(student logits [B, K], pseudo-mixup's unlabelled term, pseudo_U, used_U): the teacher
+    first (its confidences weight the blends), then one student forward over the labelled
+    images and the blended strong views, both as [0, 1] floats."""
+    on = autocast is not None
+    with torch.no_grad(), torch.autocast(images_B.device.type, autocast, enabled=on):
+        teacher_UK = teacher(weak_U)
+    confidence_U, pseudo_U = F.softmax(teacher_UK.float(), dim=-1).max(dim=-1)
+    mixed_U, target_UK, counts_U = pseudo_mixup(
+        strong_U, pseudo_U, confidence_U, teacher_UK.shape[-1]
+    )
+    if images_B.dtype == torch.uint8:
+        images_B = images_B.float() / 255.0
+    logits = model(torch.cat([images_B, mixed_U.to(images_B.dtype)]))
+    ce_U = -(target_UK * F.log_softmax(logits[len(images_B) :].float(), dim=-1)).sum(-1)
+    unlabelled = (ce_U * (counts_U >= threshold)).mean()
+    return logits[: len(images_B)], unlabelled, pseudo_U, confidence_U >= threshold
 
 
 def online_forward(
@@ -151,18 +216,24 @@ def online_forward(
     threshold: float,
     weight: float,
     autocast: torch.dtype | None = None,
+    mixup: bool = False,
 ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], OnlineLoss]:
     """forward+loss of one micro-batch: labelled images with their targets, the unlabelled
     images' strong views (the student's) and weak views (the teacher's). One student forward
     over both; the teacher (the EMA module) under no_grad in the same compiled region, autocast
-    as `distill_forward`'s."""
+    as `distill_forward`'s. With `mixup`, the strong views are blended (`pseudo_mixup`)."""
 
     def forward_loss(images_B, targets, strong_U, weak_U) -> OnlineLoss:
-        logits_B, student_UK, teacher_UK = _student_and_teacher(
-            model, teacher, images_B, strong_U, weak_U, autocast
-        )
+        if mixup:
+            logits_B, unlabelled, pseudo_U, used_U = _mixed_loss(
+                model, teacher, images_B, strong_U, weak_U, threshold, autocast
+            )
+        else:
+            logits_B, student_UK, teacher_UK = _student_and_teacher(
+                model, teacher, images_B, strong_U, weak_U, autocast
+            )
+            unlabelled, pseudo_U, used_U = pseudo_label_loss(student_UK, teacher_UK, threshold)
         labelled = loss_fn(logits_B.float(), targets)
-        unlabelled, pseudo_U, used_U = pseudo_label_loss(student_UK, teacher_UK, threshold)
         return OnlineLoss(
             labelled + weight * unlabelled, logits_B, labelled, unlabelled, pseudo_U, used_U
         )
@@ -376,7 +447,7 @@ class SelfTraining:
         d = self.cfg.distill
         if self.online:
             return online_forward(
-                model, self.teacher, loss_fn, d.threshold, d.weight, self.autocast
+                model, self.teacher, loss_fn, d.threshold, d.weight, self.autocast, d.mixup
             )
         return distill_forward(model, self.teacher, loss_fn, d.temperature, d.weight, self.autocast)
 
