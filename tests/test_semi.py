@@ -257,12 +257,16 @@ def test_an_online_step_is_one_graph_and_never_waits_on_the_host(
 
 
 @pytest.mark.system
-def test_stopped_and_resumed_online_continues_exactly(synthetic_shards, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mixup", ["false", "true"])
+def test_stopped_and_resumed_online_continues_exactly(
+    synthetic_shards, tmp_path, monkeypatch, mixup
+):
     """Uninterrupted with 2 workers and with 0; stopped after step 3 with 2 workers and resumed
     with 1: the same losses, pseudo-label use and final weights, bit for bit (the teacher's
-    weights at the stop come back from the checkpoint: a fresh copy would score otherwise)."""
+    weights at the stop come back from the checkpoint: a fresh copy would score otherwise).
+    Pseudo-mixup keeps no state of its own: its pairs follow the stream's order."""
     main = pipeline("finetune")
-    one = "train.log_every=1"
+    one = f"train.log_every=1 distill.mixup={mixup}".split()
 
     def rows(out):
         lines = (out / "metrics.jsonl").read_text().splitlines()
@@ -270,13 +274,13 @@ def test_stopped_and_resumed_online_continues_exactly(synthetic_shards, tmp_path
 
     for name, workers in (("w2", "data.num_workers=2"), ("w0", "data.num_workers=0")):
         torch.manual_seed(0)
-        main(online_args(synthetic_shards, tmp_path / name, workers, one))
+        main(online_args(synthetic_shards, tmp_path / name, workers, *one))
     assert rows(tmp_path / "w2") == rows(tmp_path / "w0")
     stop_after_step(monkeypatch, 3)
     torch.manual_seed(0)
     out = tmp_path / "stopped"
-    assert main(online_args(synthetic_shards, out, "data.num_workers=2", one))["step"] == 3
-    main(online_args(synthetic_shards, out, "data.num_workers=1", one, "--resume"))
+    assert main(online_args(synthetic_shards, out, "data.num_workers=2", *one))["step"] == 3
+    main(online_args(synthetic_shards, out, "data.num_workers=1", *one, "--resume"))
     assert len(rows(out)) == 8 and rows(out) == rows(tmp_path / "w2")
     a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("w2", "stopped"))
     assert all(torch.equal(a[k], b[k]) for k in a)
