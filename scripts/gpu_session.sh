@@ -2,7 +2,7 @@
 # One call on a lent GPU machine (a bare image with its own torch, no network): the GPU table
 # (scripts/bench.py --suite gpu; BENCH_S=0: none) and a study's `gpu` preset (STUDY: the online
 # semi-supervised stage's configs/study/semi_gpu.yaml, its 1% row twice as long in
-# semi_gpu_long.yaml, or with both mixups in semi_gpu_mixup.yaml (the next loan's, with
+# semi_gpu_long.yaml, or with pseudo-mixup in semi_gpu_mixup.yaml (the next loan's, with
 # BENCH_S=0: the quick start's lever), or configs/study/select.yaml's), each
 # under its share of one time budget, everything that came back in $OUT. Prepared on the dev machine (the wheels the image lacks, CIFAR-10 as WebP):
 #   echo /.whl/ >> .git/info/exclude; echo /.gpu/ >> .git/info/exclude; mkdir -p .whl .gpu
