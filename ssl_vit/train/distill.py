@@ -94,10 +94,22 @@ def _student_and_teacher(
     if images_B.dtype != student_U.dtype:  # mixed labelled images are [0, 1] floats
         student_U = student_U.float() / 255.0
     logits = model(torch.cat([images_B, student_U]))
-    on = autocast is not None
-    with torch.no_grad(), torch.autocast(images_B.device.type, autocast, enabled=on):
-        teacher_UK = teacher(teacher_U)  # uint8 or [0, 1]: PixelNorm takes both
+    teacher_UK = _teacher_logits(teacher, teacher_U, autocast)
     return logits[: len(images_B)], logits[len(images_B) :], teacher_UK
+
+
+def _teacher_logits(
+    teacher: nn.Module, images_U: torch.Tensor, autocast: torch.dtype | None
+) -> torch.Tensor:
+    """The teacher's [U, K] under no_grad, autocast to `autocast` (None: as called)."""
+    on = autocast is not None
+    with torch.no_grad(), torch.autocast(images_U.device.type, autocast, enabled=on):
+        return teacher(images_U)  # uint8 or [0, 1]: PixelNorm takes both
+
+
+def _confidence(teacher_UK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(confidence_U, pseudo_U): the teacher's softmax maximum and its argmax."""
+    return F.softmax(teacher_UK.detach().float(), dim=-1).max(dim=-1)
 
 
 def distill_forward(
@@ -133,7 +145,7 @@ def pseudo_label_loss(
     """(loss, pseudo_U, used_U): FixMatch's unlabelled term, the mean over all U images of
     used_u x cross-entropy(student_u, pseudo_u), where pseudo_u is the teacher's argmax and
     used_u whether its softmax maximum is >= `threshold` (no gradient reaches the teacher)."""
-    confidence_U, pseudo_U = F.softmax(teacher_UK.detach().float(), dim=-1).max(dim=-1)
+    confidence_U, pseudo_U = _confidence(teacher_UK)
     used_U = confidence_U >= threshold
     ce_U = F.cross_entropy(student_UK.float(), pseudo_U, reduction="none")
     return (ce_U * used_U).mean(), pseudo_U, used_U
@@ -194,10 +206,8 @@ def _mixed_loss(
     """(student logits [B, K], pseudo-mixup's unlabelled term, pseudo_U, used_U): the teacher
     first (its confidences weight the blends), then one student forward over the labelled
     images and the blended strong views, both as [0, 1] floats."""
-    on = autocast is not None
-    with torch.no_grad(), torch.autocast(images_B.device.type, autocast, enabled=on):
-        teacher_UK = teacher(weak_U)
-    confidence_U, pseudo_U = F.softmax(teacher_UK.float(), dim=-1).max(dim=-1)
+    teacher_UK = _teacher_logits(teacher, weak_U, autocast)
+    confidence_U, pseudo_U = _confidence(teacher_UK)
     mixed_U, target_UK, counts_U = pseudo_mixup(
         strong_U, pseudo_U, confidence_U, teacher_UK.shape[-1]
     )
