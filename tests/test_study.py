@@ -631,16 +631,28 @@ def test_the_semi_supervised_stage_shares_the_self_trainings_control(tmp_path, c
     assert control.endswith("seed=1 train.steps=150 tag=control")
 
     cfg = study.load_config(StudyConfig, REPO / "configs/study/quickstart.yaml", over)
-    for name, top1 in [("l10-ctl-s0", 0.3), ("l10-st-s0", 0.31), ("l10-semi-s0", 0.4)]:
+    # The online row and its control averaged their weights (`ema`): top1_ema beside top1.
+    results = [("l10-ctl-s0", 0.3, 0.32), ("l10-st-s0", 0.31, None), ("l10-semi-s0", 0.4, 0.43)]
+    for name, top1, top1_ema in results:
         run = tmp_path / "finetune" / f"{v}-{name}"
         run.mkdir(parents=True)
-        (run / "results.json").write_text(json.dumps({"top1": top1, "num_labelled": 100}))
+        got = {"top1": top1, "top1_ema": top1_ema, "num_labelled": 100}
+        (run / "results.json").write_text(json.dumps(got))
     rows = {r["variant"]: r for r in study.summarize(cfg, cfg.full, tmp_path, "full")["rows"]}
     semi_row = rows[f"{v} + semi-supervised"]
     assert semi_row["control"] == f"{v} + control"
     assert rows[f"{v} + self-trained"]["control"] == f"{v} + control"
     assert semi_row["finetune_by_labels"]["10/class"]["top1"] == [0.4]
+    assert semi_row["finetune_by_labels"]["10/class"]["top1_ema"] == [0.43]
     assert rows[f"{v} + control"]["finetune_by_labels"]["10/class"]["top1"] == [0.3]
+    assert rows[f"{v} + self-trained"]["finetune_by_labels"]["10/class"]["top1_ema"] == []
+    table = {line.split(" | ")[0].removeprefix("| "): line
+             for line in (tmp_path / "summary.md").read_text().splitlines()}  # fmt: skip
+    head = "| fine-tune 10/class (%) | fine-tune 10/class, averaged weights (%) |"
+    assert head in table["variant"]
+    assert "| 40.0 | 43.0 |" in table[f"{v} + semi-supervised"]
+    assert "| 30.0 | 32.0 |" in table[f"{v} + control"]
+    assert "| 31.0 | - |" in table[f"{v} + self-trained"]
 
 
 SLOT_JOB = """import json, os, pathlib, signal, sys, time

@@ -163,9 +163,10 @@ def check_controls(rows: list[dict]) -> None:
 
 
 def labels_columns(cfg: StudyConfig, runs: dict[str, dict]) -> dict[str, dict]:
-    """{column: {"recipe", "labels_per_class", "num_labelled", "top1": [per seed]}} from one
-    encoder's fine-tunes by run-name suffix; a column is a recipe x label budget (K per class,
-    or "N labels", with "labels_budget", for the images picked without labels)."""
+    """{column: {"recipe", "labels_per_class", "num_labelled", "top1": [per seed],
+    "top1_ema": [per seed that averaged its weights]}} from one encoder's fine-tunes by run-name
+    suffix; a column is a recipe x label budget (K per class, or "N labels", with
+    "labels_budget", for the images picked without labels)."""
     columns: dict[str, dict] = {}
     seeds = [f"-s{s}" for s in cfg.finetune_seeds] or [""]
     budgets = [  # (column, run-name suffix, what it is)
@@ -188,6 +189,7 @@ def labels_columns(cfg: StudyConfig, runs: dict[str, dict]) -> dict[str, dict]:
                 **what,
                 "num_labelled": done[0].get("num_labelled") if done else None,
                 "top1": [r["top1"] for r in done],
+                "top1_ema": [r["top1_ema"] for r in done if r.get("top1_ema") is not None],
             }
     return columns
 
@@ -203,8 +205,11 @@ def markdown_table(rows: list[dict]) -> str:
     recipes = list(rows[0]["finetune_by_recipe"]) if rows else []
     labels = list(rows[0].get("finetune_by_labels") or {}) if rows else []
     head = ["variant", "pretraining steps", "colour acc"] + [f"{k}-shot (%)" for k in shots]
+    # Rows that average their weights (`ema`) are judged on them (docs/results.md): a column each.
+    averaged = [c for c in labels if any(r["finetune_by_labels"][c].get("top1_ema") for r in rows)]
     if labels:  # mean over the fine-tuning seeds, then each seed's value
         head += [f"fine-tune {c} (%)" for c in labels]
+        head += [f"fine-tune {c}, averaged weights (%)" for c in averaged]
     else:
         head += [f"fine-tune top-1 ({r}) (%)" for r in recipes] or ["fine-tune top-1 (%)"]
     head += ["wall: pretrain / few-shot / fine-tune (min)"]
@@ -223,6 +228,7 @@ def markdown_table(rows: list[dict]) -> str:
         cells += [f"{pct(f['mean'])} ± {pct(f['std'])}" if f else "-" for f in few]
         if labels:
             cells += [seeds_cell(c["top1"]) for c in r["finetune_by_labels"].values()]
+            cells += [seeds_cell(r["finetune_by_labels"][c].get("top1_ema", [])) for c in averaged]
         else:
             by_recipe = [pct(t) for t in r["finetune_by_recipe"].values()]
             cells += by_recipe or [pct(r["finetune_top1"])]
