@@ -206,7 +206,7 @@ def markdown_table(rows: list[dict]) -> str:
     labels = list(rows[0].get("finetune_by_labels") or {}) if rows else []
     head = ["variant", "pretraining steps", "colour acc"] + [f"{k}-shot (%)" for k in shots]
     # Rows that average their weights (`ema`) are judged on them (docs/results.md): a column each.
-    averaged = [c for c in labels if any(r["finetune_by_labels"][c].get("top1_ema") for r in rows)]
+    averaged = [c for c in labels if any(r["finetune_by_labels"][c]["top1_ema"] for r in rows)]
     if labels:  # mean over the fine-tuning seeds, then each seed's value
         head += [f"fine-tune {c} (%)" for c in labels]
         head += [f"fine-tune {c}, averaged weights (%)" for c in averaged]
@@ -228,7 +228,7 @@ def markdown_table(rows: list[dict]) -> str:
         cells += [f"{pct(f['mean'])} ± {pct(f['std'])}" if f else "-" for f in few]
         if labels:
             cells += [seeds_cell(c["top1"]) for c in r["finetune_by_labels"].values()]
-            cells += [seeds_cell(r["finetune_by_labels"][c].get("top1_ema", [])) for c in averaged]
+            cells += [seeds_cell(r["finetune_by_labels"][c]["top1_ema"]) for c in averaged]
         else:
             by_recipe = [pct(t) for t in r["finetune_by_recipe"].values()]
             cells += by_recipe or [pct(r["finetune_top1"])]
