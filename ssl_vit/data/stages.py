@@ -23,7 +23,6 @@ import logging
 import multiprocessing.util  # noqa: F401 - its exit handler is registered before ours (below)
 import signal
 import sys
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -268,20 +267,19 @@ def _quiet_when_the_main_process_is_gone(kind: type, value: BaseException, tb: A
 
 # The iterators whose worker processes may still run (weak: a deleted one ends its own).
 _LIVE: weakref.WeakSet = weakref.WeakSet()
-END_GRACE_S = 2.0  # how long workers get to stop on their own before they are killed
-
-
-def _kill(workers: list[Any]) -> None:
-    """SIGKILL (they ignore SIGTERM) to each worker not yet reaped. It reaps nothing itself, so
-    a timer thread may call it while the main thread joins them."""
-    for w in workers:
-        w.kill()
+REAP_S = 2.0  # how long a killed worker may take to be reaped (one in an uninterruptible read)
 
 
 def end_workers(iterator: Any) -> None:
-    """End a DataLoader iterator's worker processes, in bounded time: DataLoader's own orderly
-    shutdown (the call its finalizer makes), a worker that has not stopped `END_GRACE_S`
-    later (blocked in a read) killed, as is any left after it. No-op without workers.
+    """End a DataLoader iterator's worker processes, in bounded time: each is killed (SIGKILL:
+    they ignore SIGTERM) and reaped, then DataLoader's own shutdown (the call its finalizer
+    makes) closes its queues over workers already gone. No-op without workers.
+
+    Killed, not asked to stop: a worker has nothing to flush (its result queue is cancelled at
+    exit) and one blocked in a read would not answer DataLoader's orderly shutdown for its 5 s
+    joins. Nor is a timer thread started here to bound that wait: a thread started while a job
+    dies printed CPython's own traceback (a KeyError in the thread's bootstrap) under the job's
+    one error line (CI, 2026-11-29).
 
     The one way a loader iterator's workers are ended (`WorkerLoader.close`, interpreter exit,
     the training loop's `Batches.close`, an iterator over one: `assembled`'s); a job that is
@@ -291,25 +289,18 @@ def end_workers(iterator: Any) -> None:
     if shutdown is None or not workers:  # (None, a plain iterator: not weakly referable)
         return
     _LIVE.discard(iterator)
-    if getattr(iterator, "_worker_pids_set", False):  # (a DataLoader iterator, not a wrapper)
+    # A DataLoader iterator's workers are killed here; a wrapper's (`assembled`'s) shutdown
+    # ends the DataLoader iterator inside it by this same function.
+    if getattr(iterator, "_worker_pids_set", False):
         # DataLoader's SIGCHLD handler would raise for a worker killed here (it forgets them
         # only after its own joins).
         _remove_worker_pids(id(iterator))
         iterator._worker_pids_set = False
-    timer = threading.Timer(END_GRACE_S, _kill, args=(workers,))
-    timer.daemon = True
-    try:
-        timer.start()
-    except RuntimeError:  # no new thread at interpreter shutdown (3.12+): DataLoader's bound
-        timer = None
-    try:
-        shutdown()
-    finally:
-        if timer is not None:
-            timer.cancel()
-        _kill(workers)  # any left (DataLoader's own bound: a SIGTERM they ignore)
         for w in workers:
-            w.join(END_GRACE_S)
+            w.kill()
+        for w in workers:
+            w.join(REAP_S)
+    shutdown()
 
 
 @atexit.register  # after multiprocessing's and torch's registrations, so it runs before them
