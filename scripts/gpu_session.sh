@@ -13,7 +13,8 @@
 # Rehearsed on a CPU with TINY=1 (the suite's tiny model, the study for a few seconds).
 # Ran on an H200 on 2026-11-28 as `BUDGET=555 BENCH_S=250` in 532 s (the bench's compiled rows
 # beyond ViT-B/16 and the small shape were skipped for time; the study's last job resumed in a
-# second call): docs/performance.md#gpu, docs/results.md#the-online-stage-on-a-gpu.
+# second call): docs/performance.md#gpu, docs/results.md#the-online-stage-on-a-gpu. Ran again on
+# 2026-11-29 as `STUDY=configs/study/semi_gpu_long.yaml BENCH_S=0 BUDGET=555` in 367 s.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 BUDGET=${BUDGET:-560}       # seconds for the whole script
