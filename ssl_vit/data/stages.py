@@ -271,15 +271,17 @@ REAP_S = 2.0  # how long a killed worker may take to be reaped (one in an uninte
 
 
 def end_workers(iterator: Any) -> None:
-    """End a DataLoader iterator's worker processes, in bounded time: each is killed (SIGKILL:
-    they ignore SIGTERM) and reaped, then DataLoader's own shutdown (the call its finalizer
-    makes) closes its queues over workers already gone. No-op without workers.
+    """End a DataLoader iterator's worker processes, in bounded time: DataLoader's own orderly
+    shutdown (the call its finalizer makes: for each worker that does not stop, blocked in a
+    read, it waits 5 s, sends a SIGTERM they ignore and waits 5 s more), then a SIGKILL to any
+    worker left. No-op without workers.
 
-    Killed, not asked to stop: a worker has nothing to flush (its result queue is cancelled at
-    exit) and one blocked in a read would not answer DataLoader's orderly shutdown for its 5 s
-    joins. Nor is a timer thread started here to bound that wait: a thread started while a job
-    dies printed CPython's own traceback (a KeyError in the thread's bootstrap) under the job's
-    one error line (CI, 2026-11-29).
+    Nothing runs beside that shutdown to cut its waits short: a timer thread started here to
+    kill a blocked worker sooner printed CPython's own traceback (a KeyError in the thread's
+    bootstrap) under a dying job's one error line (CI, 2026-11-29). Nor are the workers killed
+    first: DataLoader stops its pin-memory thread before its workers stop, so that none dies
+    mid-write to the queue that thread reads, and a worker that stopped in order is not named
+    in a failing job's error line as one a signal killed (`watchdog.dead_workers`).
 
     The one way a loader iterator's workers are ended (`WorkerLoader.close`, interpreter exit,
     the training loop's `Batches.close`, an iterator over one: `assembled`'s); a job that is
@@ -289,18 +291,18 @@ def end_workers(iterator: Any) -> None:
     if shutdown is None or not workers:  # (None, a plain iterator: not weakly referable)
         return
     _LIVE.discard(iterator)
-    # A DataLoader iterator's workers are killed here; a wrapper's (`assembled`'s) shutdown
-    # ends the DataLoader iterator inside it by this same function.
-    if getattr(iterator, "_worker_pids_set", False):
+    if getattr(iterator, "_worker_pids_set", False):  # (a DataLoader iterator, not a wrapper)
         # DataLoader's SIGCHLD handler would raise for a worker killed here (it forgets them
         # only after its own joins).
         _remove_worker_pids(id(iterator))
         iterator._worker_pids_set = False
-        for w in workers:
+    try:
+        shutdown()
+    finally:
+        for w in workers:  # any left (DataLoader's own bound ends with a SIGTERM they ignore)
             w.kill()
         for w in workers:
             w.join(REAP_S)
-    shutdown()
 
 
 @atexit.register  # after multiprocessing's and torch's registrations, so it runs before them
