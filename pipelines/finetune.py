@@ -337,6 +337,9 @@ def main(argv: list[str] | None = None) -> dict:
             results.update(confusion_matrix=summary["confusion_matrix"])
         if selftrain is not None:
             results["distill"] = distill_results(cfg, job.teacher, start.counters, row, acc)
+            if selftrain.classes is not None:  # FlexMatch's, as the last step left them
+                t = selftrain.classes.thresholds.tolist()
+                results["distill"]["class_thresholds"] = dict(zip(label_names, t, strict=True))
         results["wall_time_s"] = time.time() - started
         if acc.is_main_process:  # the averaged weights when there are any (what top1_ema scored)
             save_final(ema.module if ema is not None else raw, cfg, label_names)

@@ -23,6 +23,7 @@ from test_step_sync import EVERY, STEPS, _between_log_steps, _run_counting
 
 from ssl_vit.config import ConfigError, FinetuneConfig, from_dict
 from ssl_vit.model import compile as compile_mod
+from ssl_vit.train.class_thresholds import ClassThresholds
 from ssl_vit.train.distill import mixup_partners, online_forward, pseudo_label_loss, pseudo_mixup
 from ssl_vit.train.ema import EMA
 
@@ -41,7 +42,7 @@ def test_the_pseudo_label_loss_by_hand():
     cross-entropy to class 0 is ln 3; the mean over both rows: ln 3 / 2."""
     teacher = torch.tensor([[math.log(8.0), 0.0, 0.0], [0.0, 0.0, 0.0]])
     student = torch.tensor([[0.0, 0.0, 0.0], [5.0, -1.0, 2.0]], requires_grad=True)
-    loss, pseudo, used = pseudo_label_loss(student, teacher, 0.7)
+    loss, pseudo, used, _ = pseudo_label_loss(student, teacher, 0.7)
     assert loss.item() == pytest.approx(math.log(3.0) / 2, rel=1e-6)
     assert pseudo.tolist() == [0, 0] and used.tolist() == [True, False]
     loss.backward()
@@ -50,6 +51,44 @@ def test_the_pseudo_label_loss_by_hand():
     assert torch.allclose(student.grad, want, atol=1e-6)  # the unused row: no gradient at all
     # Over the threshold nothing is used: the term is exactly 0 whatever the student says.
     assert pseudo_label_loss(student, teacher, 0.81)[0].item() == 0.0
+
+
+def test_class_thresholds_pick_each_pseudo_label_by_its_own_class():
+    """The rows of the test above with thresholds per class [0.3, 0.9, 0.9]: both
+    pseudo-labels are class 0, whose 0.3 row 1's 1/3 passes too. Row 1's student logits
+    (5, -1, 2): cross-entropy to class 0 = ln(1 + e^-6 + e^-3). With [0.9, 0, 0] none counts."""
+    teacher = torch.tensor([[math.log(8.0), 0.0, 0.0], [0.0, 0.0, 0.0]])
+    student = torch.tensor([[0.0, 0.0, 0.0], [5.0, -1.0, 2.0]])
+    loss, _, used, confidence = pseudo_label_loss(student, teacher, torch.tensor([0.3, 0.9, 0.9]))
+    want = (math.log(3.0) + math.log(1 + math.exp(-6) + math.exp(-3))) / 2
+    assert loss.item() == pytest.approx(want, rel=1e-6) and used.tolist() == [True, True]
+    assert confidence.tolist() == pytest.approx([0.8, 1 / 3])
+    assert pseudo_label_loss(student, teacher, torch.tensor([0.9, 0.0, 0.0]))[0].item() == 0.0
+
+
+def test_class_thresholds_follow_flexmatch_by_hand():
+    """K = 3, tau = 0.8, momentum 0.5. A micro-batch labelled (0, 0, 1, 2, 1) with confidences
+    (0.9, 0.85, 0.8, 0.5, 0.7) counts (2, 1, 0) at tau; two processes' sum (the reduce) is
+    (4, 2, 0): sigma = 0.5 x 0 + 0.5 x (4, 2, 0) = (2, 1, 0), beta = (1, 0.5, 0), thresholds
+    M(beta) x tau = (1, 1/3, 0) x 0.8. A step that did not apply leaves them; its counts are
+    dropped. Before any confident pseudo-label, and after steps with none, every class has tau."""
+    t = ClassThresholds(3, tau=0.8, momentum=0.5)
+    assert t.thresholds.tolist() == pytest.approx([0.8] * 3)
+    none = torch.tensor([0.1, 0.2])
+    t.add(torch.tensor([0, 1]), none)
+    t.update(True, lambda x: x)
+    assert t.sigma.tolist() == [0.0] * 3 and t.thresholds.tolist() == pytest.approx([0.8] * 3)
+    pseudo, confidence = torch.tensor([0, 0, 1, 2, 1]), torch.tensor([0.9, 0.85, 0.8, 0.5, 0.7])
+    t.add(pseudo, confidence)
+    assert t.step_counts.tolist() == [2.0, 1.0, 0.0]
+    t.update(torch.tensor(True), lambda x: 2 * x)  # the second process counted the same
+    assert t.sigma.tolist() == [2.0, 1.0, 0.0]
+    assert t.thresholds.tolist() == pytest.approx([0.8, 0.8 / 3, 0.0])
+    assert t.step_counts.tolist() == [0.0] * 3
+    t.add(torch.tensor([2, 2]), torch.tensor([0.95, 0.99]))
+    t.update(torch.tensor(False), lambda x: x)  # a skipped step
+    assert t.sigma.tolist() == [2.0, 1.0, 0.0] and t.step_counts.tolist() == [0.0] * 3
+    assert set(t.state_dict()) == {"sigma", "thresholds"}  # what a checkpoint keeps
 
 
 def test_mixup_partners_cycle_in_blocks_of_four_and_two_halves_pair_as_the_whole():
@@ -152,9 +191,10 @@ def test_the_online_keys_are_checked():
         cfg(unlabelled="u", mode="online", momentum=1.0)
     with pytest.raises(ConfigError, match=r"^distill.threshold: must be in \(0, 1\], got 0.0$"):
         cfg(unlabelled="u", mode="online", threshold=0.0)
-    assert cfg(unlabelled="u", mode="online", mixup=True).distill.mixup
-    with pytest.raises(ConfigError, match=r"^distill.mixup: blends pseudo-labelled views, whi"):
-        cfg(unlabelled="u", teacher="t", mixup=True)
+    for key in ("mixup", "class_thresholds"):
+        assert getattr(cfg(unlabelled="u", mode="online", **{key: True}).distill, key)
+        with pytest.raises(ConfigError, match=rf"^distill.{key}: acts on pseudo-labels, which "):
+            cfg(unlabelled="u", teacher="t", **{key: True})
 
 
 def test_a_teacher_too_slow_for_its_run_is_named_before_and_after(
@@ -235,13 +275,18 @@ def test_the_unlabelled_epochs_a_run_reads_are_said_before_it_and_under_one_warn
     assert [lvl for lvl, _ in said(6, mode="offline")] == ["INFO"]
 
 
+# The stage's forms: FixMatch's, with Semi-ViT's pseudo-mixup, with FlexMatch's class thresholds.
+FORMS = {"plain": "distill.mixup=false", "mixup": "distill.mixup=true"}
+FORMS["classes"] = "distill.class_thresholds=true"
+
+
 @pytest.mark.system
-@pytest.mark.parametrize("mixup", ["false", "true"])
+@pytest.mark.parametrize("form", FORMS)
 def test_an_online_step_is_one_graph_and_never_waits_on_the_host(
-    synthetic_shards, tmp_path, monkeypatch, mixup
+    synthetic_shards, tmp_path, monkeypatch, form
 ):
     every = [f"train.log_every={EVERY}", f"train.checkpoint_every={EVERY}"]
-    mix = f"distill.mixup={mixup}"
+    mix = FORMS[form]
     args = online_args(synthetic_shards, tmp_path / "sync", *every, mix)
     args = [a for a in args if a != "train.log_every=4"] + [f"train.steps={STEPS}"]
     assert _between_log_steps(_run_counting(monkeypatch, pipeline("finetune"), args)) == []
@@ -257,16 +302,17 @@ def test_an_online_step_is_one_graph_and_never_waits_on_the_host(
 
 
 @pytest.mark.system
-@pytest.mark.parametrize("mixup", ["false", "true"])
+@pytest.mark.parametrize("form", FORMS)
 def test_stopped_and_resumed_online_continues_exactly(
-    synthetic_shards, tmp_path, monkeypatch, mixup
+    synthetic_shards, tmp_path, monkeypatch, form
 ):
     """Uninterrupted with 2 workers and with 0; stopped after step 3 with 2 workers and resumed
     with 1: the same losses, pseudo-label use and final weights, bit for bit (the teacher's
-    weights at the stop come back from the checkpoint: a fresh copy would score otherwise).
-    Pseudo-mixup keeps no state of its own: its pairs follow the stream's order."""
+    weights at the stop come back from the checkpoint: a fresh copy would score otherwise; so
+    do the class thresholds' counts). Pseudo-mixup keeps no state of its own: its pairs follow
+    the stream's order."""
     main = pipeline("finetune")
-    one = f"train.log_every=1 distill.mixup={mixup}".split()
+    one = ["train.log_every=1", FORMS[form]]
 
     def rows(out):
         lines = (out / "metrics.jsonl").read_text().splitlines()
@@ -289,17 +335,22 @@ def test_stopped_and_resumed_online_continues_exactly(
     assert results["mode"] == "online" and results["unlabelled_images_seen"] == 8 * 32
     assert 0.0 <= results["pseudo_acc"] <= 1.0  # the shards have labels: scored, not used
     assert not (out / "teacher.json").exists()
+    if form == "classes":  # per class name, as the last step left them; below the threshold
+        whole = json.loads((tmp_path / "w2" / "results.json").read_text())["distill"]
+        assert results["class_thresholds"] == whole["class_thresholds"]
+        assert min(results["class_thresholds"].values()) < 0.11
 
 
 @pytest.mark.system
-@pytest.mark.parametrize("mixup", ["false", "true"])
-def test_two_processes_train_online_as_one(synthetic_shards, tmp_path, mixup):
+@pytest.mark.parametrize("form", FORMS)
+def test_two_processes_train_online_as_one(synthetic_shards, tmp_path, form):
     """Every pseudo-label used (a threshold near 0): a confidence within float error of the
     threshold would flip an image in or out between the all-reduce's rounding and one
     process's, a difference of the discrete rule, not of the processes (the threshold itself:
     the hand-computed test and the exact resume above). With pseudo-mixup each process's 16
-    unlabelled images are whole blocks of the 32: the same pairs as one process's."""
-    every = ["distill.threshold=1e-6", f"distill.mixup={mixup}"]
+    unlabelled images are whole blocks of the 32: the same pairs as one process's. The class
+    thresholds count both processes' pseudo-labels: the same as one process's."""
+    every = ["distill.threshold=1e-6", FORMS[form]]
     torch.manual_seed(0)
     pipeline("finetune")(online_args(synthetic_shards, tmp_path / "one", *every))
     cmd = [*LAUNCH, str(ROOT / "pipelines/finetune.py")]
@@ -308,6 +359,11 @@ def test_two_processes_train_online_as_one(synthetic_shards, tmp_path, mixup):
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, two = _losses(tmp_path / "one"), _losses(tmp_path / "two")
     assert two == pytest.approx(one, rel=1e-4)  # the all-reduce's float error only
+    if form == "classes":
+        a, b = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("one", "two"))
+        want = a["distill"]["class_thresholds"]
+        assert b["distill"]["class_thresholds"] == pytest.approx(want, rel=1e-6)
+        assert len(set(want.values())) > 1  # the counts differ by class: a real check
 
 
 @pytest.mark.system

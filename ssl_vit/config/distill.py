@@ -50,6 +50,11 @@ class DistillConfig(Frozen):
     # strong view is blended with another's in proportion to the two pseudo-labels'
     # confidences, and trained toward the same blend of the two pseudo-labels.
     mixup: bool = False
+    # online: FlexMatch's class-wise thresholds (Zhang et al. 2021; ssl_vit.train.class_thresholds):
+    # each class's is distill.threshold scaled down by how seldom the teacher is confident in
+    # it, so the classes it confuses are taught too (a fixed threshold keeps mostly the ones
+    # it knows).
+    class_thresholds: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -73,11 +78,12 @@ class DistillConfig(Frozen):
             raise ConfigError(
                 "distill.teacher and distill.unlabelled: give both (self-training) or neither"
             )
-        if self.mixup and self.mode != "online":
-            raise ConfigError(
-                "distill.mixup: blends pseudo-labelled views, which only distill.mode=online "
-                "makes; drop it or set distill.mode=online"
-            )
+        for key in ("mixup", "class_thresholds"):
+            if getattr(self, key) and self.mode != "online":
+                raise ConfigError(
+                    f"distill.{key}: acts on pseudo-labels, which only distill.mode=online "
+                    "makes; drop it or set distill.mode=online"
+                )
         if self.mode == "online" and teacher:
             raise ConfigError(
                 "distill.teacher: distill.mode=online has no fixed teacher (its teacher is the "

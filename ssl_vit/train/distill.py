@@ -13,7 +13,9 @@ a strong view of the same image (`strong_augment`: RandAugment-style ops and era
 device, no second decode). An image below the threshold adds nothing; the mean is over all U
 images (FixMatch's normalisation), so the unlabelled term grows as the teacher grows confident.
 With `distill.mixup`, Semi-ViT's probabilistic pseudo-mixup blends the strong views in pairs
-first (`pseudo_mixup`), weighted by the teacher's confidences.
+first (`pseudo_mixup`), weighted by the teacher's confidences. With `distill.class_thresholds`,
+each class has its own threshold, lower for the classes the teacher is seldom confident in
+(FlexMatch: `ssl_vit.train.class_thresholds`).
 
 In both, labelled and unlabelled micro-batches share each step. Shape legend: B labelled
 images, U unlabelled images, K classes.
@@ -25,6 +27,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -35,6 +38,7 @@ from torch import nn
 from ssl_vit.atomic import file_sha256, write_text
 from ssl_vit.errors import ConfigError
 from ssl_vit.jsonfile import read_json
+from ssl_vit.train.class_thresholds import ClassThresholds
 from ssl_vit.train.metrics import ratio
 
 log = logging.getLogger(__name__)
@@ -139,16 +143,27 @@ def distill_forward(
     return forward_loss
 
 
+Threshold = float | torch.Tensor  # one for every class, or [K] (`class_thresholds`)
+
+
+def _passes(confidence_U: torch.Tensor, pseudo_U: torch.Tensor, threshold: Threshold):
+    """[U] bool: the confidence reaches the threshold (its pseudo-label class's, if [K])."""
+    if isinstance(threshold, torch.Tensor):
+        threshold = threshold[pseudo_U]
+    return confidence_U >= threshold
+
+
 def pseudo_label_loss(
-    student_UK: torch.Tensor, teacher_UK: torch.Tensor, threshold: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, pseudo_U, used_U): FixMatch's unlabelled term, the mean over all U images of
-    used_u x cross-entropy(student_u, pseudo_u), where pseudo_u is the teacher's argmax and
-    used_u whether its softmax maximum is >= `threshold` (no gradient reaches the teacher)."""
+    student_UK: torch.Tensor, teacher_UK: torch.Tensor, threshold: Threshold
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, pseudo_U, used_U, confidence_U): FixMatch's unlabelled term, the mean over all U
+    images of used_u x cross-entropy(student_u, pseudo_u), where pseudo_u is the teacher's
+    argmax and used_u whether its softmax maximum, confidence_u, is >= `threshold` (per
+    class: pseudo_u's); no gradient reaches the teacher."""
     confidence_U, pseudo_U = _confidence(teacher_UK)
-    used_U = confidence_U >= threshold
+    used_U = _passes(confidence_U, pseudo_U, threshold)
     ce_U = F.cross_entropy(student_UK.float(), pseudo_U, reduction="none")
-    return (ce_U * used_U).mean(), pseudo_U, used_U
+    return (ce_U * used_U).mean(), pseudo_U, used_U, confidence_U
 
 
 MIXUP_BLOCK = 4  # pseudo-mixup partners: the next image in its block of four (`mixup_partners`)
@@ -192,6 +207,7 @@ class OnlineLoss(NamedTuple):
     distill: torch.Tensor  # the pseudo-label term (named as offline's: one log column)
     pseudo: torch.Tensor  # [U] the teacher's argmax on the weak views
     used: torch.Tensor  # [U] bool: confident enough to count (before any blending)
+    confidence: torch.Tensor  # [U] the teacher's softmax maximum
 
 
 def _mixed_loss(
@@ -200,30 +216,31 @@ def _mixed_loss(
     images_B: torch.Tensor,
     strong_U: torch.Tensor,
     weak_U: torch.Tensor,
-    threshold: float,
+    threshold: Threshold,
     autocast: torch.dtype | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(student logits [B, K], pseudo-mixup's unlabelled term, pseudo_U, used_U): the teacher
-    first (its confidences weight the blends), then one student forward over the labelled
-    images and the blended strong views, both as [0, 1] floats."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(student logits [B, K], pseudo-mixup's unlabelled term, pseudo_U, used_U,
+    confidence_U): the teacher first (its confidences weight the blends), then one student
+    forward over the labelled images and the blended strong views, both as [0, 1] floats. A
+    blend counts where either of its images passes (for one threshold: the larger confidence)."""
     teacher_UK = _teacher_logits(teacher, weak_U, autocast)
     confidence_U, pseudo_U = _confidence(teacher_UK)
-    mixed_U, target_UK, counts_U = pseudo_mixup(
-        strong_U, pseudo_U, confidence_U, teacher_UK.shape[-1]
-    )
+    mixed_U, target_UK, _ = pseudo_mixup(strong_U, pseudo_U, confidence_U, teacher_UK.shape[-1])
     if images_B.dtype == torch.uint8:
         images_B = images_B.float() / 255.0
     logits = model(torch.cat([images_B, mixed_U.to(images_B.dtype)]))
     ce_U = -(target_UK * F.log_softmax(logits[len(images_B) :].float(), dim=-1)).sum(-1)
-    unlabelled = (ce_U * (counts_U >= threshold)).mean()
-    return logits[: len(images_B)], unlabelled, pseudo_U, confidence_U >= threshold
+    used_U = _passes(confidence_U, pseudo_U, threshold)
+    counts_U = used_U | used_U[mixup_partners(len(used_U), used_U.device)]
+    unlabelled = (ce_U * counts_U).mean()
+    return logits[: len(images_B)], unlabelled, pseudo_U, used_U, confidence_U
 
 
 def online_forward(
     model: nn.Module,
     teacher: nn.Module,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    threshold: float,
+    threshold: Threshold,
     weight: float,
     autocast: torch.dtype | None = None,
     mixup: bool = False,
@@ -231,22 +248,22 @@ def online_forward(
     """forward+loss of one micro-batch: labelled images with their targets, the unlabelled
     images' strong views (the student's) and weak views (the teacher's). One student forward
     over both; the teacher (the EMA module) under no_grad in the same compiled region, autocast
-    as `distill_forward`'s. With `mixup`, the strong views are blended (`pseudo_mixup`)."""
+    as `distill_forward`'s. With `mixup`, the strong views are blended (`pseudo_mixup`). A [K]
+    `threshold` (`ClassThresholds.thresholds`, updated in place between steps) is read at each
+    call: a graph input, not a constant."""
 
     def forward_loss(images_B, targets, strong_U, weak_U) -> OnlineLoss:
         if mixup:
-            logits_B, unlabelled, pseudo_U, used_U = _mixed_loss(
+            logits_B, unlabelled, *u = _mixed_loss(
                 model, teacher, images_B, strong_U, weak_U, threshold, autocast
             )
         else:
             logits_B, student_UK, teacher_UK = _student_and_teacher(
                 model, teacher, images_B, strong_U, weak_U, autocast
             )
-            unlabelled, pseudo_U, used_U = pseudo_label_loss(student_UK, teacher_UK, threshold)
+            unlabelled, *u = pseudo_label_loss(student_UK, teacher_UK, threshold)
         labelled = loss_fn(logits_B.float(), targets)
-        return OnlineLoss(
-            labelled + weight * unlabelled, logits_B, labelled, unlabelled, pseudo_U, used_U
-        )
+        return OnlineLoss(labelled + weight * unlabelled, logits_B, labelled, unlabelled, *u)
 
     return forward_loss
 
@@ -436,13 +453,18 @@ class SelfTraining:
         seed = seeds.derive(cfg.seed, seeds.UNLABELLED)
         micro = plan.global_unlabelled_micro
         self.parts: dict[str, nn.Module] = {}
-        self.strong = None
+        self.strong, self.classes = None, None
         if self.online:  # the student's EMA, from the student's weights at step 0
             self.ema = EMA(student, d.momentum, copy_first=False)
             self.teacher = self.ema.module.eval()
             self.parts["teacher"] = self.ema
             opts = {"ops": d.strong_ops, "magnitude": d.strong_magnitude / 10}  # of (0, 1)
             self.strong = build_strong_augment(seed, plan.rank, micro, self.device, **opts)
+            if d.class_thresholds:  # FlexMatch's, checkpointed beside the teacher
+                classes = student.head.out_features
+                self.classes = ClassThresholds(classes, d.threshold, d.momentum, self.device)
+                self.parts["class_thresholds"] = self.classes
+                self.reduce = partial(run.acc.reduce, reduction="sum")
         else:
             self.teacher = frozen_teacher(load_classifier(teacher.file)[0], self.device)
         self.augment, self.two_views = None, d.views == "weak_strong" and not self.online
@@ -456,8 +478,9 @@ class SelfTraining:
     def forward(self, model: nn.Module, loss_fn: Callable) -> Callable:
         d = self.cfg.distill
         if self.online:
+            threshold = d.threshold if self.classes is None else self.classes.thresholds
             return online_forward(
-                model, self.teacher, loss_fn, d.threshold, d.weight, self.autocast, d.mixup
+                model, self.teacher, loss_fn, threshold, d.weight, self.autocast, d.mixup
             )
         return distill_forward(model, self.teacher, loss_fn, d.temperature, d.weight, self.autocast)
 
@@ -484,6 +507,8 @@ class SelfTraining:
         labels are read here only, never by the loss."""
         if not self.online:
             return {"distill": out.distill, "agree": out.agree, "unlabelled": len(labels)}
+        if self.classes is not None:
+            self.classes.add(out.pseudo, out.confidence)
         labels = labels.to(self.device, non_blocking=True)
         known = out.used & (labels >= 0)
         right = known & (out.pseudo == labels)
@@ -501,9 +526,12 @@ class SelfTraining:
             torch._foreach_copy_(list(self.teacher.parameters()), list(student.parameters()))
 
     def follow(self, student: nn.Module, applied: torch.Tensor | bool) -> None:
-        """After a step: online, the teacher moves toward the student (if the step applied)."""
+        """After a step: online, the teacher moves toward the student, and the class
+        thresholds take the step's counts (if the step applied)."""
         if self.online:
             self.ema.update(student, applied)
+        if self.classes is not None:
+            self.classes.update(applied, self.reduce)
 
     def row(self, sums: dict) -> dict[str, float | None]:
         """A log row's unlabelled columns: the unlabelled loss; offline, how often the student's
