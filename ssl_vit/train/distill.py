@@ -504,7 +504,9 @@ class SelfTraining:
     def counts(self, out: Any, labels: torch.Tensor) -> dict[str, torch.Tensor | int]:
         """A micro-batch's figures for the log (on the device). Online: pseudo-labels used and,
         where the unlabelled source has labels (>= 0), how many used ones are right: those
-        labels are read here only, never by the loss."""
+        labels are read here only, never by the loss. With class thresholds, the micro-batch's
+        confident pseudo-labels are also counted toward them here (`ClassThresholds.add`: the
+        one place the loop hands over each micro-batch's output; `follow` applies the counts)."""
         if not self.online:
             return {"distill": out.distill, "agree": out.agree, "unlabelled": len(labels)}
         if self.classes is not None:
