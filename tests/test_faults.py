@@ -115,6 +115,11 @@ def test_non_finite_steps_are_skipped(synthetic_shards, tmp_path, monkeypatch):
     log = rows(tmp_path)
     assert [r["skipped_steps"] for r in log] == [0, 0, 1, 2, 2, 2, 2, 2, 2, 2]
     assert all(r["loss"] == r["loss"] for r in log if r["step"] not in (3, 4))  # not NaN
+    # The gradient norm: a mean over applied steps, none in the rows of steps 3 and 4 (NaN,
+    # written as null).
+    good = [r for r in log if r["step"] not in (3, 4)]
+    assert all(r["grad_norm"] > 0 and r["clipped"] in (0.0, 1.0) for r in good)
+    assert all(r["grad_norm"] is None for r in log if r["step"] in (3, 4))
     state = torch.load(tmp_path / "checkpoints/step_00000010/state.pt", weights_only=True)
     adam_steps = {float(s["step"]) for s in state["optimizer"]["state"].values()}
     assert adam_steps == {8.0}  # 10 steps, 2 not applied

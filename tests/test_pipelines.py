@@ -81,6 +81,8 @@ def test_pretrain_outputs_and_learning(pretrained):
         "frac_random",
         "frac_keep",
         "skipped_samples",
+        "grad_norm",
+        "clipped",
     ):
         assert key in log[0]
     assert all(r["frac_corrupted"] == 0.5 for r in log)  # exactly round(0.5 * 16) = 8 of 16

@@ -105,12 +105,12 @@ def test_a_non_finite_step_leaves_weights_and_optimizer_state_bit_identical(buil
     bad = loop.BadSteps(2, tmp_path, counters, acc.device)
     x = torch.randn(4, 6)
     _backward(model, x)
-    bad.update(apply_step(acc, model, opt, 1.0))
+    bad.update(apply_step(acc, model, opt, 1.0).applied)
     opt.zero_grad()
     before = copy.deepcopy((model.state_dict(), opt.state_dict()))
 
     _backward(model, x, poison=True)
-    applied = apply_step(acc, model, opt, 1.0)
+    applied = apply_step(acc, model, opt, 1.0).applied
     opt.zero_grad()
     assert applied.dtype == torch.bool and not applied
     params, state = model.state_dict(), opt.state_dict()
@@ -120,9 +120,26 @@ def test_a_non_finite_step_leaves_weights_and_optimizer_state_bit_identical(buil
         assert all(torch.equal(v, state["state"][i][k]) for k, v in s.items())
     bad.update(applied)
     assert counters["skipped_steps"] == 0  # on the device until a log step
-    bad.update(apply_step(acc, model, opt, 1.0))  # no gradient: norm 0, applied
+    bad.update(apply_step(acc, model, opt, 1.0).applied)  # no gradient: norm 0, applied
     bad.check(3)  # a log step reads the counts
     assert counters["skipped_steps"] == 1 and bad.in_a_row == 0
+
+
+def test_apply_step_returns_the_norm_before_the_clip():
+    """Every gradient entry 0.5 over the tiny model's 6x8 + 8 + 8x3 + 3 = 83 parameters: the
+    global norm is 0.5 sqrt(83) = 4.555; the clip at 1 scales the gradients by 1 / 4.555, and
+    the norm returned is the one before it (what the log's grad_norm averages)."""
+    acc = Accelerator(cpu=True)
+    model = _tiny()
+    opt = build_sgd(model, FinetuneOptimConfig(lr=0.1, momentum=0.0))
+    model, opt = acc.prepare(model, opt)
+    before = [p.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 0.5)
+    applied, norm = apply_step(acc, model, opt, 1.0)
+    assert applied and norm.item() == pytest.approx(0.5 * 83**0.5, rel=1e-6)
+    for p, b in zip(model.parameters(), before, strict=True):  # lr x the clipped gradient
+        assert torch.allclose(b - p.detach(), torch.full_like(p, 0.1 * 0.5 / norm.item()))
 
 
 def test_sgd_skipping_the_first_step_changes_nothing_after(tmp_path):
@@ -136,11 +153,11 @@ def test_sgd_skipping_the_first_step_changes_nothing_after(tmp_path):
         opt = build_sgd(model, FinetuneOptimConfig(lr=0.1))
         if skip_first:
             _backward(model, x, poison=True)
-            assert not apply_step(acc, model, opt, 1.0)
+            assert not apply_step(acc, model, opt, 1.0).applied
             opt.zero_grad()
         for _ in range(3):
             _backward(model, x)
-            assert apply_step(acc, model, opt, 1.0)
+            assert apply_step(acc, model, opt, 1.0).applied
             opt.zero_grad()
         runs.append(model.state_dict())
     assert all(torch.equal(v, runs[1][k]) for k, v in runs[0].items())
@@ -186,7 +203,7 @@ def test_due_is_each_period_on_its_own_and_the_meter_reads_counts_at_log_and_che
     assert [s for s in range(1, 11) if meter.logs(s)] == [4, 8, 10]  # and the last step
     reads = []
     meter.bad.check = reads.append
-    applied = types.SimpleNamespace(applied=True, scaler_skipped=False)
+    applied = types.SimpleNamespace(applied=True, scaler_skipped=False, grad_norm=None)
     for s in range(1, 11):
         meter.add(loss=1.0)
         meter.end_step(s, applied)
@@ -201,7 +218,7 @@ def _meter(tmp_path, **train):
     acc = Accelerator(cpu=True)
     plan = types.SimpleNamespace(global_batch=8)
     run = RunContext(acc, plan, tmp_path, tmp_path / "checkpoints")
-    tc = types.SimpleNamespace(max_bad_steps=3, **train)
+    tc = types.SimpleNamespace(max_bad_steps=3, grad_clip=1.0, **train)
     cfg = types.SimpleNamespace(train=tc, trackers=(), seed=0)
     return loop.Meter(run, cfg, loop.Resumed(), ("step",))
 

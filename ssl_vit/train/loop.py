@@ -50,7 +50,7 @@ from ssl_vit.jsonfile import read_json
 from ssl_vit.progress import progress_bar
 from ssl_vit.train import checkpoint as ckpt
 from ssl_vit.train.guard import note_checkpoints
-from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics
+from ssl_vit.train.metrics import MetricsWriter, Stopwatch, format_metrics, ratio
 from ssl_vit.train.rng import rng_state, set_rng_state
 from ssl_vit.train.rundir import check_resumed_config
 from ssl_vit.train.runtime import RunContext, replica_checksum, setup_logging
@@ -319,6 +319,10 @@ class Batches:
 
 # --- Each step: statistics, bad steps, the log ------------------------------------------------
 
+# The step's gradient norm in `StepStats` beside the micro-batches' figures: its sum, whether
+# the clip scaled it, and the steps counted (so a skipped step counts in neither mean).
+_NORM_SLOTS = ("grad_norm", "clipped", "steps")
+
 
 class StepStats:
     """Sums of named per-step values, on the device until a log step.
@@ -439,6 +443,7 @@ class Meter:
         tc, acc = cfg.train, run.acc
         self.acc, self.shown, self.counters = acc, shown, start.counters
         self.steps, self.log_every, self.ckpt_every = tc.steps, tc.log_every, tc.checkpoint_every
+        self.grad_clip = tc.grad_clip
         self.global_batch = run.plan.global_batch
         self.metrics = MetricsWriter(
             run.run_dir, enabled=acc.is_main_process, log_with=cfg.trackers, config=to_dict(cfg)
@@ -455,9 +460,11 @@ class Meter:
         return due(step, self.log_every) or step == self.steps
 
     def add(self, **values: torch.Tensor | float) -> None:
-        """One micro-batch's figures (named slots, sized by the first micro-batch's)."""
+        """One micro-batch's figures (named slots, sized by the first micro-batch's; and the
+        step's gradient norm, `end_step`'s)."""
         if self.stats is None:
             sizes = {k: v.numel() if torch.is_tensor(v) else 1 for k, v in values.items()}
+            sizes.update(dict.fromkeys(_NORM_SLOTS, 1))
             self.stats = StepStats(sizes, self.acc.device)
         self.stats.add(**values)
 
@@ -466,6 +473,10 @@ class Meter:
         the device); read the counts at log and checkpoint steps (a run of bad steps stops
         the job there)."""
         applied = train_step.applied
+        if train_step.grad_norm is not None:  # the same on every rank (after the all-reduce)
+            norm = train_step.grad_norm.float()
+            clipped = norm > self.grad_clip if self.grad_clip > 0 else torch.zeros_like(norm)
+            self.stats.add(grad_norm=norm, clipped=clipped.float(), steps=1)
         self.stats.end_step(applied)  # a skipped step counts in no logged mean
         self.bad.update(applied, train_step.scaler_skipped)  # fp16 overflows: not bad steps
         if self.logs(step) or due(step, self.ckpt_every):
@@ -483,18 +494,23 @@ class Meter:
         return self.counters
 
     def lap(self, step: int, lr: float) -> tuple[dict[str, Any], dict[str, Any]]:
-        """At a log step: (the lap's sums over ranks, what every row has: lr, throughput and
-        the share of time spent waiting for data since the last log step, the counters)."""
+        """At a log step: (the lap's sums over ranks, what every row has: lr, the gradients'
+        mean global norm before clipping and the share of steps clipped, throughput and the
+        share of time spent waiting for data since the last log step, the counters)."""
         elapsed, waits = self.watch.lap()
         steps, self.last_log = step - self.last_log, step
+        sums = self.stats.reduce(self.acc)
+        applied = sums.pop("steps")  # each rank's count: the ratios below are the same on all
         figures = {
             "lr": lr,
+            "grad_norm": ratio(sums.pop("grad_norm"), applied),
+            "clipped": ratio(sums.pop("clipped"), applied),
             "img_per_s": steps * self.global_batch / elapsed,
             "data_wait": waits.get("data", 0.0) / elapsed,
             **{k: v for k, v in self.totals().items() if k != "images"},
             "images_seen": self.counters["images"],
         }
-        return self.stats.reduce(self.acc), figures
+        return sums, figures
 
     def log(self, row: dict[str, Any]) -> dict[str, Any]:
         """Write a metrics row (main process) and show it on the progress bar."""

@@ -4,6 +4,7 @@ optimizer step that skips a non-finite gradient on the device (no host sync)."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -61,9 +62,16 @@ def fused_sgd(groups: list[dict], cfg: FinetuneOptimConfig) -> torch.optim.Optim
     return opt
 
 
-def apply_step(acc, model: nn.Module, optimizer, grad_clip: float) -> torch.Tensor:
+class Applied(NamedTuple):
+    """An optimizer step's outcome, on the device."""
+
+    applied: torch.Tensor  # bool scalar: False when the gradient norm was not finite
+    norm: torch.Tensor  # the gradients' global norm before clipping (what the log shows)
+
+
+def apply_step(acc, model: nn.Module, optimizer, grad_clip: float) -> Applied:
     """Clip the gradients and apply the optimizer step unless their norm is not finite.
-    Returns a bool scalar tensor on the device: whether the step was applied. `acc`: the job's
+    Returns whether the step was applied and the norm, both on the device. `acc`: the job's
     Accelerator (its clip and fp16 scaler), or None for one process without a scaler.
 
     No host sync: the norm stays on the device and the fused optimizer kernel reads the skip
@@ -86,4 +94,4 @@ def apply_step(acc, model: nn.Module, optimizer, grad_clip: float) -> torch.Tens
             del inner.found_inf
     else:
         optimizer.step()
-    return finite
+    return Applied(finite, norm.detach())

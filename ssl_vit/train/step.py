@@ -27,7 +27,8 @@ __all__ = ["TrainStep"]
 class TrainStep:
     """`step(*inputs)` -> `forward(*inputs)`'s output, after backward (and, when the micro-batch
     ends an optimizer step, clip + step + zero grad). `applied` is the last optimizer step's
-    flag (a bool tensor on the device: False when its gradient norm was not finite).
+    flag (a bool tensor on the device: False when its gradient norm was not finite),
+    `grad_norm` its gradients' global norm before clipping (on the device).
 
     forward: the caller's forward+loss; its output is the loss or has a `.loss`.
     acc: the job's Accelerator (gradient accumulation, DDP's no_sync, the fp16 scaler; its
@@ -54,6 +55,7 @@ class TrainStep:
         self.forward = self._compile(forward, compile, compile_mode)
         self.autocast = autocast
         self.applied: bool | torch.Tensor = True
+        self.grad_norm: torch.Tensor | None = None
         # The last optimizer step was skipped by the fp16 loss scaler (its gradients overflowed
         # with a finite loss; the scaler lowered its scale): not a bad step (`loop.BadSteps`).
         self.scaler_skipped: bool | torch.Tensor = False
@@ -84,7 +86,8 @@ class TrainStep:
             else:
                 acc.backward(loss)
             if acc is None or acc.sync_gradients:
-                self.applied = apply_step(acc, self.model, self.optimizer, self.grad_clip)
+                applied = apply_step(acc, self.model, self.optimizer, self.grad_clip)
+                self.applied, self.grad_norm = applied
                 self.scaler_skipped = self._scaler_skip(self.applied)
             self.optimizer.zero_grad(set_to_none=True)
         return out
