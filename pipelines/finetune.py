@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict:
                 else:  # the unlabelled micro-batch beside it: the student's and teacher's views
                     u = unlabelled.next()
                     out = train_step(x, target, *selftrain.views(u.images, index))
-                    more = selftrain.counts(out, u.labels)  # u.labels: only scored, if any
+                    more = selftrain.counts(out, u.labels, y)  # u.labels: only scored, if any
                 correct = (out.logits.argmax(-1) == y).sum()
                 meter.add(loss=out.loss, micro=1, correct=correct, seen=len(y), **more)
             meter.end_step(step, train_step)  # on the device; read at log and checkpoint steps
@@ -340,6 +340,9 @@ def main(argv: list[str] | None = None) -> dict:
             if selftrain.classes is not None:  # FlexMatch's, as the last step left them
                 t = selftrain.classes.thresholds.tolist()
                 results["distill"]["class_thresholds"] = dict(zip(label_names, t, strict=True))
+            if selftrain.align is not None:  # ReMixMatch's p_L / p_U, as the last step left it
+                t = selftrain.align.scale.tolist()
+                results["distill"]["align_scale"] = dict(zip(label_names, t, strict=True))
         results["wall_time_s"] = time.time() - started
         if acc.is_main_process:  # the averaged weights when there are any (what top1_ema scored)
             save_final(ema.module if ema is not None else raw, cfg, label_names)

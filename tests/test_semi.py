@@ -23,12 +23,17 @@ from test_step_sync import EVERY, STEPS, _between_log_steps, _run_counting
 
 from ssl_vit.config import ConfigError, FinetuneConfig, from_dict
 from ssl_vit.model import compile as compile_mod
+from ssl_vit.train.align import Alignment
 from ssl_vit.train.class_thresholds import ClassThresholds
 from ssl_vit.train.distill import mixup_partners, online_forward, pseudo_label_loss, pseudo_mixup
 from ssl_vit.train.ema import EMA
 
 # A low threshold: the smoke runs' 8 steps from scratch use some pseudo-labels.
 ONLINE = ["distill.mode=online", "distill.momentum=0.5", "distill.threshold=0.11"]
+
+
+def _rows(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def online_args(shards, out, *extra):
@@ -42,7 +47,7 @@ def test_the_pseudo_label_loss_by_hand():
     cross-entropy to class 0 is ln 3; the mean over both rows: ln 3 / 2."""
     teacher = torch.tensor([[math.log(8.0), 0.0, 0.0], [0.0, 0.0, 0.0]])
     student = torch.tensor([[0.0, 0.0, 0.0], [5.0, -1.0, 2.0]], requires_grad=True)
-    loss, pseudo, used, _ = pseudo_label_loss(student, teacher, 0.7)
+    loss, pseudo, used, _, _ = pseudo_label_loss(student, teacher, 0.7)
     assert loss.item() == pytest.approx(math.log(3.0) / 2, rel=1e-6)
     assert pseudo.tolist() == [0, 0] and used.tolist() == [True, False]
     loss.backward()
@@ -59,7 +64,8 @@ def test_class_thresholds_pick_each_pseudo_label_by_its_own_class():
     (5, -1, 2): cross-entropy to class 0 = ln(1 + e^-6 + e^-3). With [0.9, 0, 0] none counts."""
     teacher = torch.tensor([[math.log(8.0), 0.0, 0.0], [0.0, 0.0, 0.0]])
     student = torch.tensor([[0.0, 0.0, 0.0], [5.0, -1.0, 2.0]])
-    loss, _, used, confidence = pseudo_label_loss(student, teacher, torch.tensor([0.3, 0.9, 0.9]))
+    thresholds = torch.tensor([0.3, 0.9, 0.9])
+    loss, _, used, confidence, _ = pseudo_label_loss(student, teacher, thresholds)
     want = (math.log(3.0) + math.log(1 + math.exp(-6) + math.exp(-3))) / 2
     assert loss.item() == pytest.approx(want, rel=1e-6) and used.tolist() == [True, True]
     assert confidence.tolist() == pytest.approx([0.8, 1 / 3])
@@ -89,6 +95,49 @@ def test_class_thresholds_follow_flexmatch_by_hand():
     t.update(torch.tensor(False), lambda x: x)  # a skipped step
     assert t.sigma.tolist() == [2.0, 1.0, 0.0] and t.step_counts.tolist() == [0.0] * 3
     assert set(t.state_dict()) == {"sigma", "thresholds"}  # what a checkpoint keeps
+
+
+def test_aligned_probabilities_pick_the_pseudo_label_by_hand():
+    """Teacher row 0: softmax (0.5, 0.4, 0.1), row 1: (0.8, 0.1, 0.1). Scale p_L / p_U = (0.5,
+    2, 1): row 0 -> (0.25, 0.8, 0.1) / 1.15, pseudo-label 1 (the teacher's under-predicted
+    class), confidence 0.8 / 1.15 = 0.696; row 1 -> (0.4, 0.2, 0.1) / 0.7, class 0 at 4 / 7 =
+    0.571. At threshold 0.6 only row 0 counts (unaligned: only row 1, at 0.8), so the loss is
+    the student's row 0 cross-entropy to class 1, ln 3, over 2; the teacher's sum is
+    unaligned."""
+    teacher = torch.tensor([[0.5, 0.4, 0.1], [0.8, 0.1, 0.1]]).log()
+    student = torch.tensor([[0.0, 0.0, 0.0], [0.0, math.log(2.0), 0.0]])
+    scale = torch.tensor([0.5, 2.0, 1.0])
+    loss, pseudo, used, confidence, teacher_sum = pseudo_label_loss(student, teacher, 0.6, scale)
+    assert pseudo.tolist() == [1, 0] and used.tolist() == [True, False]
+    assert confidence.tolist() == pytest.approx([0.8 / 1.15, 4 / 7], rel=1e-6)
+    assert loss.item() == pytest.approx(math.log(3.0) / 2, rel=1e-6)
+    assert teacher_sum.tolist() == pytest.approx([1.3, 0.5, 0.2], rel=1e-6)
+    assert pseudo_label_loss(student, teacher, 0.6)[2].tolist() == [False, True]
+
+
+def test_alignment_follows_remixmatch_by_hand():
+    """K = 2, momentum 1 - 1/128. A micro-batch with labels (0, 1, 1, 1) and the teacher's
+    softmax summed to (3, 1) over 4 unlabelled images; two processes (the reduce doubles the
+    sums) give the same means: p_L <- m (1/2, 1/2) + (1 - m)(1/4, 3/4), p_U <- m (1/2, 1/2) +
+    (1 - m)(3/4, 1/4), scale = p_L / p_U. A skipped step, or one with no images, changes
+    nothing. What a checkpoint keeps: the two means and the scale."""
+    a = Alignment(2)
+    assert a.scale.tolist() == [1.0, 1.0]
+    a.add(torch.tensor([0, 1, 1, 1]), torch.tensor([3.0, 1.0]), 4)
+    assert a.step_sums.tolist() == [[1.0, 3.0, 4.0], [3.0, 1.0, 4.0]]
+    a.update(torch.tensor(True), lambda x: 2 * x)
+    m = 1 - 1 / 128
+    p_l = [m / 2 + (1 - m) / 4, m / 2 + (1 - m) * 3 / 4]
+    p_u = [m / 2 + (1 - m) * 3 / 4, m / 2 + (1 - m) / 4]
+    assert a.labelled.tolist() == pytest.approx(p_l) and a.unlabelled.tolist() == pytest.approx(p_u)
+    assert a.scale.tolist() == pytest.approx([p_l[0] / p_u[0], p_l[1] / p_u[1]])
+    assert a.step_sums.abs().sum() == 0
+    before = {k: v.clone() for k, v in a.state_dict().items()}
+    a.add(torch.tensor([0, 0]), torch.tensor([0.0, 2.0]), 2)
+    a.update(torch.tensor(False), lambda x: x)  # a skipped step
+    a.update(True, lambda x: x)  # a step with nothing added
+    assert all(torch.equal(before[k], v) for k, v in a.state_dict().items())
+    assert set(a.state_dict()) == {"labelled", "unlabelled", "scale"}
 
 
 def test_mixup_partners_cycle_in_blocks_of_four_and_two_halves_pair_as_the_whole():
@@ -191,7 +240,7 @@ def test_the_online_keys_are_checked():
         cfg(unlabelled="u", mode="online", momentum=1.0)
     with pytest.raises(ConfigError, match=r"^distill.threshold: must be in \(0, 1\], got 0.0$"):
         cfg(unlabelled="u", mode="online", threshold=0.0)
-    for key in ("mixup", "class_thresholds"):
+    for key in ("mixup", "class_thresholds", "align"):
         assert getattr(cfg(unlabelled="u", mode="online", **{key: True}).distill, key)
         with pytest.raises(ConfigError, match=rf"^distill.{key}: acts on pseudo-labels, which "):
             cfg(unlabelled="u", teacher="t", **{key: True})
@@ -275,9 +324,11 @@ def test_the_unlabelled_epochs_a_run_reads_are_said_before_it_and_under_one_warn
     assert [lvl for lvl, _ in said(6, mode="offline")] == ["INFO"]
 
 
-# The stage's forms: FixMatch's, with Semi-ViT's pseudo-mixup, with FlexMatch's class thresholds.
+# The stage's forms: FixMatch's, with Semi-ViT's pseudo-mixup, with FlexMatch's class thresholds,
+# with ReMixMatch's distribution alignment.
 FORMS = {"plain": "distill.mixup=false", "mixup": "distill.mixup=true"}
 FORMS["classes"] = "distill.class_thresholds=true"
+FORMS["align"] = "distill.align=true"
 
 
 @pytest.mark.system
@@ -309,8 +360,8 @@ def test_stopped_and_resumed_online_continues_exactly(
     """Uninterrupted with 2 workers and with 0; stopped after step 3 with 2 workers and resumed
     with 1: the same losses, pseudo-label use and final weights, bit for bit (the teacher's
     weights at the stop come back from the checkpoint: a fresh copy would score otherwise; so
-    do the class thresholds' counts). Pseudo-mixup keeps no state of its own: its pairs follow
-    the stream's order."""
+    do the class thresholds' counts and the alignment's means). Pseudo-mixup keeps no state of
+    its own: its pairs follow the stream's order."""
     main = pipeline("finetune")
     one = ["train.log_every=1", FORMS[form]]
 
@@ -339,6 +390,10 @@ def test_stopped_and_resumed_online_continues_exactly(
         whole = json.loads((tmp_path / "w2" / "results.json").read_text())["distill"]
         assert results["class_thresholds"] == whole["class_thresholds"]
         assert min(results["class_thresholds"].values()) < 0.11
+    if form == "align":  # p_L / p_U by class name, as the last step left it; it moved
+        whole = json.loads((tmp_path / "w2" / "results.json").read_text())["distill"]
+        assert results["align_scale"] == whole["align_scale"]
+        assert len(set(results["align_scale"].values())) > 1
 
 
 @pytest.mark.system
@@ -359,10 +414,15 @@ def test_two_processes_train_online_as_one(synthetic_shards, tmp_path, form):
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, two = _losses(tmp_path / "one"), _losses(tmp_path / "two")
     assert two == pytest.approx(one, rel=1e-4)  # the all-reduce's float error only
-    if form == "classes":
+    norms = [
+        [r["grad_norm"] for r in _rows(tmp_path / d) if "grad_norm" in r] for d in ("one", "two")
+    ]
+    assert norms[1] == pytest.approx(norms[0], rel=1e-4)  # each rank's count: not summed twice
+    key = {"classes": "class_thresholds", "align": "align_scale"}.get(form)
+    if key is not None:  # the statistics of both processes' images: as one process's
         a, b = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("one", "two"))
-        want = a["distill"]["class_thresholds"]
-        assert b["distill"]["class_thresholds"] == pytest.approx(want, rel=1e-6)
+        want = a["distill"][key]
+        assert b["distill"][key] == pytest.approx(want, rel=1e-6)
         assert len(set(want.values())) > 1  # the counts differ by class: a real check
 
 

@@ -55,6 +55,11 @@ class DistillConfig(Frozen):
     # it, so the classes it confuses are taught too (a fixed threshold keeps mostly the ones
     # it knows).
     class_thresholds: bool = False
+    # online: ReMixMatch's distribution alignment (Berthelot et al. 2020; ssl_vit.train.align):
+    # the teacher's probabilities are scaled by the labelled images' class frequencies over its
+    # mean prediction before the pseudo-labels are taken, so a class it predicts too seldom
+    # passes the threshold more often (the threshold and its pseudo-labels are not lowered).
+    align: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -78,7 +83,7 @@ class DistillConfig(Frozen):
             raise ConfigError(
                 "distill.teacher and distill.unlabelled: give both (self-training) or neither"
             )
-        for key in ("mixup", "class_thresholds"):
+        for key in ("mixup", "class_thresholds", "align"):
             if getattr(self, key) and self.mode != "online":
                 raise ConfigError(
                     f"distill.{key}: acts on pseudo-labels, which only distill.mode=online "

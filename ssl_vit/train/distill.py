@@ -15,7 +15,9 @@ images (FixMatch's normalisation), so the unlabelled term grows as the teacher g
 With `distill.mixup`, Semi-ViT's probabilistic pseudo-mixup blends the strong views in pairs
 first (`pseudo_mixup`), weighted by the teacher's confidences. With `distill.class_thresholds`,
 each class has its own threshold, lower for the classes the teacher is seldom confident in
-(FlexMatch: `ssl_vit.train.class_thresholds`).
+(FlexMatch: `ssl_vit.train.class_thresholds`). With `distill.align`, the teacher's
+probabilities are first scaled toward the labelled images' class frequencies (ReMixMatch's
+distribution alignment: `ssl_vit.train.align`).
 
 In both, labelled and unlabelled micro-batches share each step. Shape legend: B labelled
 images, U unlabelled images, K classes.
@@ -38,6 +40,7 @@ from torch import nn
 from ssl_vit.atomic import file_sha256, write_text
 from ssl_vit.errors import ConfigError
 from ssl_vit.jsonfile import read_json
+from ssl_vit.train.align import Alignment, aligned
 from ssl_vit.train.class_thresholds import ClassThresholds
 from ssl_vit.train.metrics import ratio
 
@@ -111,9 +114,18 @@ def _teacher_logits(
         return teacher(images_U)  # uint8 or [0, 1]: PixelNorm takes both
 
 
-def _confidence(teacher_UK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(confidence_U, pseudo_U): the teacher's softmax maximum and its argmax."""
-    return F.softmax(teacher_UK.detach().float(), dim=-1).max(dim=-1)
+Scale = torch.Tensor | None  # [K] distribution alignment's p_L / p_U (`align`), or none
+
+
+def _confidence(
+    teacher_UK: torch.Tensor, scale: Scale = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(confidence_U, pseudo_U, teacher_sum_K): the maximum and argmax of the teacher's softmax,
+    aligned by `scale` if given; and that softmax summed over the images, before alignment (what
+    `align.Alignment` averages)."""
+    probs_UK = F.softmax(teacher_UK.detach().float(), dim=-1)
+    confidence_U, pseudo_U = (probs_UK if scale is None else aligned(probs_UK, scale)).max(dim=-1)
+    return confidence_U, pseudo_U, probs_UK.sum(0)
 
 
 def distill_forward(
@@ -154,16 +166,17 @@ def _passes(confidence_U: torch.Tensor, pseudo_U: torch.Tensor, threshold: Thres
 
 
 def pseudo_label_loss(
-    student_UK: torch.Tensor, teacher_UK: torch.Tensor, threshold: Threshold
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, pseudo_U, used_U, confidence_U): FixMatch's unlabelled term, the mean over all U
-    images of used_u x cross-entropy(student_u, pseudo_u), where pseudo_u is the teacher's
-    argmax and used_u whether its softmax maximum, confidence_u, is >= `threshold` (per
-    class: pseudo_u's); no gradient reaches the teacher."""
-    confidence_U, pseudo_U = _confidence(teacher_UK)
+    student_UK: torch.Tensor, teacher_UK: torch.Tensor, threshold: Threshold, scale: Scale = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, pseudo_U, used_U, confidence_U, teacher_sum_K): FixMatch's unlabelled term, the
+    mean over all U images of used_u x cross-entropy(student_u, pseudo_u), where pseudo_u is the
+    teacher's argmax and used_u whether its softmax maximum, confidence_u, is >= `threshold`
+    (per class: pseudo_u's), both read from its probabilities aligned by `scale` if given
+    (`_confidence`); no gradient reaches the teacher."""
+    confidence_U, pseudo_U, teacher_sum_K = _confidence(teacher_UK, scale)
     used_U = _passes(confidence_U, pseudo_U, threshold)
     ce_U = F.cross_entropy(student_UK.float(), pseudo_U, reduction="none")
-    return (ce_U * used_U).mean(), pseudo_U, used_U, confidence_U
+    return (ce_U * used_U).mean(), pseudo_U, used_U, confidence_U, teacher_sum_K
 
 
 MIXUP_BLOCK = 4  # pseudo-mixup partners: the next image in its block of four (`mixup_partners`)
@@ -207,7 +220,8 @@ class OnlineLoss(NamedTuple):
     distill: torch.Tensor  # the pseudo-label term (named as offline's: one log column)
     pseudo: torch.Tensor  # [U] the teacher's argmax on the weak views
     used: torch.Tensor  # [U] bool: confident enough to count (before any blending)
-    confidence: torch.Tensor  # [U] the teacher's softmax maximum
+    confidence: torch.Tensor  # [U] the teacher's softmax maximum (aligned, with `align`)
+    teacher_sum: torch.Tensor  # [K] the teacher's softmax summed over the U images (unaligned)
 
 
 def _mixed_loss(
@@ -218,13 +232,15 @@ def _mixed_loss(
     weak_U: torch.Tensor,
     threshold: Threshold,
     autocast: torch.dtype | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    scale: Scale,
+) -> tuple[torch.Tensor, ...]:
     """(student logits [B, K], pseudo-mixup's unlabelled term, pseudo_U, used_U,
-    confidence_U): the teacher first (its confidences weight the blends), then one student
-    forward over the labelled images and the blended strong views, both as [0, 1] floats. A
-    blend counts where either of its images passes (for one threshold: the larger confidence)."""
+    confidence_U, teacher_sum_K): the teacher first (its confidences weight the blends), then
+    one student forward over the labelled images and the blended strong views, both as [0, 1]
+    floats. A blend counts where either of its images passes (for one threshold: the larger
+    confidence)."""
     teacher_UK = _teacher_logits(teacher, weak_U, autocast)
-    confidence_U, pseudo_U = _confidence(teacher_UK)
+    confidence_U, pseudo_U, teacher_sum_K = _confidence(teacher_UK, scale)
     mixed_U, target_UK, _ = pseudo_mixup(strong_U, pseudo_U, confidence_U, teacher_UK.shape[-1])
     if images_B.dtype == torch.uint8:
         images_B = images_B.float() / 255.0
@@ -233,7 +249,7 @@ def _mixed_loss(
     used_U = _passes(confidence_U, pseudo_U, threshold)
     counts_U = used_U | used_U[mixup_partners(len(used_U), used_U.device)]
     unlabelled = (ce_U * counts_U).mean()
-    return logits[: len(images_B)], unlabelled, pseudo_U, used_U, confidence_U
+    return logits[: len(images_B)], unlabelled, pseudo_U, used_U, confidence_U, teacher_sum_K
 
 
 def online_forward(
@@ -244,24 +260,26 @@ def online_forward(
     weight: float,
     autocast: torch.dtype | None = None,
     mixup: bool = False,
+    scale: Scale = None,
 ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], OnlineLoss]:
     """forward+loss of one micro-batch: labelled images with their targets, the unlabelled
     images' strong views (the student's) and weak views (the teacher's). One student forward
     over both; the teacher (the EMA module) under no_grad in the same compiled region, autocast
     as `distill_forward`'s. With `mixup`, the strong views are blended (`pseudo_mixup`). A [K]
     `threshold` (`ClassThresholds.thresholds`, updated in place between steps) is read at each
-    call: a graph input, not a constant."""
+    call: a graph input, not a constant; so is `scale` (`Alignment.scale`), which aligns the
+    teacher's probabilities before its pseudo-labels are taken."""
 
     def forward_loss(images_B, targets, strong_U, weak_U) -> OnlineLoss:
         if mixup:
             logits_B, unlabelled, *u = _mixed_loss(
-                model, teacher, images_B, strong_U, weak_U, threshold, autocast
+                model, teacher, images_B, strong_U, weak_U, threshold, autocast, scale
             )
         else:
             logits_B, student_UK, teacher_UK = _student_and_teacher(
                 model, teacher, images_B, strong_U, weak_U, autocast
             )
-            unlabelled, *u = pseudo_label_loss(student_UK, teacher_UK, threshold)
+            unlabelled, *u = pseudo_label_loss(student_UK, teacher_UK, threshold, scale)
         labelled = loss_fn(logits_B.float(), targets)
         return OnlineLoss(labelled + weight * unlabelled, logits_B, labelled, unlabelled, *u)
 
@@ -453,7 +471,7 @@ class SelfTraining:
         seed = seeds.derive(cfg.seed, seeds.UNLABELLED)
         micro = plan.global_unlabelled_micro
         self.parts: dict[str, nn.Module] = {}
-        self.strong, self.classes = None, None
+        self.strong, self.classes, self.align = None, None, None
         if self.online:  # the student's EMA, from the student's weights at step 0
             self.ema = EMA(student, d.momentum, copy_first=False)
             self.teacher = self.ema.module.eval()
@@ -464,7 +482,10 @@ class SelfTraining:
                 classes = student.head.out_features
                 self.classes = ClassThresholds(classes, d.threshold, d.momentum, self.device)
                 self.parts["class_thresholds"] = self.classes
-                self.reduce = partial(run.acc.reduce, reduction="sum")
+            if d.align:  # ReMixMatch's distribution alignment, checkpointed beside the teacher
+                self.align = Alignment(student.head.out_features, self.device)
+                self.parts["align"] = self.align
+            self.reduce = partial(run.acc.reduce, reduction="sum")
         else:
             self.teacher = frozen_teacher(load_classifier(teacher.file)[0], self.device)
         self.augment, self.two_views = None, d.views == "weak_strong" and not self.online
@@ -479,8 +500,9 @@ class SelfTraining:
         d = self.cfg.distill
         if self.online:
             threshold = d.threshold if self.classes is None else self.classes.thresholds
+            scale = None if self.align is None else self.align.scale
             return online_forward(
-                model, self.teacher, loss_fn, threshold, d.weight, self.autocast, d.mixup
+                model, self.teacher, loss_fn, threshold, d.weight, self.autocast, d.mixup, scale
             )
         return distill_forward(model, self.teacher, loss_fn, d.temperature, d.weight, self.autocast)
 
@@ -501,16 +523,22 @@ class SelfTraining:
             x = x.round().clamp_(0, 255).to(torch.uint8)
         return student, x
 
-    def counts(self, out: Any, labels: torch.Tensor) -> dict[str, torch.Tensor | int]:
+    def counts(
+        self, out: Any, labels: torch.Tensor, labelled_B: torch.Tensor
+    ) -> dict[str, torch.Tensor | int]:
         """A micro-batch's figures for the log (on the device). Online: pseudo-labels used and,
         where the unlabelled source has labels (>= 0), how many used ones are right: those
         labels are read here only, never by the loss. With class thresholds, the micro-batch's
-        confident pseudo-labels are also counted toward them here (`ClassThresholds.add`: the
-        one place the loop hands over each micro-batch's output; `follow` applies the counts)."""
+        confident pseudo-labels are also counted toward them here (`ClassThresholds.add`), and
+        with alignment its labelled images' classes `labelled_B` and the teacher's predictions
+        (`Alignment.add`): the one place the loop hands over each micro-batch's output;
+        `follow` applies the step's counts."""
         if not self.online:
             return {"distill": out.distill, "agree": out.agree, "unlabelled": len(labels)}
         if self.classes is not None:
             self.classes.add(out.pseudo, out.confidence)
+        if self.align is not None:
+            self.align.add(labelled_B, out.teacher_sum, len(labels))
         labels = labels.to(self.device, non_blocking=True)
         known = out.used & (labels >= 0)
         right = known & (out.pseudo == labels)
@@ -529,9 +557,11 @@ class SelfTraining:
 
     def follow(self, student: nn.Module, applied: torch.Tensor | bool) -> None:
         """After a step: online, the teacher moves toward the student, and the class
-        thresholds take the step's counts (if the step applied)."""
+        thresholds and the alignment take the step's counts (if the step applied)."""
         if self.online:
             self.ema.update(student, applied)
+        if self.align is not None:
+            self.align.update(applied, self.reduce)
         if self.classes is not None:
             self.classes.update(applied, self.reduce)
 
