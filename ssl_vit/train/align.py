@@ -27,6 +27,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ssl_vit.train.class_thresholds import class_counts
+
 WINDOW = 128  # steps: ReMixMatch's running average of the teacher's predictions
 
 
@@ -55,9 +57,7 @@ class Alignment(nn.Module):
     def add(self, labels_B: torch.Tensor, teacher_sum_K: torch.Tensor, images_U: int) -> None:
         """A micro-batch's labelled classes (labels outside [0, K) are not counted) and the
         teacher's softmax summed over its `images_U` unlabelled images."""
-        classes = torch.arange(len(self.scale), device=labels_B.device)
-        # (torch.bincount reads its input's maximum on the host: a sync per step)
-        counts_K = (labels_B[:, None] == classes).sum(0).to(self.step_sums.dtype)
+        counts_K = class_counts(labels_B, len(self.scale)).to(self.step_sums.dtype)
         self.step_sums[0, :-1] += counts_K
         self.step_sums[0, -1] += counts_K.sum()
         self.step_sums[1, :-1] += teacher_sum_K.to(self.step_sums.dtype)

@@ -27,6 +27,14 @@ import torch
 from torch import nn
 
 
+def class_counts(labels_N: torch.Tensor, classes: int, keep_N: torch.Tensor | None = None):
+    """[K] how many of `labels_N` (where `keep_N`) are each class; labels outside [0, K) count
+    nowhere. A comparison, not torch.bincount, which reads its input's maximum on the host (a
+    sync per step)."""
+    onehot_NK = labels_N[:, None] == torch.arange(classes, device=labels_N.device)
+    return (onehot_NK if keep_N is None else onehot_NK & keep_N[:, None]).sum(0)
+
+
 def flex_thresholds(sigma_K: torch.Tensor, tau: float) -> torch.Tensor:
     """[K] FlexMatch's class thresholds M(beta_c) x tau from the counts `sigma_K` (all tau
     while every count is 0)."""
@@ -51,10 +59,8 @@ class ClassThresholds(nn.Module):
 
     def add(self, pseudo_U: torch.Tensor, confidence_U: torch.Tensor) -> None:
         """Count a micro-batch's pseudo-labels whose confidence reaches tau, by class."""
-        classes = torch.arange(len(self.sigma), device=pseudo_U.device)
-        # (torch.bincount reads its input's maximum on the host: a sync per step)
-        confident_UK = (pseudo_U[:, None] == classes) & (confidence_U >= self.tau)[:, None]
-        self.step_counts += confident_UK.sum(0).to(self.step_counts.dtype)
+        confident_K = class_counts(pseudo_U, len(self.sigma), confidence_U >= self.tau)
+        self.step_counts += confident_K.to(self.step_counts.dtype)
 
     @torch.no_grad()
     def update(self, applied: torch.Tensor | bool, reduce: Callable[[torch.Tensor], torch.Tensor]):
