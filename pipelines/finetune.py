@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> dict:
             results.update(confusion_matrix=summary["confusion_matrix"])
         if selftrain is not None:
             results["distill"] = distill_results(cfg, job.teacher, start.counters, row, acc)
-            if selftrain.classes is not None:  # FlexMatch's, as the last step left them
+            if selftrain.classes is not None:  # FlexMatch's or CBST's, as the last step left them
                 t = selftrain.classes.thresholds.tolist()
                 results["distill"]["class_thresholds"] = dict(zip(label_names, t, strict=True))
             if selftrain.align is not None:  # ReMixMatch's p_L / p_U, as the last step left it

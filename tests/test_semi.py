@@ -24,7 +24,7 @@ from test_step_sync import EVERY, STEPS, _between_log_steps, _run_counting
 from ssl_vit.config import ConfigError, FinetuneConfig, from_dict
 from ssl_vit.model import compile as compile_mod
 from ssl_vit.train.align import Alignment
-from ssl_vit.train.class_thresholds import ClassThresholds
+from ssl_vit.train.class_thresholds import BINS, ClassShares, ClassThresholds, share_thresholds
 from ssl_vit.train.distill import mixup_partners, online_forward, pseudo_label_loss, pseudo_mixup
 from ssl_vit.train.ema import EMA
 
@@ -95,6 +95,57 @@ def test_class_thresholds_follow_flexmatch_by_hand():
     t.update(torch.tensor(False), lambda x: x)  # a skipped step
     assert t.sigma.tolist() == [2.0, 1.0, 0.0] and t.step_counts.tolist() == [0.0] * 3
     assert set(t.state_dict()) == {"sigma", "thresholds"}  # what a checkpoint keeps
+
+
+def test_class_shares_follow_cbst_by_hand():
+    """K = 3, tau = 0.85, share 0.5, momentum 0.5. Class 0's pseudo-labels at 0.93, 0.91,
+    0.62, 0.55 fall in the bins of 0.93, 0.91, 0.62, 0.55; two processes' sum doubles them.
+    Its top half lies at or above 0.91's edge: q_0 = 0.91. Class 1's one at 0.4: q_1 = 0.40.
+    Class 2 has none: tau. Then min(tau, q) = (0.85, 0.40, 0.85). A skipped step leaves them."""
+    t = ClassShares(3, tau=0.85, share=0.5, momentum=0.5)
+    assert t.thresholds.tolist() == pytest.approx([0.85] * 3)
+    t.add(torch.tensor([0, 0, 1]), torch.tensor([0.93, 0.62, 0.4]))
+    t.add(torch.tensor([0, 0]), torch.tensor([0.91, 0.55]))  # a second micro-batch
+    assert t.step_hist.nonzero().tolist() == [[0, 55], [0, 62], [0, 91], [0, 93], [1, 40]]
+    t.update(torch.tensor(True), lambda x: 2 * x)
+    assert t.hist[0, [55, 62, 91, 93]].tolist() == [1.0] * 4 and t.hist[1, 40].item() == 1.0
+    assert t.thresholds.tolist() == pytest.approx([0.85, 0.40, 0.85])
+    assert t.step_hist.sum().item() == 0.0
+    assert share_thresholds(t.hist, 0.5, tau=1.0).tolist() == pytest.approx([0.91, 0.40, 1.0])
+    assert share_thresholds(t.hist, 0.75, tau=1.0)[0].item() == pytest.approx(0.62)
+    t.add(torch.tensor([2, 2]), torch.tensor([0.95, 0.99]))
+    t.update(torch.tensor(False), lambda x: x)  # a skipped step: its histogram is dropped
+    assert t.thresholds.tolist() == pytest.approx([0.85, 0.40, 0.85])
+    t.update(torch.tensor(True), lambda x: x)  # an empty step: the average decays, same shares
+    assert t.thresholds.tolist() == pytest.approx([0.85, 0.40, 0.85])
+    assert set(t.state_dict()) == {"hist", "thresholds"}  # what a checkpoint keeps
+
+
+def test_class_shares_keep_at_least_the_share_of_every_class_and_one_bin_more_would_not():
+    """Over 200 random draws (classes, confidences, share; tau = 1, one step): every class the
+    teacher predicted keeps at least `share` of its pseudo-labels at its threshold, and at the
+    next bin's edge it would keep less: the threshold is the highest such edge."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        k = int(torch.randint(2, 12, (1,), generator=gen))
+        n = int(torch.randint(1, 300, (1,), generator=gen))
+        share = float(torch.rand(1, generator=gen).clamp_min(0.01))
+        pseudo = torch.randint(0, k, (n,), generator=gen)
+        confidence = torch.rand(n, generator=gen) ** 0.5  # more mass near 1, as a teacher's
+        t = ClassShares(k, tau=1.0, share=share, momentum=0.0)
+        t.add(pseudo, confidence)
+        t.update(True, lambda x: x)
+        for c in range(k):
+            mine = confidence[pseudo == c]
+            if len(mine) == 0:
+                assert t.thresholds[c].item() == 1.0
+                continue
+            threshold = t.thresholds[c]
+            assert (mine >= threshold).float().mean().item() >= share - 1e-6
+            if threshold < t.edges[-1]:
+                higher = t.edges[t.edges > threshold][0]
+                assert (mine >= higher).float().mean().item() < share + 1e-6
+    assert BINS == 100
 
 
 def test_aligned_probabilities_pick_the_pseudo_label_by_hand():
@@ -240,10 +291,19 @@ def test_the_online_keys_are_checked():
         cfg(unlabelled="u", mode="online", momentum=1.0)
     with pytest.raises(ConfigError, match=r"^distill.threshold: must be in \(0, 1\], got 0.0$"):
         cfg(unlabelled="u", mode="online", threshold=0.0)
-    for key in ("mixup", "class_thresholds", "align"):
-        assert getattr(cfg(unlabelled="u", mode="online", **{key: True}).distill, key)
+    with pytest.raises(ConfigError, match=r"^distill.class_share=1.5: give 0 \(off\) to 1$"):
+        cfg(unlabelled="u", mode="online", class_share=1.5)
+    with pytest.raises(ConfigError, match=r"^distill.class_share and distill.class_thresholds: "):
+        cfg(unlabelled="u", mode="online", class_share=0.2, class_thresholds=True)
+    for key, on in {
+        "mixup": True,
+        "class_thresholds": True,
+        "class_share": 0.2,
+        "align": True,
+    }.items():
+        assert getattr(cfg(unlabelled="u", mode="online", **{key: on}).distill, key)
         with pytest.raises(ConfigError, match=rf"^distill.{key}: acts on pseudo-labels, which "):
-            cfg(unlabelled="u", teacher="t", **{key: True})
+            cfg(unlabelled="u", teacher="t", **{key: on})
 
 
 def test_a_teacher_too_slow_for_its_run_is_named_before_and_after(
@@ -325,9 +385,11 @@ def test_the_unlabelled_epochs_a_run_reads_are_said_before_it_and_under_one_warn
 
 
 # The stage's forms: FixMatch's, with Semi-ViT's pseudo-mixup, with FlexMatch's class thresholds,
-# with ReMixMatch's distribution alignment.
+# with CBST's class shares (at threshold 1: the shares alone), with ReMixMatch's distribution
+# alignment.
 FORMS = {"plain": "distill.mixup=false", "mixup": "distill.mixup=true"}
 FORMS["classes"] = "distill.class_thresholds=true"
+FORMS["share"] = "distill.class_share=0.5 distill.threshold=1.0"
 FORMS["align"] = "distill.align=true"
 
 
@@ -337,18 +399,18 @@ def test_an_online_step_is_one_graph_and_never_waits_on_the_host(
     synthetic_shards, tmp_path, monkeypatch, form
 ):
     every = [f"train.log_every={EVERY}", f"train.checkpoint_every={EVERY}"]
-    mix = FORMS[form]
-    args = online_args(synthetic_shards, tmp_path / "sync", *every, mix)
+    mix = FORMS[form].split()
+    args = online_args(synthetic_shards, tmp_path / "sync", *every, *mix)
     args = [a for a in args if a != "train.log_every=4"] + [f"train.steps={STEPS}"]
     assert _between_log_steps(_run_counting(monkeypatch, pipeline("finetune"), args)) == []
     backend = Backend()
     monkeypatch.setattr(compile_mod, "BACKEND", backend)
     main = pipeline("finetune")
     torch.manual_seed(0)
-    main(online_args(synthetic_shards, tmp_path / "c", "compile.enabled=true", mix))
+    main(online_args(synthetic_shards, tmp_path / "c", "compile.enabled=true", *mix))
     assert backend.graphs == 1  # fullgraph=True: a graph break would have raised
     torch.manual_seed(0)
-    main(online_args(synthetic_shards, tmp_path / "e", "compile.enabled=false", mix))
+    main(online_args(synthetic_shards, tmp_path / "e", "compile.enabled=false", *mix))
     assert _losses(tmp_path / "c") == pytest.approx(_losses(tmp_path / "e"), rel=1e-4)
 
 
@@ -363,7 +425,7 @@ def test_stopped_and_resumed_online_continues_exactly(
     do the class thresholds' counts and the alignment's means). Pseudo-mixup keeps no state of
     its own: its pairs follow the stream's order."""
     main = pipeline("finetune")
-    one = ["train.log_every=1", FORMS[form]]
+    one = ["train.log_every=1", *FORMS[form].split()]
 
     def rows(out):
         lines = (out / "metrics.jsonl").read_text().splitlines()
@@ -390,6 +452,10 @@ def test_stopped_and_resumed_online_continues_exactly(
         whole = json.loads((tmp_path / "w2" / "results.json").read_text())["distill"]
         assert results["class_thresholds"] == whole["class_thresholds"]
         assert min(results["class_thresholds"].values()) < 0.11
+    if form == "share":  # each class's top half, read off its histogram: they differ
+        whole = json.loads((tmp_path / "w2" / "results.json").read_text())["distill"]
+        assert results["class_thresholds"] == whole["class_thresholds"]
+        assert len(set(results["class_thresholds"].values())) > 1
     if form == "align":  # p_L / p_U by class name, as the last step left it; it moved
         whole = json.loads((tmp_path / "w2" / "results.json").read_text())["distill"]
         assert results["align_scale"] == whole["align_scale"]
@@ -404,8 +470,11 @@ def test_two_processes_train_online_as_one(synthetic_shards, tmp_path, form):
     process's, a difference of the discrete rule, not of the processes (the threshold itself:
     the hand-computed test and the exact resume above). With pseudo-mixup each process's 16
     unlabelled images are whole blocks of the 32: the same pairs as one process's. The class
-    thresholds count both processes' pseudo-labels: the same as one process's."""
-    every = ["distill.threshold=1e-6", FORMS[form]]
+    thresholds count both processes' pseudo-labels: the same as one process's. So do the class
+    shares' histograms (their thresholds are the near-0 one here): the same mass by class, and
+    the same bins but for an image within float error of a bin's edge (momentum 0.5: one image
+    weighs at most 0.5)."""
+    every = [*FORMS[form].split(), "distill.threshold=1e-6"]
     torch.manual_seed(0)
     pipeline("finetune")(online_args(synthetic_shards, tmp_path / "one", *every))
     cmd = [*LAUNCH, str(ROOT / "pipelines/finetune.py")]
@@ -424,6 +493,14 @@ def test_two_processes_train_online_as_one(synthetic_shards, tmp_path, form):
         want = a["distill"][key]
         assert b["distill"][key] == pytest.approx(want, rel=1e-6)
         assert len(set(want.values())) > 1  # the counts differ by class: a real check
+    if form == "share":
+        one, two = (
+            torch.load(tmp_path / d / "checkpoints/step_00000008/state.pt")["class_share"]["hist"]
+            for d in ("one", "two")
+        )
+        assert two.sum(1).tolist() == pytest.approx(one.sum(1).tolist(), rel=1e-6)
+        assert (two.cumsum(1) - one.cumsum(1)).abs().max().item() <= 0.5 + 1e-6
+        assert (one.sum(1) > 0).sum() > 1  # more than one class predicted: a real check
 
 
 @pytest.mark.system

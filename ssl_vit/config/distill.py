@@ -55,6 +55,11 @@ class DistillConfig(Frozen):
     # it, so the classes it confuses are taught too (a fixed threshold keeps mostly the ones
     # it knows).
     class_thresholds: bool = False
+    # online: class-balanced self-training (Zou et al. 2018; ssl_vit.train.class_thresholds):
+    # each class keeps at least this top share of the teacher's predictions of it, its threshold
+    # lowered from distill.threshold as far as that needs (distill.threshold=1: exactly the
+    # share of every class). 0: off.
+    class_share: float = 0.0
     # online: ReMixMatch's distribution alignment (Berthelot et al. 2020; ssl_vit.train.align):
     # the teacher's probabilities are scaled by the labelled images' class frequencies over its
     # mean prediction before the pseudo-labels are taken, so a class it predicts too seldom
@@ -83,7 +88,14 @@ class DistillConfig(Frozen):
             raise ConfigError(
                 "distill.teacher and distill.unlabelled: give both (self-training) or neither"
             )
-        for key in ("mixup", "class_thresholds", "align"):
+        if not 0 <= self.class_share <= 1:
+            raise ConfigError(f"distill.class_share={self.class_share}: give 0 (off) to 1")
+        if self.class_share and self.class_thresholds:
+            raise ConfigError(
+                "distill.class_share and distill.class_thresholds: both set the thresholds per "
+                "class; give one"
+            )
+        for key in ("mixup", "class_thresholds", "class_share", "align"):
             if getattr(self, key) and self.mode != "online":
                 raise ConfigError(
                     f"distill.{key}: acts on pseudo-labels, which only distill.mode=online "

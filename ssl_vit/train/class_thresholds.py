@@ -1,5 +1,7 @@
-"""Class-wise pseudo-label thresholds for the online stage (`distill.class_thresholds`):
-FlexMatch's curriculum pseudo-labelling (Zhang et al. 2021, eq. 6-7), beyond the paper.
+"""Class-wise pseudo-label thresholds for the online stage, beyond the paper, in two forms:
+FlexMatch's curriculum pseudo-labelling (`distill.class_thresholds`, Zhang et al. 2021, eq.
+6-7: `ClassThresholds`) and class-balanced self-training's top share of each class
+(`distill.class_share`, Zou et al. 2018, section 4.2: `ClassShares`, below).
 
 A fixed threshold keeps the pseudo-labels of the classes the teacher already knows and almost
 never those it confuses (CIFAR-10 at 10% of the labels, threshold 0.7: 0.3% of the used
@@ -17,6 +19,22 @@ the teacher's momentum, `distill.momentum`: its window, 1 / (1 - m) steps, is th
 beta is a ratio, so the average needs no bias correction. Before any confident pseudo-label
 every class has tau (the fixed threshold). All on the device: no host sync; its state
 (`sigma`, `thresholds`) is checkpointed with the teacher's.
+
+FlexMatch lowers a class's threshold by how *few* confident pseudo-labels it gets, so at 10% of
+the labels it let in nine classes at 0.05-0.38, half of those labels wrong (docs/results.md).
+Class-balanced self-training (CBST) lowers it only as far as the teacher's own confidence on
+that class requires: each class keeps at least the top `share` of the teacher's predictions of
+it, its most confident ones,
+
+    T_c = min(tau, q_c),   q_c = the confidence above which the top `share` of the
+                                 teacher's predictions of class c lie
+
+so a class the teacher is sure of keeps tau, and one it is never sure of (cats) still teaches
+its best `share`. CBST sorts a whole round's predictions; a stream keeps instead a histogram of
+each class's confidences (`BINS` bins on [0, 1]), averaged over steps like sigma above, and q_c
+is read off it at a bin edge (so at least `share` is kept). With tau = 1 it is CBST's rule
+itself: the same top share of every class. Its state (`hist`, `thresholds`) is checkpointed
+with the teacher's.
 """
 
 from __future__ import annotations
@@ -25,6 +43,8 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+
+BINS = 100  # of the teacher's confidence, on [0, 1]: q_c to within 0.01
 
 
 def class_counts(labels_N: torch.Tensor, classes: int, keep_N: torch.Tensor | None = None):
@@ -72,3 +92,62 @@ class ClassThresholds(nn.Module):
         self.sigma.copy_(torch.where(applied, moved_K, self.sigma))
         self.thresholds.copy_(flex_thresholds(self.sigma, self.tau))
         self.step_counts.zero_()
+
+
+def bin_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[B] the lower edges of `bins` equal bins on [0, 1]: a confidence's bin and the threshold
+    read from the histogram are the same float, so a pseudo-label in the threshold's bin passes."""
+    return torch.arange(bins, device=device) / bins
+
+
+def share_thresholds(hist_KB: torch.Tensor, share: float, tau: float) -> torch.Tensor:
+    """[K] min(tau, q_c): q_c the lower edge of the highest bin of class c's confidence
+    histogram `hist_KB` at and above which lies at least `share` of its mass (tau for a class
+    with none)."""
+    tail_KB = hist_KB.flip(1).cumsum(1).flip(1)  # the mass at or above each bin's lower edge
+    total_K = tail_KB[:, 0]
+    reach_KB = tail_KB >= share * total_K[:, None]  # non-increasing in the bin: a prefix
+    edge_K = bin_edges(hist_KB.shape[1], hist_KB.device)[reach_KB.sum(1) - 1]
+    return torch.where(total_K > 0, edge_K.clamp_max(tau), torch.full_like(edge_K, tau))
+
+
+class ClassShares(nn.Module):
+    """CBST's per-class thresholds and the confidence histograms they come from; the loop's
+    calls as `ClassThresholds`': `add` per micro-batch (every pseudo-label, not only the
+    confident ones), `update` after each step."""
+
+    def __init__(
+        self,
+        classes: int,
+        tau: float,
+        share: float,
+        momentum: float,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        self.tau, self.share, self.momentum = tau, share, momentum
+        self.register_buffer("hist", torch.zeros(classes, BINS, device=device))
+        self.register_buffer("thresholds", torch.full((classes,), tau, device=device))
+        # This step's histogram: zero at every step boundary, so not part of the state.
+        step_KB = torch.zeros(classes, BINS, device=device)
+        self.register_buffer("step_hist", step_KB, persistent=False)
+        self.register_buffer("edges", bin_edges(BINS, device), persistent=False)
+
+    def add(self, pseudo_U: torch.Tensor, confidence_U: torch.Tensor) -> None:
+        """Count a micro-batch's pseudo-labels by class and confidence bin: the last edge at or
+        below it (bucketize and index_add, not bincount: no host read)."""
+        bin_U = torch.bucketize(confidence_U.detach(), self.edges, right=True) - 1
+        bin_U = bin_U.clamp_(0, BINS - 1)  # a NaN (a step that will be skipped): anywhere
+        ones_U = torch.ones_like(confidence_U, dtype=self.step_hist.dtype)
+        self.step_hist.view(-1).index_add_(0, pseudo_U * BINS + bin_U, ones_U)
+
+    @torch.no_grad()
+    def update(self, applied: torch.Tensor | bool, reduce: Callable[[torch.Tensor], torch.Tensor]):
+        """After a step: its histogram summed over the processes (`reduce`) joins the average
+        where the step applied, and the thresholds follow (as `ClassThresholds.update`)."""
+        applied = torch.as_tensor(applied, device=self.hist.device)
+        m = self.momentum
+        moved_KB = m * self.hist + (1 - m) * reduce(self.step_hist)
+        self.hist.copy_(torch.where(applied, moved_KB, self.hist))
+        self.thresholds.copy_(share_thresholds(self.hist, self.share, self.tau))
+        self.step_hist.zero_()

@@ -15,9 +15,10 @@ images (FixMatch's normalisation), so the unlabelled term grows as the teacher g
 With `distill.mixup`, Semi-ViT's probabilistic pseudo-mixup blends the strong views in pairs
 first (`pseudo_mixup`), weighted by the teacher's confidences. With `distill.class_thresholds`,
 each class has its own threshold, lower for the classes the teacher is seldom confident in
-(FlexMatch: `ssl_vit.train.class_thresholds`). With `distill.align`, the teacher's
-probabilities are first scaled toward the labelled images' class frequencies (ReMixMatch's
-distribution alignment: `ssl_vit.train.align`).
+(FlexMatch: `ssl_vit.train.class_thresholds`); with `distill.class_share`, lowered as far as
+keeps each class's most confident share (class-balanced self-training, the same module). With
+`distill.align`, the teacher's probabilities are first scaled toward the labelled images' class
+frequencies (ReMixMatch's distribution alignment: `ssl_vit.train.align`).
 
 In both, labelled and unlabelled micro-batches share each step. Shape legend: B labelled
 images, U unlabelled images, K classes.
@@ -41,7 +42,7 @@ from ssl_vit.atomic import file_sha256, write_text
 from ssl_vit.errors import ConfigError
 from ssl_vit.jsonfile import read_json
 from ssl_vit.train.align import Alignment, aligned
-from ssl_vit.train.class_thresholds import ClassThresholds
+from ssl_vit.train.class_thresholds import ClassShares, ClassThresholds
 from ssl_vit.train.metrics import ratio
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ def distill_forward(
     return forward_loss
 
 
-Threshold = float | torch.Tensor  # one for every class, or [K] (`class_thresholds`)
+Threshold = float | torch.Tensor  # one for every class, or [K] (`class_thresholds`, `class_share`)
 
 
 def _passes(confidence_U: torch.Tensor, pseudo_U: torch.Tensor, threshold: Threshold):
@@ -482,6 +483,10 @@ class SelfTraining:
                 classes = student.head.out_features
                 self.classes = ClassThresholds(classes, d.threshold, d.momentum, self.device)
                 self.parts["class_thresholds"] = self.classes
+            elif d.class_share:  # CBST's, checkpointed beside the teacher
+                classes, share = student.head.out_features, d.class_share
+                self.classes = ClassShares(classes, d.threshold, share, d.momentum, self.device)
+                self.parts["class_share"] = self.classes
             if d.align:  # ReMixMatch's distribution alignment, checkpointed beside the teacher
                 self.align = Alignment(student.head.out_features, self.device)
                 self.parts["align"] = self.align
