@@ -55,6 +55,14 @@ def class_counts(labels_N: torch.Tensor, classes: int, keep_N: torch.Tensor | No
     return (onehot_NK if keep_N is None else onehot_NK & keep_N[:, None]).sum(0)
 
 
+def _moved(average, step, applied, momentum: float, reduce: Callable) -> torch.Tensor:
+    """`average` moved toward this step's statistics `step` summed over the processes
+    (`reduce`) at `momentum`, where the step applied (a skipped step's are dropped); the
+    `applied` flag stays on the device: no sync."""
+    applied = torch.as_tensor(applied, device=average.device)
+    return torch.where(applied, momentum * average + (1 - momentum) * reduce(step), average)
+
+
 def flex_thresholds(sigma_K: torch.Tensor, tau: float) -> torch.Tensor:
     """[K] FlexMatch's class thresholds M(beta_c) x tau from the counts `sigma_K` (all tau
     while every count is 0)."""
@@ -86,10 +94,7 @@ class ClassThresholds(nn.Module):
     def update(self, applied: torch.Tensor | bool, reduce: Callable[[torch.Tensor], torch.Tensor]):
         """After a step: its counts summed over the processes (`reduce`) join the average where
         the step applied (a skipped step's are dropped), and the thresholds follow."""
-        applied = torch.as_tensor(applied, device=self.sigma.device)  # on the device: no sync
-        m = self.momentum
-        moved_K = m * self.sigma + (1 - m) * reduce(self.step_counts)
-        self.sigma.copy_(torch.where(applied, moved_K, self.sigma))
+        self.sigma.copy_(_moved(self.sigma, self.step_counts, applied, self.momentum, reduce))
         self.thresholds.copy_(flex_thresholds(self.sigma, self.tau))
         self.step_counts.zero_()
 
@@ -145,9 +150,6 @@ class ClassShares(nn.Module):
     def update(self, applied: torch.Tensor | bool, reduce: Callable[[torch.Tensor], torch.Tensor]):
         """After a step: its histogram summed over the processes (`reduce`) joins the average
         where the step applied, and the thresholds follow (as `ClassThresholds.update`)."""
-        applied = torch.as_tensor(applied, device=self.hist.device)
-        m = self.momentum
-        moved_KB = m * self.hist + (1 - m) * reduce(self.step_hist)
-        self.hist.copy_(torch.where(applied, moved_KB, self.hist))
+        self.hist.copy_(_moved(self.hist, self.step_hist, applied, self.momentum, reduce))
         self.thresholds.copy_(share_thresholds(self.hist, self.share, self.tau))
         self.step_hist.zero_()
