@@ -331,6 +331,8 @@ def test_a_teacher_too_slow_for_its_run_is_named_before_and_after(
     slow = ["distill.momentum=0.999", "distill.threshold=0.99"]
     res = pipeline("finetune")(online_args(synthetic_shards, tmp_path / "slow", *slow))
     assert res["distill"]["pseudo_used"] == 0.0
+    knobs = {"threshold": 0.99, "momentum": 0.999, "class_share": 0.0, "align": False}
+    assert knobs.items() <= res["distill"].items()  # every online knob, beside its outcome
     err = capsys.readouterr().err
     assert (
         "WARNING ssl_vit.train.distill: distill.momentum=0.999: the teacher follows the "
