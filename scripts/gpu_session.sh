@@ -3,8 +3,9 @@
 # (scripts/bench.py --suite gpu; BENCH_S=0: none) and a study's `gpu` preset (STUDY: the online
 # semi-supervised stage's configs/study/semi_gpu.yaml, its 1% row twice as long in
 # semi_gpu_long.yaml, from a 5x longer pretraining in semi_gpu_strong.yaml, with class-wise
-# thresholds in semi_gpu_flex.yaml (the next loan's, with BENCH_S=0), with pseudo-mixup in
-# semi_gpu_mixup.yaml (the quick start's lever), or configs/study/select.yaml's), each
+# thresholds in semi_gpu_flex.yaml, its 10% row unclipped and 1.5x as long in semi_gpu_fit.yaml
+# (the next loan's, with BENCH_S=0), with pseudo-mixup in semi_gpu_mixup.yaml (the quick
+# start's lever), or configs/study/select.yaml's), each
 # under its share of one time budget, everything that came back in $OUT. Prepared on the dev machine (the wheels the image lacks, CIFAR-10 as WebP):
 #   echo /.whl/ >> .git/info/exclude; echo /.gpu/ >> .git/info/exclude; mkdir -p .whl .gpu
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
