@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ssl_vit.train.class_thresholds import class_counts
+from ssl_vit.train.class_thresholds import class_counts, moved
 
 WINDOW = 128  # steps: ReMixMatch's running average of the teacher's predictions
 
@@ -69,9 +69,8 @@ class Alignment(nn.Module):
         averages where the step applied (a skipped step's are dropped), and the scale follows."""
         applied = torch.as_tensor(applied, device=self.scale.device)  # on the device: no sync
         sums = reduce(self.step_sums)
-        m = self.momentum
         for mean_K, row in ((self.labelled, sums[0]), (self.unlabelled, sums[1])):
-            moved_K = m * mean_K + (1 - m) * row[:-1] / row[-1].clamp_min(1)
-            mean_K.copy_(torch.where(applied & (row[-1] > 0), moved_K, mean_K))
+            seen = applied & (row[-1] > 0)  # a step with no image of this kind moves nothing
+            mean_K.copy_(moved(mean_K, row[:-1] / row[-1].clamp_min(1), seen, self.momentum))
         self.scale.copy_(self.labelled / self.unlabelled.clamp_min(1e-6))
         self.step_sums.zero_()

@@ -55,12 +55,13 @@ def class_counts(labels_N: torch.Tensor, classes: int, keep_N: torch.Tensor | No
     return (onehot_NK if keep_N is None else onehot_NK & keep_N[:, None]).sum(0)
 
 
-def _moved(average, step, applied, momentum: float, reduce: Callable) -> torch.Tensor:
-    """`average` moved toward this step's statistics `step` summed over the processes
-    (`reduce`) at `momentum`, where the step applied (a skipped step's are dropped); the
-    `applied` flag stays on the device: no sync."""
+def moved(average: torch.Tensor, step: torch.Tensor, applied, momentum: float) -> torch.Tensor:
+    """`average` moved toward this step's statistic `step` (already summed over the
+    processes) at `momentum`, where `applied` (a skipped step's are dropped): the one
+    moving-average rule of FlexMatch's counts, the class shares' histograms and alignment's
+    distributions. The flag stays on the device: no sync."""
     applied = torch.as_tensor(applied, device=average.device)
-    return torch.where(applied, momentum * average + (1 - momentum) * reduce(step), average)
+    return torch.where(applied, momentum * average + (1 - momentum) * step, average)
 
 
 def flex_thresholds(sigma_K: torch.Tensor, tau: float) -> torch.Tensor:
@@ -94,7 +95,7 @@ class ClassThresholds(nn.Module):
     def update(self, applied: torch.Tensor | bool, reduce: Callable[[torch.Tensor], torch.Tensor]):
         """After a step: its counts summed over the processes (`reduce`) join the average where
         the step applied (a skipped step's are dropped), and the thresholds follow."""
-        self.sigma.copy_(_moved(self.sigma, self.step_counts, applied, self.momentum, reduce))
+        self.sigma.copy_(moved(self.sigma, reduce(self.step_counts), applied, self.momentum))
         self.thresholds.copy_(flex_thresholds(self.sigma, self.tau))
         self.step_counts.zero_()
 
@@ -150,6 +151,6 @@ class ClassShares(nn.Module):
     def update(self, applied: torch.Tensor | bool, reduce: Callable[[torch.Tensor], torch.Tensor]):
         """After a step: its histogram summed over the processes (`reduce`) joins the average
         where the step applied, and the thresholds follow (as `ClassThresholds.update`)."""
-        self.hist.copy_(_moved(self.hist, self.step_hist, applied, self.momentum, reduce))
+        self.hist.copy_(moved(self.hist, reduce(self.step_hist), applied, self.momentum))
         self.thresholds.copy_(share_thresholds(self.hist, self.share, self.tau))
         self.step_hist.zero_()
