@@ -197,13 +197,13 @@ def mixup_partners(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
 
 def pseudo_mixup(
     strong_U: torch.Tensor, pseudo_U: torch.Tensor, confidence_U: torch.Tensor, classes: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Semi-ViT's probabilistic pseudo-mixup (Cai et al. 2022, section 3.3): image u and its
     partner v (`mixup_partners`) blend as lam x_u + (1 - lam) x_v, lam = c_u / (c_u + c_v)
     from the teacher's confidences, so the more confident pseudo-label dominates, and the
-    target is the same blend of the two one-hot pseudo-labels; the blend counts where the
-    larger of c_u, c_v passes the threshold. (blended views [U, 3, S, S] in [0, 1], targets
-    [U, K], their confidences [U])."""
+    target is the same blend of the two one-hot pseudo-labels. Which blends count is the
+    caller's (`_mixed_loss`: where either image passes). (blended views [U, 3, S, S] in
+    [0, 1], targets [U, K])."""
     v = mixup_partners(len(strong_U), strong_U.device)
     lam_U = confidence_U / (confidence_U + confidence_U[v])  # each >= 1 / K: never 0 / 0
     x = strong_U.float() / 255.0 if strong_U.dtype == torch.uint8 else strong_U.float()
@@ -211,7 +211,7 @@ def pseudo_mixup(
     # (F.one_hot checks its values on the host: a sync per step)
     onehot_UK = (pseudo_U[:, None] == torch.arange(classes, device=pseudo_U.device)).float()
     target_UK = lam_U[:, None] * onehot_UK + (1 - lam_U[:, None]) * onehot_UK[v]
-    return lam * x + (1 - lam) * x[v], target_UK, torch.maximum(confidence_U, confidence_U[v])
+    return lam * x + (1 - lam) * x[v], target_UK
 
 
 class OnlineLoss(NamedTuple):
@@ -242,7 +242,7 @@ def _mixed_loss(
     confidence)."""
     teacher_UK = _teacher_logits(teacher, weak_U, autocast)
     confidence_U, pseudo_U, teacher_sum_K = _confidence(teacher_UK, scale)
-    mixed_U, target_UK, _ = pseudo_mixup(strong_U, pseudo_U, confidence_U, teacher_UK.shape[-1])
+    mixed_U, target_UK = pseudo_mixup(strong_U, pseudo_U, confidence_U, teacher_UK.shape[-1])
     if images_B.dtype == torch.uint8:
         images_B = images_B.float() / 255.0
     logits = model(torch.cat([images_B, mixed_U.to(images_B.dtype)]))
