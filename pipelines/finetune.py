@@ -426,7 +426,9 @@ def distill_results(cfg: FinetuneConfig, teacher, counters: dict, row: dict, acc
         return {**teacher.record(), **out, "temperature": d.temperature}
     out.update(momentum=d.momentum, threshold=d.threshold, strong_ops=d.strong_ops)
     out.update(strong_magnitude=d.strong_magnitude, mixup=d.mixup)
-    out.update(class_thresholds=d.class_thresholds, class_share=d.class_share, align=d.align)
+    # distill.class_thresholds is not repeated here: its key holds the thresholds by class
+    # that main() writes when FlexMatch's (or CBST's, class_share > 0) are on, none when off
+    out.update(class_share=d.class_share, align=d.align)
     if row.get("pseudo_used") == 0 and acc.is_main_process:
         log.warning(
             "distill: no unlabelled image passed distill.threshold=%s in the last %d steps: "
